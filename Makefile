@@ -1,0 +1,69 @@
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DELETE_ON_ERROR:
+MAKEFLAGS += --no-builtin-rules
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+BUF := node_modules/.bin/buf
+PROTOS := $(wildcard protos/agentmesh/v1/*.proto)
+GEN_STAMP := agentmesh/v1/.stamp
+
+.PHONY: help
+help: ## Show the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev]' --config-settings editable_mode=compat
+	touch $@
+
+$(BUF): package.json
+	npm install --no-audit --no-fund --silent
+	touch $@
+
+$(GEN_STAMP): $(PROTOS) $(VENV)/.installed
+	mkdir -p agentmesh/v1
+	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+	touch $@
+
+.PHONY: setup
+setup: $(VENV)/.installed $(GEN_STAMP) ## Create the venv, install dependencies, generate code
+
+.PHONY: proto
+proto: $(BUF) ## Format, lint and breaking-check the protos, then generate
+	$(BUF) format -w
+	$(BUF) lint
+	if git rev-parse --verify -q main >/dev/null && git ls-tree -r --name-only main | grep -q '^protos/'; then \
+	  $(BUF) breaking --against '.git#branch=main'; fi
+	$(MAKE) --no-print-directory $(GEN_STAMP)
+
+.PHONY: run
+run: setup ## Start the whole mesh on loopback with the demo agents
+	$(BIN)/agentmesh up
+
+.PHONY: test
+test: setup ## Run every test
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+.PHONY: lint
+lint: setup $(BUF) ## buf lint/format/breaking, ruff, mypy
+	$(BUF) lint
+	$(BUF) format --diff --exit-code
+	if git rev-parse --verify -q main >/dev/null && git ls-tree -r --name-only main | grep -q '^protos/'; then \
+	  $(BUF) breaking --against '.git#branch=main'; fi
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy agentmesh/cli.py agentmesh/mock_llm services gateway libs
+
+.PHONY: bench
+bench: setup ## Run the benchmarks; writes tests/bench/results/latest.json
+	$(BIN)/python -m tests.bench.run
+
+.PHONY: clean
+clean: ## Remove the venv and generated code
+	rm -rf $(VENV) agentmesh/v1 node_modules

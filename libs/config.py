@@ -1,0 +1,91 @@
+"""Mesh configuration: one typed settings object, read from AGENTMESH_* environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Addresses(BaseModel):
+    """Where each service listens (host:port). Port 0 lets the OS pick (tests)."""
+
+    orchestrator: str = "127.0.0.1:50051"
+    agent_runtime: str = "127.0.0.1:50052"
+    trace: str = "127.0.0.1:50053"
+    stream: str = "127.0.0.1:50054"
+
+
+class LLMSettings(BaseModel):
+    """The OpenAI-compatible model endpoint."""
+
+    base_url: str = "http://127.0.0.1:8090/v1"
+    api_key: str = "sk-agentmesh-local"
+    request_timeout_s: float = 60.0
+    max_retries: int = 0
+
+
+class StreamSettings(BaseModel):
+    """Live buffers."""
+
+    backend: str = "memory"  # memory | redis
+    ttl_s: float = 3600.0  # closed buffers expire after this long
+    max_events: int = 100_000  # size cap of one buffer
+    idle_timeout_ms: int = 300_000  # an idle subscription of an open buffer ends with an error
+    heartbeat_s: float = 15.0  # SSE comment interval at the gateway
+
+
+class SubagentDefaults(BaseModel):
+    """Global subagent defaults (seed 3, section 6.2)."""
+
+    enabled: bool = True
+    max_concurrent: int = 3
+    timeout_ms: int = 120_000
+    blocked_tool_names: list[str] = Field(
+        default_factory=lambda: [
+            "delegate_task",
+            "delegate_parallel",
+            "clarify",
+            "memory_save",
+            "memory_recall",
+        ]
+    )
+
+
+class MeshSettings(BaseSettings):
+    """Everything a service reads at start; passed in, never read twice."""
+
+    model_config = SettingsConfigDict(env_prefix="AGENTMESH_", env_nested_delimiter="__", extra="ignore")
+
+    data_dir: Path = Path(".agentmesh")
+    database_url: str = ""  # empty: SQLite file in data_dir
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    catalog: Path = Path(__file__).resolve().parent / "demo_catalog.yaml"
+    addresses: Addresses = Field(default_factory=Addresses)
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 8080
+    llm: LLMSettings = Field(default_factory=LLMSettings)
+    stream: StreamSettings = Field(default_factory=StreamSettings)
+    subagent: SubagentDefaults = Field(default_factory=SubagentDefaults)
+    rpc_timeout_s: float = 10.0  # deadline of every unary RPC
+    stream_rpc_timeout_s: float = 3600.0  # deadline of every server-streaming RPC
+    turn_timeout_s: float = 600.0  # a whole chat turn
+    shutdown_grace_s: float = 10.0  # drain in-flight streams on SIGTERM
+    log_level: str = "INFO"
+    log_json: bool = True
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        """The async SQLAlchemy URL: PostgreSQL via asyncpg when configured, else a SQLite file."""
+        url = self.database_url
+        if not url:
+            return f"sqlite+aiosqlite:///{(self.data_dir / 'agentmesh.db').resolve()}"
+        if url.startswith(("postgres://", "postgresql://")):
+            return "postgresql+asyncpg://" + url.split("://", 1)[1]
+        return url
+
+
+def load_settings(**overrides: object) -> MeshSettings:
+    """Reads the environment once; keyword overrides win (tests, CLI flags)."""
+    return MeshSettings(**overrides)  # type: ignore[arg-type]

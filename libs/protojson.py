@@ -1,0 +1,86 @@
+"""Protobuf messages as the browser-facing JSON: lowerCamelCase keys, int64 as numbers,
+enums as short lowercase names (SUBAGENT_STATUS_QUEUED -> "queued", TASK_STATE_INPUT_REQUIRED ->
+"input-required"), Struct/Value as plain JSON, timestamps as RFC 3339 strings."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+_WKT_JSON = {
+    "google.protobuf.Struct",
+    "google.protobuf.Value",
+    "google.protobuf.ListValue",
+    "google.protobuf.Timestamp",
+    "google.protobuf.Duration",
+    "google.protobuf.FieldMask",
+}
+_enum_prefix_cache: dict[str, str] = {}
+
+
+def _enum_prefix(enum: EnumDescriptor) -> str:
+    if enum.full_name not in _enum_prefix_cache:
+        _enum_prefix_cache[enum.full_name] = re.sub(r"(?<!^)(?=[A-Z])", "_", enum.name).upper() + "_"
+    return _enum_prefix_cache[enum.full_name]
+
+
+def enum_to_str(enum: EnumDescriptor, number: int) -> str:
+    value = enum.values_by_number.get(number)
+    if value is None or number == 0:
+        return ""
+    name = value.name.removeprefix(_enum_prefix(enum))
+    return name.lower().replace("_", "-")
+
+
+def str_to_enum(enum: EnumDescriptor, text: str) -> int:
+    """The inverse of enum_to_str; raises KeyError for an unknown name."""
+    name = _enum_prefix(enum) + text.upper().replace("-", "_")
+    return enum.values_by_name[name].number
+
+
+def _value(field: FieldDescriptor, value: Any) -> Any:
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        return to_json(value)
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        return enum_to_str(field.enum_type, value)
+    if field.type == FieldDescriptor.TYPE_BYTES:
+        return value.hex()
+    return value
+
+
+def _ints(data: Any) -> Any:
+    """Struct numbers are doubles; give whole ones back as ints."""
+    if isinstance(data, float) and data.is_integer() and abs(data) < 2**53:
+        return int(data)
+    if isinstance(data, dict):
+        return {k: _ints(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_ints(v) for v in data]
+    return data
+
+
+def to_json(msg: Message) -> Any:
+    """Every field of `msg`, unset ones with their defaults (messages omitted when unset)."""
+    desc: Descriptor = msg.DESCRIPTOR
+    if desc.full_name in _WKT_JSON:
+        return _ints(json_format.MessageToDict(msg))
+    if desc.GetOptions().map_entry:  # pragma: no cover - maps handled below
+        raise TypeError("map entry")
+    out: dict[str, Any] = {}
+    for field in desc.fields:
+        value = getattr(msg, field.name)
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            vfield = field.message_type.fields_by_name["value"]
+            out[field.json_name] = {k: _value(vfield, v) for k, v in value.items()}
+        elif field.is_repeated:
+            out[field.json_name] = [_value(field, v) for v in value]
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            if msg.HasField(field.name):
+                out[field.json_name] = to_json(value)
+        else:
+            out[field.json_name] = _value(field, value)
+    return out
