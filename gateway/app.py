@@ -1,0 +1,65 @@
+"""The gateway: thin HTTP + SSE and WebSocket translation over the mesh's gRPC services."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import grpc
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from gateway.routes import chat, sessions, streams
+from libs.clients import Clients
+from libs.config import MeshSettings
+from libs.errors import MeshError, from_rpc_error
+
+log = logging.getLogger(__name__)
+
+
+def error_body(err: MeshError) -> dict[str, object]:
+    return {"error": {"code": err.http_status, "reason": err.reason, "message": err.message}}
+
+
+def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        own = clients is None
+        app.state.clients = clients or Clients.connect(settings)
+        try:
+            yield
+        finally:
+            if own:
+                await app.state.clients.close()
+
+    app = FastAPI(title="agentmesh gateway", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.auth_cache = {}
+    if clients is not None:
+        app.state.clients = clients
+
+    @app.exception_handler(MeshError)
+    async def mesh_error(_: Request, err: MeshError) -> JSONResponse:
+        return JSONResponse(error_body(err), status_code=err.http_status)
+
+    @app.exception_handler(grpc.aio.AioRpcError)
+    async def rpc_error(_: Request, exc: grpc.aio.AioRpcError) -> JSONResponse:
+        err = from_rpc_error(exc)
+        return JSONResponse(error_body(err), status_code=err.http_status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        details = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
+        body = {"error": {"code": 422, "reason": "INVALID_ARGUMENT", "message": "invalid request", "details": details}}
+        return JSONResponse(body, status_code=422)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    app.include_router(chat.router)
+    app.include_router(sessions.router)
+    app.include_router(streams.router)
+    return app
