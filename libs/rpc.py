@@ -72,17 +72,19 @@ class ServiceServer:
         return self
 
     async def stop(self, grace_s: float | None = None) -> None:
-        """NOT_SERVING first, then stop taking RPCs and let in-flight ones finish within the grace."""
+        """NOT_SERVING first, then stop taking RPCs and let in-flight ones finish within the grace;
+        then the on_stop hooks (drain background work, close clients), each bounded by the grace."""
         if self._stopped.is_set():
             return
         self._stopped.set()
+        grace = grace_s if grace_s is not None else self.grace_s
         await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
         for hook in self.on_stop:
             result = hook()
             if asyncio.iscoroutine(result):
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(result, grace_s if grace_s is not None else self.grace_s)
-        await self.server.stop(grace_s if grace_s is not None else self.grace_s)
+                    await asyncio.wait_for(result, grace + 1)
         log.info("stopped", extra={"address": self.target})
 
     async def serve_until_signal(self) -> None:

@@ -1,5 +1,165 @@
-"""Placeholder router, filled in by its issue."""
+"""Chat entries: POST /api/chat (SSE) and GET /api/ws (WebSocket) both call OrchestratorService.ExecuteChat;
+POST /api/sessions/{id}/cancel; GET /api/agents."""
 
-from fastapi import APIRouter
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from fastapi import APIRouter, Depends, Request, WebSocket, WebSocketDisconnect
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from sse_starlette.sse import EventSourceResponse
+
+from agentmesh.v1 import orchestrator_service_pb2 as orc
+from gateway.deps import authenticate, clients, current_user, settings
+from libs import events
+from libs.catalog import load_catalog
+from libs.clients import Clients
+from libs.errors import MeshError, from_rpc_error
 
 router = APIRouter()
+log = logging.getLogger(__name__)
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    agent: str = Field(min_length=1, max_length=200)
+    message: str = Field(min_length=1, max_length=100_000)
+    session_id: str | None = Field(default=None, alias="sessionId", max_length=200)
+
+    @field_validator("message")
+    @classmethod
+    def not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("message must not be empty")
+        return value
+
+
+def _execute(c: Clients, user: str, body: ChatRequest) -> grpc.aio.UnaryStreamCall:
+    return c.orchestrator.ExecuteChat(
+        orc.ExecuteChatRequest(owner=user, agent=body.agent, message=body.message, session_id=body.session_id or "")
+    )
+
+
+async def _first(call: grpc.aio.UnaryStreamCall) -> Any:
+    """The first response, so that an early failure becomes an HTTP error, not a broken stream."""
+    try:
+        return await call.read()
+    except grpc.aio.AioRpcError as exc:
+        raise from_rpc_error(exc) from exc
+
+
+@router.post("/api/chat")
+async def chat(
+    body: ChatRequest, request: Request, user: str = Depends(current_user), c: Clients = Depends(clients)
+) -> EventSourceResponse:
+    call = _execute(c, user, body)
+    first = await _first(call)
+
+    async def stream() -> AsyncIterator[dict[str, str]]:
+        try:
+            response = first
+            while response is not grpc.aio.EOF:
+                yield {"id": response.event.offset, "data": json.dumps(events.to_dict(response.event))}
+                response = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            err = from_rpc_error(exc)
+            yield {"data": json.dumps({"type": "error", "code": err.reason.lower(), "message": err.message})}
+        finally:
+            call.cancel()  # a client that left stops reading; the turn itself goes on
+
+    return EventSourceResponse(stream(), ping=settings(request).stream.heartbeat_s)
+
+
+@router.post("/api/sessions/{session_id}/cancel")
+async def cancel(session_id: str, user: str = Depends(current_user), c: Clients = Depends(clients)) -> dict[str, bool]:
+    resp = await c.orchestrator.CancelChat(orc.CancelChatRequest(owner=user, session_id=session_id))
+    return {"cancelled": resp.cancelled}
+
+
+@router.get("/api/agents")
+async def agents(request: Request, user: str = Depends(current_user)) -> dict[str, Any]:
+    catalog = request.app.state.catalog if hasattr(request.app.state, "catalog") else None
+    if catalog is None:
+        catalog = request.app.state.catalog = load_catalog(settings(request).catalog)
+    return {
+        "agents": [
+            {"slug": a.slug, "name": a.name, "description": a.description, "model": a.model, "tools": a.tools}
+            for a in catalog.agents
+        ]
+    }
+
+
+@router.websocket("/api/ws")
+async def ws(socket: WebSocket) -> None:
+    """Messages in: {"type": "chat", agent, message, sessionId?} and {"type": "cancel", sessionId}.
+    Messages out: the same event objects as the SSE `data:` lines, plus `offset`."""
+    header = socket.headers.get("authorization")
+    token = socket.query_params.get("apiKey") or socket.query_params.get("token")
+    try:
+        user = await authenticate(socket.app.state, header or (f"Bearer {token}" if token else None))
+    except MeshError as err:
+        await socket.close(code=4401, reason=err.message)
+        return
+    await socket.accept()
+    c: Clients = socket.app.state.clients
+    turn: asyncio.Task[None] | None = None
+    send_lock = asyncio.Lock()
+
+    async def send(data: dict[str, Any]) -> None:
+        async with send_lock:
+            await socket.send_json(data)
+
+    async def run_turn(body: ChatRequest) -> None:
+        call = _execute(c, user, body)
+        try:
+            async for response in call:
+                await send(events.to_dict(response.event, with_offset=True))
+        except grpc.aio.AioRpcError as exc:
+            err = from_rpc_error(exc)
+            await send({"type": "error", "code": err.reason.lower(), "message": err.message, "status": err.http_status})
+        finally:
+            call.cancel()
+
+    try:
+        while True:
+            try:
+                data = await socket.receive_json()
+            except (json.JSONDecodeError, KeyError, ValueError):
+                await send({"type": "error", "code": "invalid_argument", "message": "messages must be JSON objects", "status": 422})
+                continue
+            kind = data.get("type") if isinstance(data, dict) else None
+            if kind == "chat":
+                if turn is not None and not turn.done():
+                    await send({"type": "error", "code": "failed_precondition", "message": "a turn is already streaming on this socket", "status": 409})
+                    continue
+                try:
+                    body = ChatRequest.model_validate({k: v for k, v in data.items() if k != "type"})
+                except ValidationError as exc:
+                    await send({"type": "error", "code": "invalid_argument", "message": exc.errors()[0]["msg"], "status": 422})
+                    continue
+                turn = asyncio.create_task(run_turn(body))
+            elif kind == "cancel":
+                try:
+                    resp = await c.orchestrator.CancelChat(
+                        orc.CancelChatRequest(owner=user, session_id=str(data.get("sessionId", "")))
+                    )
+                    await send({"type": "cancel-result", "cancelled": resp.cancelled})
+                except grpc.aio.AioRpcError as exc:
+                    err = from_rpc_error(exc)
+                    await send({"type": "error", "code": err.reason.lower(), "message": err.message, "status": err.http_status})
+            else:
+                await send({"type": "error", "code": "invalid_argument", "message": "type must be chat or cancel", "status": 422})
+    except WebSocketDisconnect:
+        pass
+    finally:
+        if turn is not None and not turn.done():
+            turn.cancel()
+            with contextlib.suppress(BaseException):
+                await turn

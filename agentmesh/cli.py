@@ -1,0 +1,239 @@
+"""The `agentmesh` command: up, serve SERVICE, chat, keys create, mock-llm."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from libs.config import MeshSettings, load_settings
+
+SERVICES = ("trace", "stream", "agent-runtime", "orchestrator", "gateway")
+
+
+def _serve(name: str) -> int:
+    settings = load_settings()
+    if name == "trace":
+        from services.trace.server import main as run
+    elif name == "stream":
+        from services.stream.server import main as run
+    elif name == "agent-runtime":
+        from services.agent_runtime.server import main as run
+    elif name == "orchestrator":
+        from services.orchestrator.server import main as run
+    elif name == "gateway":
+        from gateway.server import main as run
+    else:
+        print(f"unknown service {name!r}; one of {', '.join(SERVICES)}", file=sys.stderr)
+        return 2
+    asyncio.run(run(settings))
+    return 0
+
+
+async def _create_key(settings: MeshSettings, user: str) -> str:
+    from agentmesh.v1 import trace_service_pb2 as ts
+    from libs.clients import Clients
+
+    clients = Clients.connect(settings)
+    try:
+        resp = await clients.trace.CreateApiKey(ts.CreateApiKeyRequest(user=user))
+        return resp.api_key
+    finally:
+        await clients.close()
+
+
+async def _key_works(settings: MeshSettings, key: str) -> bool:
+    from agentmesh.v1 import trace_service_pb2 as ts
+    from libs.clients import Clients
+
+    clients = Clients.connect(settings)
+    try:
+        await clients.trace.AuthenticateApiKey(ts.AuthenticateApiKeyRequest(api_key=key))
+        return True
+    except Exception:
+        return False
+    finally:
+        await clients.close()
+
+
+def _dev_key_file(settings: MeshSettings) -> Path:
+    return settings.data_dir / "dev_api_key"
+
+
+def _up(args: argparse.Namespace) -> int:
+    """Starts the mock model, the four services and the gateway as processes on loopback."""
+    settings = load_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.setdefault("AGENTMESH_LOG_JSON", "false")
+    mock_port = args.mock_port
+    if not args.no_mock_llm:
+        env.setdefault("AGENTMESH_LLM__BASE_URL", f"http://127.0.0.1:{mock_port}/v1")
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def spawn(name: str, cmd: list[str]) -> None:
+        procs.append((name, subprocess.Popen(cmd, env=env, start_new_session=True)))
+
+    def stop_all() -> None:
+        for _, proc in reversed(procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + settings.shutdown_grace_s + 5
+        for _, proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            if proc.poll() is None:
+                proc.kill()
+
+    stop = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    py = sys.executable
+    try:
+        if not args.no_mock_llm:
+            spawn("mock-llm", [py, "-m", "agentmesh.cli", "mock-llm", "--port", str(mock_port)])
+        for name in SERVICES:
+            spawn(name, [py, "-m", "agentmesh.cli", "serve", name])
+        from libs.rpc import wait_serving
+
+        a = settings.addresses
+        for target in (a.trace, a.stream, a.agent_runtime, a.orchestrator):
+            asyncio.run(wait_serving(target, timeout_s=60))
+        url = f"http://{settings.gateway_host}:{settings.gateway_port}"
+        _wait_http(f"{url}/healthz", 60, procs)
+        if not args.no_mock_llm:
+            _wait_http(f"http://127.0.0.1:{mock_port}/v1/models", 60, procs)
+        key_file = _dev_key_file(settings)
+        key = key_file.read_text().strip() if key_file.exists() else ""
+        if not key or not asyncio.run(_key_works(settings, key)):
+            key = asyncio.run(_create_key(settings, "dev"))
+            key_file.write_text(key + "\n")
+            key_file.chmod(0o600)
+        print(f"\nagentmesh is up at {url}\n  development API key (user dev): {key}\n", flush=True)
+        print(f'  try: curl -N -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\', flush=True)
+        print(f"        -d '{{\"agent\": \"general\", \"message\": \"hello\"}}' {url}/api/chat\n", flush=True)
+        print("  Ctrl-C stops everything.", flush=True)
+        while not stop:
+            for name, proc in procs:
+                if proc.poll() is not None:
+                    print(f"{name} exited with {proc.returncode}; stopping", file=sys.stderr)
+                    stop = True
+            if not stop:
+                time.sleep(0.5)  # supervise: notice a child that died
+    except (TimeoutError, RuntimeError) as exc:
+        print(f"agentmesh up failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stop_all()
+    return 0
+
+
+def _wait_http(url: str, timeout_s: float, procs: list[tuple[str, subprocess.Popen[bytes]]]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for name, proc in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout_s}s")
+
+
+def _chat(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    key = args.api_key or os.environ.get("AGENTMESH_API_KEY", "")
+    if not key and _dev_key_file(settings).exists():
+        key = _dev_key_file(settings).read_text().strip()
+    url = args.url or f"http://{settings.gateway_host}:{settings.gateway_port}"
+    body: dict[str, str] = {"agent": args.agent, "message": args.text}
+    if args.session:
+        body["sessionId"] = args.session
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.stream("POST", f"{url}/api/chat", json=body, headers=headers, timeout=None) as resp:
+        if resp.status_code != 200:
+            resp.read()
+            print(f"error {resp.status_code}: {resp.text}", file=sys.stderr)
+            return 1
+        for line in resp.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            event = json.loads(line[5:])
+            kind = event.get("type")
+            if kind == "start":
+                print(f"[session {event['sessionId']}]", file=sys.stderr)
+            elif kind == "text-delta":
+                print(event["textDelta"], end="", flush=True)
+            elif kind == "tool-input-available":
+                print(f"\n[tool {event['toolName']} {json.dumps(event.get('input'))}]", file=sys.stderr)
+            elif kind == "a2a-task-started":
+                print(f"[{event['calleeAgentName']} is working on task {event['taskId']}]", file=sys.stderr)
+            elif kind == "subagent-update":
+                sub = event["subagent"]
+                print(f"[subagent {sub['name']}: {sub['status']}]", file=sys.stderr)
+            elif kind == "error":
+                print(f"\n[error {event.get('code')}: {event.get('message')}]", file=sys.stderr)
+                return 1
+            elif kind == "finish":
+                print()
+    return 0
+
+
+def _keys(args: argparse.Namespace) -> int:
+    key = asyncio.run(_create_key(load_settings(), args.user))
+    print(key)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="agentmesh", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start the whole mesh on loopback")
+    up.add_argument("--mock-port", type=int, default=8090)
+    up.add_argument("--no-mock-llm", action="store_true", help="use AGENTMESH_LLM__BASE_URL instead")
+    serve = sub.add_parser("serve", help="run one service")
+    serve.add_argument("service", choices=SERVICES)
+    chat = sub.add_parser("chat", help="stream one chat turn to the terminal")
+    chat.add_argument("--agent", required=True)
+    chat.add_argument("--session", default="")
+    chat.add_argument("--api-key", default="")
+    chat.add_argument("--url", default="")
+    chat.add_argument("text")
+    keys = sub.add_parser("keys", help="API keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="create a key for a user (printed once)")
+    create.add_argument("--user", required=True)
+    sub.add_parser("mock-llm", help="run the scripted OpenAI-compatible model server", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "mock-llm":
+        from agentmesh.mock_llm import main as mock_main
+
+        return mock_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "up":
+        return _up(args)
+    if args.command == "serve":
+        return _serve(args.service)
+    if args.command == "chat":
+        return _chat(args)
+    return _keys(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""EventSink: the single ordered writer of one stream key.
+
+`emit(event)` queues an event and returns at once; a writer task appends queued events to the
+stream service in batches (one AppendEvents RPC for everything that queued up while the previous
+one was in flight), so per-delta work on the hot path is a queue put. `committed()` yields the
+events with their offsets, in order, once they are stored; `await sink.emit(e)` when the caller
+must know the event is durable before going on (a2a-task-started before the callee starts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import grpc
+
+from agentmesh.v1 import events_pb2, stream_service_pb2
+from libs.clients import Clients
+from libs.errors import MeshError, from_rpc_error
+
+_MAX_BATCH = 256
+
+
+def _consume(fut: asyncio.Future[str]) -> None:
+    """Marks a failed offset future as seen: most emits are fire-and-forget."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+class EventSink:
+    def __init__(self, clients: Clients, key: str) -> None:
+        self.clients = clients
+        self.key = key
+        self._pending: list[tuple[events_pb2.Event, asyncio.Future[str]]] = []
+        self._wake = asyncio.Event()
+        self._out: asyncio.Queue[events_pb2.Event | None] = asyncio.Queue()
+        self._closed = False
+        self._failure: MeshError | None = None
+        self._writer = asyncio.create_task(self._write_loop(), name=f"sink:{key}")
+
+    def emit(self, event: events_pb2.Event) -> asyncio.Future[str]:
+        """Queues `event`; the future resolves to its offset once stored."""
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(_consume)
+        if self._failure is not None:
+            fut.set_exception(self._failure)
+            return fut
+        if self._closed:
+            fut.set_exception(RuntimeError("sink closed"))
+            return fut
+        self._pending.append((event, fut))
+        self._wake.set()
+        return fut
+
+    @property
+    def failure(self) -> MeshError | None:
+        return self._failure
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                batch, self._pending = self._pending[:_MAX_BATCH], self._pending[_MAX_BATCH:]
+                try:
+                    resp = await self.clients.stream.AppendEvents(
+                        stream_service_pb2.AppendEventsRequest(key=self.key, events=[e for e, _ in batch])
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    self._fail(from_rpc_error(exc), batch)
+                    return
+                for (event, fut), offset in zip(batch, resp.offsets, strict=True):
+                    event.offset = offset
+                    if not fut.done():
+                        fut.set_result(offset)
+                    self._out.put_nowait(event)
+            if self._closed:
+                self._out.put_nowait(None)
+                return
+
+    def _fail(self, err: MeshError, batch: list[tuple[events_pb2.Event, asyncio.Future[str]]]) -> None:
+        self._failure = err
+        for _, fut in batch + self._pending:
+            if not fut.done():
+                fut.set_exception(err)
+        self._pending.clear()
+        self._out.put_nowait(None)
+
+    async def flush(self) -> None:
+        """Waits until everything emitted so far is stored (raises the append error, if any)."""
+        if self._pending:
+            await self._pending[-1][1]
+        if self._failure is not None:
+            raise self._failure
+
+    async def aclose(self) -> None:
+        """Flushes and stops the writer; `committed()` ends after the last event."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(self._writer)
+
+    def cancel(self) -> None:
+        self._closed = True
+        self._writer.cancel()
+        self._out.put_nowait(None)
+
+    async def committed(self) -> AsyncIterator[events_pb2.Event]:
+        while True:
+            event = await self._out.get()
+            if event is None:
+                return
+            yield event

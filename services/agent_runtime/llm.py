@@ -1,0 +1,117 @@
+"""The model: Chat Completions through the real `openai` client, streamed, tool calls reassembled."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+from openai import AsyncOpenAI
+
+from libs.config import LLMSettings
+from libs.errors import MeshError
+
+
+class ModelError(MeshError):
+    """The model endpoint failed (HTTP error, cut connection, bad stream)."""
+
+    http_status, reason = 502, "MODEL_ERROR"
+
+
+class ModelTimeout(ModelError):
+    reason = "MODEL_TIMEOUT"
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str = ""
+
+
+@dataclass
+class Step:
+    """One model call: text, reasoning, tool calls, why it stopped, what it cost."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    model: str = ""
+
+
+class LLM:
+    def __init__(self, settings: LLMSettings, client: AsyncOpenAI | None = None) -> None:
+        self.client = client or AsyncOpenAI(
+            base_url=settings.base_url,
+            api_key=settings.api_key,
+            timeout=settings.request_timeout_s,
+            max_retries=settings.max_retries,
+        )
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def step(
+        self,
+        *,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        max_tokens: int,
+        on_text: Callable[[str], object],
+        on_reasoning: Callable[[str], object],
+    ) -> Step:
+        """Streams one completion; calls on_text/on_reasoning per delta; returns the whole step."""
+        out = Step(model=model)
+        calls: dict[int, ToolCall] = {}
+        kwargs: dict[str, Any] = {}
+        if tools:
+            kwargs["tools"] = tools
+        try:
+            stream = await self.client.chat.completions.create(
+                model=model,
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=max_tokens,
+                stream=True,
+                stream_options={"include_usage": True},
+                **kwargs,
+            )
+            async for chunk in stream:
+                if chunk.usage is not None:
+                    out.input_tokens = chunk.usage.prompt_tokens
+                    out.output_tokens = chunk.usage.completion_tokens
+                if chunk.model:
+                    out.model = chunk.model
+                for choice in chunk.choices:
+                    delta = choice.delta
+                    reasoning = getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
+                    if reasoning:
+                        out.reasoning += reasoning
+                        on_reasoning(reasoning)
+                    if delta.content:
+                        out.content += delta.content
+                        on_text(delta.content)
+                    for tc in delta.tool_calls or []:
+                        call = calls.setdefault(tc.index, ToolCall(id="", name=""))
+                        if tc.id:
+                            call.id = tc.id
+                        if tc.function and tc.function.name:
+                            call.name += tc.function.name
+                        if tc.function and tc.function.arguments:
+                            call.arguments += tc.function.arguments
+                    if choice.finish_reason:
+                        out.finish_reason = choice.finish_reason
+        except openai.APITimeoutError as exc:
+            raise ModelTimeout(f"model {model} timed out: {exc}") from exc
+        except openai.APIStatusError as exc:
+            raise ModelError(f"model {model} failed with HTTP {exc.status_code}: {exc.message}") from exc
+        except openai.APIError as exc:
+            raise ModelError(f"model {model} failed: {exc}") from exc
+        out.tool_calls = [calls[i] for i in sorted(calls)]
+        if not out.finish_reason:
+            raise ModelError(f"model {model} ended the stream without a finish reason")
+        return out

@@ -1,0 +1,250 @@
+"""One agent run: the model loop with tools, over a trace's main path, streaming into a sink."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+from google.protobuf import json_format
+
+from agentmesh.v1 import agent_runtime_service_pb2 as rt
+from agentmesh.v1 import events_pb2 as ev
+from agentmesh.v1 import trace_pb2 as tp
+from agentmesh.v1 import trace_service_pb2 as ts
+from libs import events
+from libs.catalog import Catalog
+from libs.clients import Clients
+from libs.config import MeshSettings
+from libs.errors import DeadlineExceeded, InvalidArgument, MeshError
+from libs.sink import EventSink
+from services.agent_runtime.llm import LLM, ToolCall
+from services.agent_runtime.tools import RunState, ToolContext, ToolOutcome, ToolRegistry
+
+log = logging.getLogger(__name__)
+HISTORY_LIMIT = 1000
+
+
+def history_to_openai(messages: list[tp.Message]) -> list[dict[str, Any]]:
+    """Stored messages -> Chat Completions messages; an assistant message's metadata.toolCalls
+    becomes assistant tool_calls + tool results before its final text."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m.role == tp.MESSAGE_ROLE_USER:
+            out.append({"role": "user", "content": m.content})
+        elif m.role == tp.MESSAGE_ROLE_SYSTEM:
+            out.append({"role": "system", "content": m.content})
+        elif m.role == tp.MESSAGE_ROLE_ASSISTANT:
+            meta = json_format.MessageToDict(m.metadata) if m.HasField("metadata") else {}
+            calls = meta.get("toolCalls") or []
+            steps: dict[int, list[dict[str, Any]]] = {}
+            for call in calls:
+                steps.setdefault(int(call.get("step", 0)), []).append(call)
+            for step in sorted(steps):
+                group = steps[step]
+                out.append(
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": c["id"],
+                                "type": "function",
+                                "function": {"name": c["name"], "arguments": json.dumps(c.get("input", {}))},
+                            }
+                            for c in group
+                        ],
+                    }
+                )
+                for c in group:
+                    out.append({"role": "tool", "tool_call_id": c["id"], "content": tool_text(c.get("output"))})
+            if m.content:
+                out.append({"role": "assistant", "content": m.content})
+    return out
+
+
+def tool_text(output: Any) -> str:
+    return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+
+
+class AgentRunner:
+    def __init__(
+        self, settings: MeshSettings, clients: Clients, catalog: Catalog, llm: LLM, registry: ToolRegistry
+    ) -> None:
+        self.settings = settings
+        self.clients = clients
+        self.catalog = catalog
+        self.llm = llm
+        self.registry = registry
+
+    async def history(self, req: rt.RunAgentRequest) -> list[dict[str, Any]]:
+        if not req.session_id:
+            return []
+        resp = await self.clients.trace.ListMessages(
+            ts.ListMessagesRequest(
+                owner=req.owner,
+                session_id=req.session_id,
+                mode=tp.LIST_MODE_MAIN_PATH,
+                head_sequence=req.history_head_sequence,
+                limit=HISTORY_LIMIT,
+            )
+        )
+        return history_to_openai(list(resp.messages))
+
+    async def run(self, req: rt.RunAgentRequest, sink: EventSink) -> rt.RunResult:
+        agent = self.catalog.get(req.agent)
+        role = req.role or rt.RUN_ROLE_SUPERVISOR
+        if req.depth < 0:
+            raise InvalidArgument("depth must not be negative")
+        timeout_ms = req.timeout_ms or agent.limits.timeout_ms
+        try:
+            async with asyncio.timeout(timeout_ms / 1000):
+                return await self._loop(req, agent.slug, role, sink)
+        except TimeoutError as exc:
+            raise DeadlineExceeded(f"agent {agent.slug} did not finish within {timeout_ms} ms") from exc
+
+    async def _loop(self, req: rt.RunAgentRequest, slug: str, role: int, sink: EventSink) -> rt.RunResult:
+        agent = self.catalog.get(slug)
+        allow = list(req.tool_names) if req.restrict_tools else None
+        tools = self.registry.resolve(agent, role, allow)
+        schemas = self.registry.schemas(list(tools))
+        model = req.model or agent.model
+        max_tokens = req.max_output_tokens or agent.limits.max_output_tokens
+        max_steps = req.max_steps or agent.limits.max_steps
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": req.system_prompt or agent.system_prompt},
+            *await self.history(req),
+        ]
+        state = RunState()
+        content, thinking, finish = "", "", "stop"
+        used_in = used_out = 0
+        tool_records: list[dict[str, Any]] = []
+        for step_no in range(max_steps):
+            step = await self.llm.step(
+                model=model,
+                messages=messages,
+                tools=schemas,
+                max_tokens=max_tokens,
+                on_text=lambda t: sink.emit(events.text_delta(t)),
+                on_reasoning=lambda t: sink.emit(events.reasoning_delta(t)),
+            )
+            if sink.failure is not None:
+                raise sink.failure
+            used_in += step.input_tokens
+            used_out += step.output_tokens
+            model = step.model or model
+            content += step.content
+            thinking += step.reasoning
+            finish = step.finish_reason
+            if not step.tool_calls:
+                break
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": step.content or None,
+                    "tool_calls": [
+                        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                        for c in step.tool_calls
+                    ],
+                }
+            )
+            outcomes = await asyncio.gather(
+                *(self._call_tool(req, agent.slug, role, call, tools, sink, state) for call in step.tool_calls)
+            )
+            stop = False
+            for call, (args, outcome) in zip(step.tool_calls, outcomes, strict=True):
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": tool_text(outcome.output)})
+                tool_records.append(
+                    {
+                        "id": call.id,
+                        "name": call.name,
+                        "input": args,
+                        "output": outcome.output,
+                        "ok": outcome.ok,
+                        "metadata": outcome.metadata,
+                        "step": step_no,
+                    }
+                )
+                stop = stop or outcome.stop_run
+            if stop:
+                finish = "tool-stop"
+                break
+        else:
+            finish = "max-steps"
+        await sink.flush()
+        metadata: dict[str, Any] = {}
+        if tool_records:
+            metadata["toolCalls"] = tool_records
+        if state.subagent_batches:
+            metadata["subagents"] = state.subagent_batches
+        result = rt.RunResult(
+            content=content,
+            thinking=thinking,
+            model=model,
+            usage=ev.Usage(input_tokens=used_in, output_tokens=used_out),
+            finish_reason=finish,
+        )
+        result.metadata.CopyFrom(events.struct(metadata))
+        return result
+
+    async def _call_tool(
+        self,
+        req: rt.RunAgentRequest,
+        slug: str,
+        role: int,
+        call: ToolCall,
+        tools: dict[str, Any],
+        sink: EventSink,
+        state: RunState,
+    ) -> tuple[Any, ToolOutcome]:
+        try:
+            args = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError:
+            args = {"_raw": call.arguments}
+        sink.emit(
+            ev.Event(
+                tool_input_available=ev.ToolInputAvailable(
+                    tool_call_id=call.id, tool_name=call.name, input=events.value(args)
+                )
+            )
+        )
+        started = time.monotonic()
+        handler = tools.get(call.name)
+        if handler is None:
+            outcome = ToolOutcome({"ok": False, "error": f"tool {call.name!r} is not available to this agent"}, ok=False)
+        elif not isinstance(args, dict) or "_raw" in args:
+            outcome = ToolOutcome({"ok": False, "error": "tool arguments must be a JSON object"}, ok=False)
+        else:
+            ctx = ToolContext(
+                owner=req.owner,
+                agent=self.catalog.get(slug),
+                role=role,
+                session_id=req.session_id,
+                anchor_message_id=req.anchor_message_id,
+                depth=req.depth,
+                tool_call_id=call.id,
+                sink=sink,
+                clients=self.clients,
+                settings=self.settings,
+                catalog=self.catalog,
+                state=state,
+            )
+            try:
+                outcome = await handler(ctx, args)
+            except MeshError as err:
+                outcome = ToolOutcome({"ok": False, "error": err.message}, ok=False)
+        outcome.metadata.setdefault("durationMs", int((time.monotonic() - started) * 1000))
+        sink.emit(
+            ev.Event(
+                tool_output_available=ev.ToolOutputAvailable(
+                    tool_call_id=call.id,
+                    tool_name=call.name,
+                    output=events.value(outcome.output),
+                    metadata=events.struct(outcome.metadata),
+                    ok=outcome.ok,
+                )
+            )
+        )
+        return args, outcome

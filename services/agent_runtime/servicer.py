@@ -1,0 +1,50 @@
+"""AgentRuntimeService: a thin adapter over AgentRunner."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import grpc
+
+from agentmesh.v1 import agent_runtime_service_pb2 as rt
+from agentmesh.v1 import agent_runtime_service_pb2_grpc as rt_grpc
+from libs.clients import Clients
+from libs.errors import InvalidArgument, grpc_errors
+from libs.sink import EventSink
+from services.agent_runtime.runner import AgentRunner
+
+
+class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
+    def __init__(self, runner: AgentRunner, clients: Clients) -> None:
+        self.runner = runner
+        self.clients = clients
+
+    @grpc_errors
+    async def RunAgent(
+        self, request: rt.RunAgentRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[rt.RunAgentResponse]:
+        if not request.owner or not request.agent or not request.stream_key:
+            raise InvalidArgument("owner, agent and stream_key are required")
+        sink = EventSink(self.clients, request.stream_key)
+
+        async def run() -> rt.RunResult:
+            try:
+                return await self.runner.run(request, sink)
+            finally:
+                await sink.aclose()
+
+        task = asyncio.create_task(run(), name=f"run:{request.agent}:{request.session_id}")
+        try:
+            async for event in sink.committed():
+                yield rt.RunAgentResponse(event=event)
+            result = await task
+            yield rt.RunAgentResponse(result=result)
+        finally:
+            if not task.done():
+                # The caller went away or cancelled: cancel the run and, through it, its child runs.
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+            sink.cancel()

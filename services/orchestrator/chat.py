@@ -1,0 +1,177 @@
+"""ChatOrchestrator: one chat turn, the single entry behind both HTTP and WebSocket (seed 3 section 3.1).
+
+The turn runs as its own task: a caller that goes away stops reading, the turn goes on and can be
+resumed from session:<id>. A cancellation (CancelChat on any replica) closes session:<id> with an
+`error` event whose code is `cancelled`; the replica running the turn watches its buffer and
+cancels the run, which cancels its children over gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+
+from agentmesh.v1 import events_pb2 as ev
+from agentmesh.v1 import stream_service_pb2 as ss
+from agentmesh.v1 import trace_pb2 as tp
+from agentmesh.v1 import trace_service_pb2 as ts
+from libs import events
+from libs.catalog import Catalog
+from libs.clients import Clients
+from libs.config import MeshSettings
+from libs.errors import InvalidArgument, MeshError, from_rpc_error
+from libs.turns import TurnOutcome, TurnRunner, TurnSpec
+
+log = logging.getLogger(__name__)
+MAX_MESSAGE_CHARS = 100_000
+CANCELLED = "cancelled"
+
+
+def session_key(session_id: str) -> str:
+    return f"session:{session_id}"
+
+
+@dataclass
+class _End:
+    error: BaseException | None = None
+
+
+class ChatOrchestrator:
+    def __init__(self, settings: MeshSettings, clients: Clients, catalog: Catalog) -> None:
+        self.settings = settings
+        self.clients = clients
+        self.catalog = catalog
+        self.turns = TurnRunner(clients)
+        self.running: dict[str, asyncio.Task[TurnOutcome]] = {}
+
+    async def execute(self, owner: str, agent: str, message: str, session_id: str) -> AsyncIterator[ev.Event]:
+        """Starts the turn and yields its events (with offsets) until the buffer closes."""
+        if not owner:
+            raise InvalidArgument("owner is required")
+        if not message.strip():
+            raise InvalidArgument("message must not be empty")
+        if len(message) > MAX_MESSAGE_CHARS:
+            raise InvalidArgument(f"message is longer than {MAX_MESSAGE_CHARS} characters")
+        spec_agent = self.catalog.get(agent)
+        try:
+            if session_id:
+                session = (await self.clients.trace.GetSession(ts.GetSessionRequest(owner=owner, session_id=session_id))).session
+                if session.kind != tp.SESSION_KIND_CHAT:
+                    raise InvalidArgument("only chat sessions take chat turns")
+            else:
+                session = (
+                    await self.clients.trace.CreateSession(
+                        ts.CreateSessionRequest(owner=owner, agent=agent, title=message.strip()[:80])
+                    )
+                ).session
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from exc
+        spec = TurnSpec(
+            owner=owner,
+            session_id=session.id,
+            agent=spec_agent.slug,
+            user_text=message,
+            stream_key=session_key(session.id),
+            model=spec_agent.model,
+            stream_metadata={"agent": spec_agent.slug, "model": spec_agent.model, "kind": "chat"},
+        )
+        queue: asyncio.Queue[ev.Event | _End] = asyncio.Queue()
+        # The turn outlives this generator when the caller leaves; self.running keeps it.
+        task = asyncio.create_task(self._turn(spec, queue), name=f"turn:{session.id}")
+        previous = self.running.get(session.id)
+        if previous is None or previous.done():
+            self.running[session.id] = task
+        while True:
+            item = await queue.get()
+            if isinstance(item, _End):
+                if item.error is not None:
+                    raise item.error
+                return
+            yield item
+            if events.kind(item) in events.TERMINAL:
+                return
+
+    async def _turn(self, spec: TurnSpec, queue: asyncio.Queue[ev.Event | _End]) -> TurnOutcome:
+        watcher: asyncio.Task[None] | None = None
+        current = asyncio.current_task()
+        assert current is not None
+        delivered_terminal = False
+
+        async def on_event(event: ev.Event) -> None:
+            nonlocal watcher, delivered_terminal
+            if events.kind(event) == "start" and watcher is None:
+                watcher = asyncio.create_task(self._watch(spec, event.offset, current))
+            if events.kind(event) in events.TERMINAL:
+                delivered_terminal = True
+            queue.put_nowait(event)
+
+        try:
+            outcome = await self.turns.run(spec, on_event)
+            queue.put_nowait(_End())
+            return outcome
+        except asyncio.CancelledError:
+            if not delivered_terminal:
+                queue.put_nowait(events.error(CANCELLED, "the turn was cancelled"))
+            queue.put_nowait(_End())
+            raise
+        except MeshError as err:
+            queue.put_nowait(_End(err))
+            return TurnOutcome(error=err)
+        except Exception as exc:  # pragma: no cover - defensive: never leave a caller hanging
+            log.exception("turn crashed")
+            queue.put_nowait(_End(exc))
+            raise
+        finally:
+            if self.running.get(spec.session_id) is current:
+                del self.running[spec.session_id]
+            if watcher is not None:
+                watcher.cancel()
+
+    async def _watch(self, spec: TurnSpec, from_offset: str, turn: asyncio.Task[object]) -> None:
+        """Cancels `turn` when someone else closes its buffer with code `cancelled`."""
+        request = ss.SubscribeStreamRequest(
+            key=spec.stream_key, from_offset=from_offset, idle_timeout_ms=int(self.settings.turn_timeout_s * 1000)
+        )
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+            async for resp in self.clients.stream.SubscribeStream(request, timeout=self.settings.turn_timeout_s):
+                if resp.event.HasField("error") and resp.event.error.code == CANCELLED and not turn.done():
+                    turn.cancel()
+                if events.kind(resp.event) in events.TERMINAL:
+                    return
+
+    async def cancel(self, owner: str, session_id: str) -> bool:
+        """Cancels the running turn of a session owned by `owner` (NOT_FOUND otherwise)."""
+        try:
+            await self.clients.trace.GetSession(ts.GetSessionRequest(owner=owner, session_id=session_id))
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from exc
+        try:
+            resp = await self.clients.stream.CloseStream(
+                ss.CloseStreamRequest(
+                    key=session_key(session_id), error=ev.Error(code=CANCELLED, message="cancelled by the user")
+                )
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return False  # no buffer: nothing is running
+            raise from_rpc_error(exc) from exc
+        local = self.running.get(session_id)
+        if local is not None and not local.done():
+            local.cancel()
+        return resp.closed
+
+    async def drain(self, grace_s: float) -> None:
+        """Shutdown: let running turns finish within the grace, then cancel the rest."""
+        tasks = [t for t in self.running.values() if not t.done()]
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=grace_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5)

@@ -1,0 +1,14 @@
+"""`python -m services.stream`: one stream-service process configured from AGENTMESH_* variables."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from libs.config import load_settings
+from services.stream.server import main
+
+if __name__ == "__main__":
+    settings = load_settings()
+    logging.basicConfig(level=settings.log_level)
+    asyncio.run(main(settings))

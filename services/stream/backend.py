@@ -1,0 +1,220 @@
+"""The stream buffer domain: keys, the abstract backend, and the subscribe loop both backends share.
+
+A buffer is an append-only list of `Event`s under a key (`session:<id>`, `a2a:<task id>`,
+`subagent:<id>`), with an owner, free metadata and a closed flag. Every appended event gets an offset,
+strictly increasing per key and never reused. Closing appends the terminal event (`done` or `error`).
+Subscribers replay everything after an offset, then follow live until the terminal event.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from agentmesh.v1 import events_pb2 as ev
+from libs import events
+from libs.config import StreamSettings
+from libs.errors import InvalidArgument, NotFound, Unavailable
+
+KEY_KINDS = ("session", "a2a", "subagent")
+MAX_KEY_ID = 200
+BATCH = 256  # events a subscriber reads (and holds) at once
+IDLE_TIMEOUT_CODE = "idle_timeout"
+
+T = TypeVar("T")
+
+
+def validate_key(key: str) -> str:
+    """Returns the key, or raises InvalidArgument unless it is `session|a2a|subagent:<id>`."""
+    kind, sep, ident = key.partition(":")
+    if not sep or kind not in KEY_KINDS:
+        raise InvalidArgument(
+            f"invalid stream key {key[:80]!r}: expected session:<id>, a2a:<id> or subagent:<id>"
+        )
+    if not ident:
+        raise InvalidArgument(f"invalid stream key {key!r}: empty id")
+    if len(ident) > MAX_KEY_ID:
+        raise InvalidArgument(f"invalid stream key: id longer than {MAX_KEY_ID} characters")
+    return key
+
+
+def is_terminal(event: ev.Event) -> bool:
+    return events.kind(event) in events.TERMINAL
+
+
+def coalesce(batch: Sequence[ev.Event]) -> list[ev.Event]:
+    """Merges runs of consecutive `text_delta` events into one (text joined, last offset kept).
+
+    Nothing else is merged, dropped or reordered.
+    """
+    out: list[ev.Event] = []
+    run: list[ev.Event] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            out.append(run[0])
+        elif run:
+            merged = events.text_delta("".join(e.text_delta.text_delta for e in run))
+            merged.offset = run[-1].offset
+            out.append(merged)
+        run.clear()
+
+    for event in batch:
+        if events.kind(event) == "text_delta":
+            run.append(event)
+        else:
+            flush()
+            out.append(event)
+    flush()
+    return out
+
+
+@dataclass
+class StreamInfo:
+    """Facts about one buffer."""
+
+    key: str
+    exists: bool = False
+    closed: bool = False
+    last_offset: str = ""
+    owner: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+    length: int = 0
+
+
+@dataclass
+class BackendStats:
+    """Internal sizes, for tests and metrics: nothing here grows with a subscriber's lag."""
+
+    buffers: int = 0
+    events: int = 0
+    subscribers: int = 0
+    max_batch_held: int = 0  # the most events any subscriber held at once since start
+
+
+class Cursor(abc.ABC):
+    """One subscriber's read position in one buffer."""
+
+    @abc.abstractmethod
+    async def read(self, limit: int, timeout_s: float) -> list[ev.Event]:
+        """Up to `limit` events after the position (advancing it); [] after `timeout_s` without any."""
+
+
+class StreamBackend(abc.ABC):
+    """Live buffers by key. Subclasses store them; this class owns validation and the subscribe loop."""
+
+    def __init__(self, settings: StreamSettings | None = None) -> None:
+        self.settings = settings or StreamSettings()
+        self._stopping = asyncio.Event()
+        self._subscribers = 0
+        self._max_batch = 0
+
+    # --- storage, implemented by each backend -------------------------------------------------------
+
+    @abc.abstractmethod
+    async def create(self, key: str, owner: str, metadata: dict[str, str] | None = None) -> None:
+        """Creates the buffer, or replaces a closed one; FailedPrecondition while one is open."""
+
+    @abc.abstractmethod
+    async def append(self, key: str, batch: Sequence[ev.Event]) -> list[str]:
+        """Appends to an open buffer, returns one offset per event.
+
+        NotFound (no buffer), FailedPrecondition (closed), ResourceExhausted (over max_events).
+        """
+
+    @abc.abstractmethod
+    async def close(self, key: str, terminal: ev.Event) -> tuple[str, bool]:
+        """Appends the terminal event and closes: (its offset, True); (terminal offset, False) if closed."""
+
+    @abc.abstractmethod
+    async def info(self, key: str) -> StreamInfo:
+        """Facts about the buffer; `exists=False` for an unknown or expired key."""
+
+    @abc.abstractmethod
+    async def _cursor(self, key: str, after: str) -> Cursor | None:
+        """A read position after `after` ("" = start); None when the buffer is closed and read to its end."""
+
+    @abc.abstractmethod
+    def stats(self) -> BackendStats: ...
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Starts background work (expiry sweeps)."""
+
+    async def aclose(self) -> None:
+        """Ends subscriptions and releases connections."""
+        self.shutdown()
+
+    # --- shared behaviour ----------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Ends every subscription promptly (UNAVAILABLE: resume elsewhere) and refuses new ones."""
+        self._stopping.set()
+
+    @property
+    def subscribers(self) -> int:
+        return self._subscribers
+
+    async def read_info(self, key: str, reader: str = "") -> StreamInfo:
+        """`info`, but a reader other than the owner sees nothing (as for an unknown key)."""
+        found = await self.info(validate_key(key))
+        if found.exists and reader and reader != found.owner:
+            return StreamInfo(key=key)
+        return found
+
+    async def subscribe(
+        self, key: str, from_offset: str = "", reader: str = "", idle_timeout_ms: int = 0
+    ) -> AsyncGenerator[ev.Event, None]:
+        """Replays the events after `from_offset`, then follows live; the last one is `done` or `error`.
+
+        NotFound for an unknown key or a reader who is not the owner. Without any event for the idle
+        timeout it ends with an `error` event (code "idle_timeout", no offset).
+        """
+        found = await self.read_info(key, reader)
+        if not found.exists:
+            raise NotFound(f"no stream buffer {key}")
+        if self._stopping.is_set():
+            raise Unavailable("stream service is shutting down; resume from the last offset")
+        idle_s = (idle_timeout_ms or self.settings.idle_timeout_ms) / 1000
+        cursor = await self._cursor(key, from_offset)
+        if cursor is None:
+            return
+        loop = asyncio.get_running_loop()
+        self._subscribers += 1
+        try:
+            deadline = loop.time() + idle_s
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    yield events.error(IDLE_TIMEOUT_CODE, f"no event on {key} for {idle_s:g}s")
+                    return
+                batch = await self._guard(cursor.read(BATCH, remaining))
+                if not batch:
+                    continue
+                self._max_batch = max(self._max_batch, len(batch))
+                deadline = loop.time() + idle_s
+                for event in coalesce(batch):
+                    yield event
+                    if is_terminal(event):
+                        return
+        finally:
+            self._subscribers -= 1
+
+    async def _guard(self, aw: Awaitable[T]) -> T:
+        """Awaits `aw` unless shutdown comes first (then Unavailable); cancels it on the way out."""
+        task = asyncio.ensure_future(aw)
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (stop, task):
+                if not t.done():
+                    t.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await t
+        if task.done() and not task.cancelled():
+            return task.result()
+        raise Unavailable("stream service is shutting down; resume from the last offset")

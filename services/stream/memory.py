@@ -1,0 +1,193 @@
+"""The embedded default backend: buffers in this process's memory.
+
+Offsets come from one process-wide counter seeded from the wall clock (so a restarted process does not
+hand out offsets a browser already saw), formatted as 20 zero-padded digits: string order = number order.
+Subscribers read the shared buffer by index and wait on a per-buffer wake-up event, so a lagging
+subscriber costs an integer, never a queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from agentmesh.v1 import events_pb2 as ev
+from libs.config import StreamSettings
+from libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from services.stream.backend import BackendStats, Cursor, StreamBackend, StreamInfo, validate_key
+
+_counter = itertools.count(time.time_ns() // 1000)
+
+
+def _next_offset() -> int:
+    return next(_counter)
+
+
+def format_offset(n: int) -> str:
+    return f"{n:020d}"
+
+
+def parse_offset(offset: str) -> int:
+    """ "" -> 0; InvalidArgument unless a non-negative integer."""
+    if not offset:
+        return 0
+    if not offset.isdigit():
+        raise InvalidArgument(f"invalid offset {offset[:40]!r}: expected digits")
+    return int(offset)
+
+
+@dataclass
+class _Buffer:
+    owner: str
+    metadata: dict[str, str]
+    events: list[ev.Event] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    closed: bool = False
+    expires_at: float | None = None  # monotonic time; set at close
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def push(self, event: ev.Event) -> str:
+        n = _next_offset()
+        stored = ev.Event()
+        stored.CopyFrom(event)
+        stored.offset = format_offset(n)
+        self.events.append(stored)
+        self.offsets.append(n)
+        return stored.offset
+
+    def notify(self) -> None:
+        wakeup, self.wakeup = self.wakeup, asyncio.Event()
+        wakeup.set()
+
+
+class _MemoryCursor(Cursor):
+    def __init__(self, buffer: _Buffer, index: int) -> None:
+        self.buffer = buffer
+        self.index = index
+
+    async def read(self, limit: int, timeout_s: float) -> list[ev.Event]:
+        buf = self.buffer
+        if self.index >= len(buf.events):
+            wakeup = buf.wakeup  # taken with no await since the length check: no lost wake-up
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wakeup.wait(), timeout_s)
+        batch = buf.events[self.index : self.index + limit]
+        self.index += len(batch)
+        return batch
+
+
+class MemoryBackend(StreamBackend):
+    """Buffers in a dict; closed ones expire lazily on access and by a periodic sweep."""
+
+    def __init__(self, settings: StreamSettings | None = None) -> None:
+        super().__init__(settings)
+        self._buffers: dict[str, _Buffer] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep_forever(), name="stream-expiry-sweep")
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+
+    def _get(self, key: str) -> _Buffer | None:
+        buf = self._buffers.get(key)
+        if buf is not None and buf.expires_at is not None and buf.expires_at <= time.monotonic():
+            del self._buffers[key]
+            return None
+        return buf
+
+    def sweep(self) -> int:
+        """Drops expired closed buffers; returns how many."""
+        now = time.monotonic()
+        gone = [k for k, b in self._buffers.items() if b.expires_at is not None and b.expires_at <= now]
+        for key in gone:
+            del self._buffers[key]
+        return len(gone)
+
+    async def _sweep_forever(self) -> None:
+        interval = min(max(self.settings.ttl_s / 2, 0.05), 30.0)
+        while True:
+            await asyncio.sleep(interval)
+            self.sweep()
+
+    async def create(self, key: str, owner: str, metadata: dict[str, str] | None = None) -> None:
+        validate_key(key)
+        old = self._get(key)
+        if old is not None and not old.closed:
+            raise FailedPrecondition(f"a run is already streaming to {key}")
+        self._buffers[key] = _Buffer(owner=owner, metadata=dict(metadata or {}))
+
+    def _open(self, key: str) -> _Buffer:
+        buf = self._get(validate_key(key))
+        if buf is None:
+            raise NotFound(f"no stream buffer {key}")
+        if buf.closed:
+            raise FailedPrecondition(f"stream {key} is closed")
+        return buf
+
+    async def append(self, key: str, batch: Sequence[ev.Event]) -> list[str]:
+        buf = self._open(key)
+        if len(buf.events) + len(batch) > self.settings.max_events:
+            raise ResourceExhausted(
+                f"stream {key} is full: {len(buf.events)} events, appending {len(batch)} would pass "
+                f"the cap of {self.settings.max_events}"
+            )
+        offsets = [buf.push(event) for event in batch]
+        if offsets:
+            buf.notify()
+        return offsets
+
+    async def close(self, key: str, terminal: ev.Event) -> tuple[str, bool]:
+        buf = self._get(validate_key(key))
+        if buf is None:
+            raise NotFound(f"no stream buffer {key}")
+        if buf.closed:
+            return buf.events[-1].offset, False
+        offset = buf.push(terminal)
+        buf.closed = True
+        buf.expires_at = time.monotonic() + self.settings.ttl_s
+        buf.notify()
+        return offset, True
+
+    async def info(self, key: str) -> StreamInfo:
+        buf = self._get(validate_key(key))
+        if buf is None:
+            return StreamInfo(key=key)
+        return StreamInfo(
+            key=key,
+            exists=True,
+            closed=buf.closed,
+            last_offset=buf.events[-1].offset if buf.events else "",
+            owner=buf.owner,
+            metadata=dict(buf.metadata),
+            length=len(buf.events),
+        )
+
+    async def _cursor(self, key: str, after: str) -> Cursor | None:
+        buf = self._get(key)
+        if buf is None:
+            raise NotFound(f"no stream buffer {key}")
+        index = bisect.bisect_right(buf.offsets, parse_offset(after))
+        if buf.closed and index >= len(buf.events):
+            return None
+        return _MemoryCursor(buf, index)
+
+    def stats(self) -> BackendStats:
+        return BackendStats(
+            buffers=len(self._buffers),
+            events=sum(len(b.events) for b in self._buffers.values()),
+            subscribers=self._subscribers,
+            max_batch_held=self._max_batch,
+        )

@@ -1,0 +1,208 @@
+"""The shared backend: Redis Streams, so any number of stream-service replicas serve the same keys.
+
+Per buffer two keys: `<prefix>stream:<key>` (a Redis Stream; field `e` = the serialized Event; the
+entry id IS the offset) and `<prefix>meta:<key>` (a hash: owner, metadata as JSON, closed, close_offset).
+Create, append and close are Lua scripts, so the checks and the writes are atomic across replicas.
+Replacing a closed buffer trims its stream to zero entries instead of deleting it: Redis keeps the last
+id, so new offsets stay above every old one. Closing sets the TTL on both keys.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from agentmesh.v1 import events_pb2 as ev
+from libs.config import StreamSettings
+from libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from services.stream.backend import BackendStats, Cursor, StreamBackend, StreamInfo, validate_key
+
+DEFAULT_PREFIX = "agentmesh:"
+_OFFSET = re.compile(r"^\d+(-\d+)?$")
+
+_CREATE = """
+local closed = redis.call('HGET', KEYS[1], 'closed')
+if closed == '0' then return 'open' end
+redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('XTRIM', KEYS[2], 'MAXLEN', 0)
+  redis.call('PERSIST', KEYS[2])
+end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'metadata', ARGV[2], 'closed', '0')
+return 'ok'
+"""
+
+_APPEND = """
+local closed = redis.call('HGET', KEYS[1], 'closed')
+if not closed then return {'missing'} end
+if closed == '1' then return {'closed'} end
+local n = redis.call('XLEN', KEYS[2])
+if n + #ARGV - 1 > tonumber(ARGV[1]) then return {'full', tostring(n)} end
+local out = {'ok'}
+for i = 2, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i]) end
+return out
+"""
+
+_CLOSE = """
+local closed = redis.call('HGET', KEYS[1], 'closed')
+if not closed then return {'missing'} end
+if closed == '1' then return {'closed', redis.call('HGET', KEYS[1], 'close_offset')} end
+local id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[1])
+redis.call('HSET', KEYS[1], 'closed', '1', 'close_offset', id)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return {'ok', id}
+"""
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _id_tuple(offset: str) -> tuple[int, int]:
+    ms, _, seq = offset.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def check_offset(offset: str) -> str:
+    if offset and not _OFFSET.match(offset):
+        raise InvalidArgument(
+            f"invalid offset {offset[:40]!r}: expected a Redis entry id like 1700000000000-0"
+        )
+    return offset
+
+
+def _decode(entry_id: Any, fields: dict[Any, Any]) -> ev.Event:
+    event = ev.Event.FromString(fields[b"e"])
+    event.offset = _s(entry_id)
+    return event
+
+
+class _RedisCursor(Cursor):
+    """XRANGE (exclusive start) while replaying, then XREAD BLOCK; COUNT bounds every batch."""
+
+    def __init__(self, client: aioredis.Redis, stream: str, after: str) -> None:
+        self.client = client
+        self.stream = stream
+        self.last = after
+        self.live = False
+
+    async def read(self, limit: int, timeout_s: float) -> list[ev.Event]:
+        if not self.live:
+            start = f"({self.last}" if self.last else "-"
+            entries = await self.client.xrange(self.stream, min=start, max="+", count=limit)
+            if entries:
+                return self._advance(entries)
+            self.live = True
+        reply = await self.client.xread(
+            {self.stream: self.last or "0-0"}, count=limit, block=max(1, int(timeout_s * 1000))
+        )
+        if not reply:
+            return []
+        return self._advance(reply[0][1])
+
+    def _advance(self, entries: list[Any]) -> list[ev.Event]:
+        batch = [_decode(entry_id, fields) for entry_id, fields in entries]
+        self.last = batch[-1].offset
+        return batch
+
+
+class RedisBackend(StreamBackend):
+    """Buffers in Redis Streams, shared by every replica that uses the same URL and prefix."""
+
+    def __init__(
+        self,
+        url: str,
+        settings: StreamSettings | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        client: aioredis.Redis | None = None,
+    ) -> None:
+        super().__init__(settings)
+        self.prefix = prefix
+        self.client = client or aioredis.Redis.from_url(url, decode_responses=False)
+        self._create = self.client.register_script(_CREATE)
+        self._append = self.client.register_script(_APPEND)
+        self._close = self.client.register_script(_CLOSE)
+
+    def _keys(self, key: str) -> list[str]:
+        return [f"{self.prefix}meta:{key}", f"{self.prefix}stream:{key}"]
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        await self.client.aclose()
+
+    async def create(self, key: str, owner: str, metadata: dict[str, str] | None = None) -> None:
+        result = await self._create(
+            keys=self._keys(validate_key(key)), args=[owner, json.dumps(metadata or {})]
+        )
+        if _s(result) == "open":
+            raise FailedPrecondition(f"a run is already streaming to {key}")
+
+    async def append(self, key: str, batch: Sequence[ev.Event]) -> list[str]:
+        keys = self._keys(validate_key(key))
+        if not batch:
+            if (await self.info(key)).exists:
+                return []
+            raise NotFound(f"no stream buffer {key}")
+        payloads = [e.SerializeToString() for e in batch]
+        reply = [_s(x) for x in await self._append(keys=keys, args=[self.settings.max_events, *payloads])]
+        status = reply[0]
+        if status == "missing":
+            raise NotFound(f"no stream buffer {key}")
+        if status == "closed":
+            raise FailedPrecondition(f"stream {key} is closed")
+        if status == "full":
+            raise ResourceExhausted(
+                f"stream {key} is full: {reply[1]} events, appending {len(batch)} would pass "
+                f"the cap of {self.settings.max_events}"
+            )
+        return reply[1:]
+
+    async def close(self, key: str, terminal: ev.Event) -> tuple[str, bool]:
+        ttl_ms = max(1, int(self.settings.ttl_s * 1000))
+        reply = [
+            _s(x)
+            for x in await self._close(
+                keys=self._keys(validate_key(key)), args=[terminal.SerializeToString(), ttl_ms]
+            )
+        ]
+        if reply[0] == "missing":
+            raise NotFound(f"no stream buffer {key}")
+        return reply[1], reply[0] == "ok"
+
+    async def info(self, key: str) -> StreamInfo:
+        meta_key, stream_key = self._keys(validate_key(key))
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(meta_key)
+            pipe.xlen(stream_key)
+            pipe.xrevrange(stream_key, count=1)
+            meta, length, last = await pipe.execute()
+        if not meta:
+            return StreamInfo(key=key)
+        return StreamInfo(
+            key=key,
+            exists=True,
+            closed=_s(meta.get(b"closed", b"0")) == "1",
+            last_offset=_s(last[0][0]) if last else "",
+            owner=_s(meta.get(b"owner", b"")),
+            metadata=json.loads(meta.get(b"metadata", b"{}")),
+            length=int(length),
+        )
+
+    async def _cursor(self, key: str, after: str) -> Cursor | None:
+        check_offset(after)
+        meta_key, stream_key = self._keys(key)
+        closed, close_offset = await self.client.hmget(meta_key, ["closed", "close_offset"])
+        if closed is None:
+            raise NotFound(f"no stream buffer {key}")
+        if _s(closed) == "1" and after and _id_tuple(after) >= _id_tuple(_s(close_offset)):
+            return None
+        return _RedisCursor(self.client, stream_key, after)
+
+    def stats(self) -> BackendStats:
+        """Subscribers and batch sizes of this process; buffers live in Redis and are not counted here."""
+        return BackendStats(subscribers=self._subscribers, max_batch_held=self._max_batch)

@@ -1,0 +1,85 @@
+"""StreamService over gRPC: a thin adapter from protobuf to a `StreamBackend`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from agentmesh.v1 import events_pb2 as ev
+from agentmesh.v1 import stream_service_pb2 as pb
+from agentmesh.v1 import stream_service_pb2_grpc
+from libs.errors import InvalidArgument, grpc_errors
+from services.stream.backend import StreamBackend
+
+
+class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
+    """Each RPC is one backend call."""
+
+    def __init__(self, backend: StreamBackend) -> None:
+        self.backend = backend
+
+    @grpc_errors
+    async def CreateStream(
+        self, request: pb.CreateStreamRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateStreamResponse:
+        await self.backend.create(request.key, request.owner, dict(request.metadata))
+        return pb.CreateStreamResponse()
+
+    @grpc_errors
+    async def AppendEvents(
+        self, request: pb.AppendEventsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AppendEventsResponse:
+        return pb.AppendEventsResponse(offsets=await self.backend.append(request.key, request.events))
+
+    @grpc_errors
+    async def StreamAppendEvents(
+        self, request: AsyncIterator[pb.StreamAppendEventsRequest], context: grpc.aio.ServicerContext
+    ) -> pb.StreamAppendEventsResponse:
+        count, last = 0, ""
+        async for message in request:
+            offsets = await self.backend.append(message.key, message.events)
+            count += len(offsets)
+            last = offsets[-1] if offsets else last
+        return pb.StreamAppendEventsResponse(count=count, last_offset=last)
+
+    @grpc_errors
+    async def CloseStream(
+        self, request: pb.CloseStreamRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CloseStreamResponse:
+        outcome = request.WhichOneof("outcome")
+        if outcome == "done":
+            terminal = ev.Event(done=request.done)
+        elif outcome == "error":
+            terminal = ev.Event(error=request.error)
+        else:
+            raise InvalidArgument("CloseStream needs an outcome: done or error")
+        offset, closed = await self.backend.close(request.key, terminal)
+        return pb.CloseStreamResponse(offset=offset, closed=closed)
+
+    @grpc_errors
+    async def SubscribeStream(
+        self, request: pb.SubscribeStreamRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.SubscribeStreamResponse]:
+        events = self.backend.subscribe(
+            request.key, request.from_offset, request.reader, request.idle_timeout_ms
+        )
+        try:
+            async for event in events:
+                yield pb.SubscribeStreamResponse(event=event)
+        finally:
+            await events.aclose()
+
+    @grpc_errors
+    async def GetStreamInfo(
+        self, request: pb.GetStreamInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetStreamInfoResponse:
+        info = await self.backend.read_info(request.key, request.reader)
+        return pb.GetStreamInfoResponse(
+            exists=info.exists,
+            closed=info.closed,
+            last_offset=info.last_offset,
+            owner=info.owner,
+            metadata=info.metadata,
+            length=info.length,
+        )
