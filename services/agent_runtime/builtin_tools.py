@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.agent_runtime.tools import SUPERVISOR, ToolContext, ToolOutcome, ToolRegistry, ToolSpec
+from services.agent_runtime import invoke, subagents
+from services.agent_runtime.tools import A2A_CALLEE, SUBAGENT, SUPERVISOR, ToolContext, ToolOutcome, ToolRegistry, ToolSpec
 
 CLARIFY = ToolSpec(
     name="clarify",
@@ -25,4 +26,7 @@ async def clarify(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
 
 
 def register_all(registry: ToolRegistry) -> None:
+    registry.register(invoke.SPEC, invoke.agent_invoke, roles=(SUPERVISOR, SUBAGENT, A2A_CALLEE))
+    registry.register(subagents.DELEGATE_TASK, subagents.delegate_task, roles=(SUPERVISOR,))
+    registry.register(subagents.DELEGATE_PARALLEL, subagents.delegate_parallel, roles=(SUPERVISOR,))
     registry.register(CLARIFY, clarify, roles=(SUPERVISOR,))
