@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import socket
 import uuid
@@ -41,17 +42,22 @@ def pg_url() -> Iterator[str]:
     name = f"agentmesh_test_{uuid.uuid4().hex[:10]}"
     admin = PG_ADMIN_URL.replace("postgresql+asyncpg://", "postgresql://")
 
-    async def run(sql: str) -> None:
+    async def execute(sql: str) -> None:
         conn = await asyncpg.connect(admin)
         try:
             await conn.execute(sql)
         finally:
             await conn.close()
 
-    asyncio.run(run(f'CREATE DATABASE "{name}"'))
+    def run(sql: str) -> None:
+        # Its own loop in its own thread: the fixture may be set up from inside a running loop.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, execute(sql)).result()
+
+    run(f'CREATE DATABASE "{name}"')
     parsed = urlparse(admin)
     yield parsed._replace(path=f"/{name}").geturl()
-    asyncio.run(run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")

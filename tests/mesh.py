@@ -1,0 +1,179 @@
+"""A whole mesh in the test's event loop: the scripted model server, the four gRPC services on
+loopback ports and the gateway on a real uvicorn, talking to each other as in production."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from agentmesh.mock_llm import MockLLM
+from agentmesh.v1 import trace_service_pb2 as ts
+from gateway.app import create_app
+from libs.clients import Clients
+from libs.config import Addresses, LLMSettings, MeshSettings, StreamSettings
+from libs.rpc import ServiceServer
+from services.agent_runtime import server as runtime_server
+from services.orchestrator import server as orchestrator_server
+from services.stream import server as stream_server
+from services.trace import server as trace_server
+
+
+class _Server(uvicorn.Server):
+    """uvicorn with an event set once it accepts connections."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = asyncio.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.ready.set()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Mesh:
+    settings: MeshSettings
+    mock: MockLLM
+    servers: dict[str, ServiceServer] = field(default_factory=dict)
+    gateway: uvicorn.Server | None = None
+    gateway_task: asyncio.Task[None] | None = None
+    clients: Clients | None = None
+    url: str = ""
+    api_key: str = ""
+    user: str = ""
+
+    def http(self, api_key: str | None = None, timeout: float = 30.0) -> httpx.AsyncClient:
+        key = self.api_key if api_key is None else api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout)
+
+    async def new_user(self, name: str) -> str:
+        assert self.clients is not None
+        resp = await self.clients.trace.CreateApiKey(ts.CreateApiKeyRequest(user=name))
+        return resp.api_key
+
+    async def stop(self) -> None:
+        if self.gateway is not None and self.gateway_task is not None:
+            self.gateway.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.gateway_task, 10)
+        for name in ("orchestrator", "agent-runtime", "stream", "trace"):
+            server = self.servers.get(name)
+            if server is not None:
+                await server.stop(1.0)
+        if self.clients is not None:
+            await self.clients.close()
+        await self.mock.stop()
+
+
+async def start_mesh(
+    tmp: Path,
+    *,
+    database_url: str = "",
+    stream_backend: str = "memory",
+    redis_url: str = "",
+    rules: Any = None,
+    catalog: Path | None = None,
+    **overrides: Any,
+) -> Mesh:
+    mock = MockLLM(rules if rules is not None else Path("libs/demo_rules.yaml").read_text(), ttft_ms=0, tokens_per_second=0)
+    await mock.start()
+    addresses = Addresses(
+        orchestrator=f"127.0.0.1:{free_port()}",
+        agent_runtime=f"127.0.0.1:{free_port()}",
+        trace=f"127.0.0.1:{free_port()}",
+        stream=f"127.0.0.1:{free_port()}",
+    )
+    values: dict[str, Any] = {
+        "data_dir": tmp,
+        "database_url": database_url,
+        "addresses": addresses,
+        "llm": LLMSettings(base_url=mock.base_url, api_key="test", request_timeout_s=3),
+        "stream": StreamSettings(backend=stream_backend, heartbeat_s=5),
+        "shutdown_grace_s": 2.0,
+        "log_json": False,
+    }
+    if redis_url:
+        values["redis_url"] = redis_url
+    if catalog is not None:
+        values["catalog"] = catalog
+    values.update(overrides)
+    settings = MeshSettings(**values)
+    mesh = Mesh(settings=settings, mock=mock)
+    try:
+        mesh.servers["trace"] = await trace_server.build(settings)
+        stream = await stream_server.build(settings)
+        if not stream.port:
+            await stream.start()
+        mesh.servers["stream"] = stream
+        mesh.servers["agent-runtime"] = await runtime_server.build(settings)
+        mesh.servers["orchestrator"] = await orchestrator_server.build(settings)
+        mesh.clients = Clients.connect(settings)
+        port = free_port()
+        config = uvicorn.Config(
+            create_app(settings),
+            host="127.0.0.1",
+            port=port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=2,
+            ws="websockets-sansio",
+        )
+        server = _Server(config)
+        mesh.gateway = server
+        mesh.gateway_task = asyncio.create_task(server.serve())
+        ready = asyncio.create_task(server.ready.wait())
+        await asyncio.wait({mesh.gateway_task, ready}, timeout=20, return_when=asyncio.FIRST_COMPLETED)
+        if not server.ready.is_set():
+            ready.cancel()
+            raise RuntimeError("gateway did not start")
+        mesh.url = f"http://127.0.0.1:{port}"
+        mesh.user = "alice"
+        mesh.api_key = await mesh.new_user("alice")
+    except BaseException:
+        await mesh.stop()
+        raise
+    return mesh
+
+
+async def sse_events(resp: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """Parses an SSE response into event dicts (with `_id` from the `id:` line)."""
+    event_id = None
+    async for line in resp.aiter_lines():
+        if line.startswith("id:"):
+            event_id = line[3:].strip()
+        elif line.startswith("data:"):
+            data = json.loads(line[5:].strip())
+            data["_id"] = event_id
+            yield data
+        elif line == "":
+            event_id = None
+
+
+async def chat(mesh: Mesh, agent: str, message: str, session_id: str | None = None, api_key: str | None = None, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """One full turn over POST /api/chat; returns every SSE event until the stream ends."""
+    body: dict[str, Any] = {"agent": agent, "message": message}
+    if session_id:
+        body["sessionId"] = session_id
+    out: list[dict[str, Any]] = []
+    async with mesh.http(api_key, timeout=timeout) as http, http.stream("POST", "/api/chat", json=body) as resp:
+        assert resp.status_code == 200, await resp.aread()
+        async with asyncio.timeout(timeout):
+            async for event in sse_events(resp):
+                out.append(event)
+    return out

@@ -1,0 +1,118 @@
+"""Foundation: one full chat turn through the whole mesh, over HTTP+SSE and WebSocket, on
+SQLite + memory streams and on PostgreSQL + Redis streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import websockets
+
+from tests.mesh import Mesh, chat, start_mesh
+
+ECHO = {"rules": [], "default": {"text": "Hello there, you said {user}. Have a nice day."}}
+
+
+@pytest.fixture(scope="module", params=["sqlite-memory", "postgres-redis"])
+async def mesh(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
+    tmp = tmp_path_factory.mktemp("mesh")
+    if request.param == "postgres-redis":
+        pg = request.getfixturevalue("pg_url")
+        redis = request.getfixturevalue("redis_url")
+        m = await start_mesh(tmp, database_url=pg, stream_backend="redis", redis_url=redis)
+    else:
+        m = await start_mesh(tmp)
+    yield m
+    await m.stop()
+
+
+def assert_turn(events: list[dict], text: str) -> dict:
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "start", kinds
+    assert kinds[-2:] == ["finish", "done"], kinds
+    assert set(kinds[1:-2]) == {"text-delta"}, kinds
+    assert len(kinds) > 4, "the reply must arrive as several deltas"
+    start = events[0]
+    assert start["sessionId"] and start["userMessageId"] > 0 and start["assistantMessageId"] > start["userMessageId"]
+    assert "".join(e["textDelta"] for e in events if e["type"] == "text-delta") == text
+    offsets = [e["_id"] for e in events]
+    assert all(offsets) and len(set(offsets)) == len(offsets), offsets
+    finish = events[-2]
+    assert finish["usage"]["inputTokens"] > 0 and finish["usage"]["outputTokens"] > 0
+    return start
+
+
+async def test_full_turn_over_sse(mesh: Mesh) -> None:
+    mesh.mock.set_rules(ECHO)
+    events = await chat(mesh, "general", "ping")
+    start = assert_turn(events, "Hello there, you said ping. Have a nice day.")
+    async with mesh.http() as http:
+        resp = await http.get(f"/api/sessions/{start['sessionId']}/messages")
+    assert resp.status_code == 200, resp.text
+    messages = resp.json()["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant"]
+    user, assistant = messages
+    assert user["id"] == start["userMessageId"] and user["content"] == "ping"
+    assert assistant["id"] == start["assistantMessageId"]
+    assert assistant["content"] == "Hello there, you said ping. Have a nice day."
+    assert assistant["status"] == "completed"
+    assert assistant["model"] == "mock-gpt"
+    assert assistant["usage"] == events[-2]["usage"]
+    # A second turn in the same session sees the first one (the model received the history).
+    mesh.mock.set_rules(ECHO)
+    before = len(mesh.mock.requests())
+    events2 = await chat(mesh, "general", "pong", session_id=start["sessionId"])
+    assert events2[0]["sessionId"] == start["sessionId"]
+    sent = mesh.mock.requests()[before]["body"]["messages"] if "body" in mesh.mock.requests()[before] else mesh.mock.requests()[before]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+
+
+async def test_same_turn_over_websocket(mesh: Mesh) -> None:
+    mesh.mock.set_rules(ECHO)
+    sse = await chat(mesh, "general", "same")
+    url = mesh.url.replace("http://", "ws://") + "/api/ws"
+    async with websockets.connect(url, additional_headers={"Authorization": f"Bearer {mesh.api_key}"}) as ws:
+        await ws.send(json.dumps({"type": "chat", "agent": "general", "message": "same"}))
+        got: list[dict] = []
+        async with asyncio.timeout(30):
+            while not got or got[-1]["type"] not in ("done", "error"):
+                got.append(json.loads(await ws.recv()))
+    assert [e["type"] for e in got] == [e["type"] for e in sse]
+    for a, b in zip(got, sse, strict=True):
+        strip = {"sessionId", "userMessageId", "assistantMessageId", "_id", "offset"}
+        assert {k: v for k, v in a.items() if k not in strip} == {k: v for k, v in b.items() if k not in strip}
+    assert all(e["offset"] for e in got)
+
+
+async def test_bad_input(mesh: Mesh) -> None:
+    async with mesh.http() as http:
+        r = await http.post("/api/chat", json={"agent": "nobody", "message": "hi"})
+        assert r.status_code == 404 and r.json()["error"]["reason"] == "NOT_FOUND"
+        r = await http.post("/api/chat", json={"agent": "general", "message": "   "})
+        assert r.status_code == 422 and "error" in r.json()
+        r = await http.post("/api/chat", json={"agent": "general"})
+        assert r.status_code == 422
+    async with mesh.http(api_key="") as http:
+        r = await http.post("/api/chat", json={"agent": "general", "message": "hi"})
+        assert r.status_code == 401 and r.json()["error"]["reason"] == "UNAUTHENTICATED"
+    async with mesh.http(api_key="am_wrong") as http:
+        r = await http.post("/api/chat", json={"agent": "general", "message": "hi"})
+        assert r.status_code == 401
+        r = await http.get("/api/sessions")
+        assert r.status_code == 401
+
+
+@pytest.mark.parametrize("fault", ["http_500", "stall_before"])
+async def test_model_failure_marks_placeholder_failed(mesh: Mesh, fault: str) -> None:
+    mesh.mock.set_rules({"rules": [{"user": "boom", "fault": fault}]})
+    events = await chat(mesh, "general", "boom", timeout=40)
+    assert events[0]["type"] == "start"
+    assert events[-1]["type"] == "error", events
+    assert events[-1]["code"] in ("model_error", "timeout")
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{events[0]['sessionId']}/messages")).json()["messages"]
+    assert messages[-1]["status"] == "failed"
+    assert messages[-1]["metadata"]["error"]["code"] == events[-1]["code"]
