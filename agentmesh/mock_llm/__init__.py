@@ -10,7 +10,7 @@ import signal
 from pathlib import Path
 
 import libs
-from agentmesh.mock_llm.rules import RuleSet, RulesError, parse_rules
+from agentmesh.mock_llm.rules import RulesError, RuleSet, parse_rules
 from agentmesh.mock_llm.server import MockLLM
 from libs.config import MeshSettings
 from libs.log import setup_logging
@@ -30,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agentmesh mock-llm", description=__doc__)
     parser.add_argument("--host", default=os.environ.get("AGENTMESH_MOCK_LLM_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("AGENTMESH_MOCK_LLM_PORT", "8090")))
-    parser.add_argument("--rules", type=Path, default=Path(os.environ.get("AGENTMESH_MOCK_LLM_RULES", DEMO_RULES)))
+    parser.add_argument(
+        "--rules", type=Path, default=Path(os.environ.get("AGENTMESH_MOCK_LLM_RULES", DEMO_RULES))
+    )
     parser.add_argument(
         "--ttft-ms",
         type=float,

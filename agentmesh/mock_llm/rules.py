@@ -186,7 +186,9 @@ class ChatRequestView:
     @classmethod
     def of(cls, body: dict[str, Any]) -> ChatRequestView:
         messages: list[dict[str, Any]] = body["messages"]
-        system = "\n".join(content_text(m.get("content")) for m in messages if m["role"] in ("system", "developer"))
+        system = "\n".join(
+            content_text(m.get("content")) for m in messages if m["role"] in ("system", "developer")
+        )
         users = [content_text(m.get("content")) for m in messages if m["role"] == "user"]
         results: list[str] = []
         for message in reversed(messages):

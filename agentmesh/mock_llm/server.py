@@ -11,6 +11,7 @@ import re
 import secrets
 import socket
 import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,8 @@ from agentmesh.mock_llm.rules import (
     ChatRequestView,
     Reply,
     Rule,
-    RuleSet,
     RulesError,
+    RuleSet,
     build_reply,
     content_text,
     parse_rules,
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 RulesInput = str | bytes | dict[str, Any] | list[Any] | RuleSet
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_LOG_SIZE = 10_000  # request bodies kept for /_mock/requests (the oldest go first)
 _CUT_AFTER = 3  # content/argument deltas a `cut` stream sends before the connection drops
 
 
@@ -84,8 +86,9 @@ def _validate(body: Any) -> None:
             raise _BadRequest(f"Invalid value: '{role}'. Supported values are: {_ROLES}.", f"{where}.role")
         if pending and role != "tool":
             raise _BadRequest(
-                "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
-                f"'tool_call_id'. The following tool_call_ids did not have response messages: {sorted(pending)}",
+                "An assistant message with 'tool_calls' must be followed by tool messages responding to "
+                "each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+                f"{sorted(pending)}",
                 f"{where}.role",
             )
         content = message.get("content")
@@ -124,7 +127,8 @@ def _validate(body: Any) -> None:
             raise _BadRequest(f"Missing content in '{where}'.", f"{where}.content")
     if pending:
         raise _BadRequest(
-            f"The tool calls {sorted(pending)} of the last assistant message have no tool messages.", "messages"
+            f"The tool calls {sorted(pending)} of the last assistant message have no tool messages.",
+            "messages",
         )
     if not isinstance(body.get("stream", False), bool):
         raise _BadRequest("'stream' must be a boolean.", "stream", "invalid_type")
@@ -192,7 +196,9 @@ class _Completion:
         self.id = "chatcmpl-" + secrets.token_hex(12)
         self.created = int(time.time())
         self.ttft_s, self.tps = owner.timing(rule)
-        self.call_ids = ["call_" + secrets.token_urlsafe(18).replace("-", "x").replace("_", "y") for _ in reply.tool_calls]
+        self.call_ids = [
+            "call_" + secrets.token_urlsafe(18).replace("-", "x").replace("_", "y") for _ in reply.tool_calls
+        ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def client_gone() -> None:
@@ -211,6 +217,7 @@ class _Completion:
                 return
             respond.result()
         finally:
+            respond.cancel()
             watcher.cancel()
             self.owner._leave()
 
@@ -241,13 +248,22 @@ class _Completion:
     def _deltas(self) -> tuple[list[dict[str, Any]], int, bool]:
         """The content and tool-call deltas after the role chunk, the tokens they hold, and truncation."""
         units: list[tuple[dict[str, Any], bool]] = [({"content": p}, True) for p in pieces(self.reply.text)]
-        for index, ((name, arguments), call_id) in enumerate(zip(self.reply.tool_calls, self.call_ids, strict=True)):
-            head = {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+        for index, ((name, arguments), call_id) in enumerate(
+            zip(self.reply.tool_calls, self.call_ids, strict=True)
+        ):
+            head = {
+                "index": index,
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": ""},
+            }
             units.append(({"tool_calls": [head]}, False))
             units.extend(
-                ({"tool_calls": [{"index": index, "function": {"arguments": p}}]}, True) for p in pieces(arguments)
+                ({"tool_calls": [{"index": index, "function": {"arguments": p}}]}, True)
+                for p in pieces(arguments)
             )
-        limit, tokens, out = _limit(self.body), 0, []
+        limit, tokens = _limit(self.body), 0
+        out: list[dict[str, Any]] = []
         for delta, is_token in units:
             if is_token:
                 if limit is not None and tokens >= limit:
@@ -295,7 +311,9 @@ class _Completion:
         )
 
         async def event(data: str) -> None:
-            await send({"type": "http.response.body", "body": f"data: {data}\n\n".encode(), "more_body": True})
+            await send(
+                {"type": "http.response.body", "body": f"data: {data}\n\n".encode(), "more_body": True}
+            )
 
         deltas, tokens, truncated = self._deltas()
         await asyncio.sleep(self.ttft_s)
@@ -340,7 +358,9 @@ class _Completion:
             "created": self.created,
             "model": self.body["model"],
             "system_fingerprint": None,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": self._finish(truncated)}],
+            "choices": [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": self._finish(truncated)}
+            ],
             "usage": self._usage(tokens),
         }
         data = json.dumps(body).encode()
@@ -391,11 +411,13 @@ class MockLLM:
         self.ttft_ms = ttft_ms
         self.tokens_per_second = tokens_per_second
         self._rules = parse_rules({}) if rules is None else _as_rules(rules)
-        self._log: list[dict[str, Any]] = []
+        self._log: deque[dict[str, Any]] = deque(maxlen=_LOG_SIZE)
         self._logged = asyncio.Condition()
         self._index = itertools.count()
         self._in_flight = self._max_in_flight = self._total = 0
         self._closing = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
         self.port = 0
@@ -489,6 +511,10 @@ class MockLLM:
             await asyncio.wait_for(self._logged.wait_for(lambda: len(self._log) >= count), timeout)
         return self.requests()
 
+    async def wait_idle(self, timeout: float = 5.0) -> None:
+        """Wait until no completion is in flight (e.g. the server saw a cancelled client go away)."""
+        await asyncio.wait_for(self._idle.wait(), timeout)
+
     def stats(self) -> dict[str, int]:
         return {"in_flight": self._in_flight, "max_in_flight": self._max_in_flight, "total": self._total}
 
@@ -506,15 +532,20 @@ class MockLLM:
             return next((float(v) for v in values if v is not None), 0.0)
 
         ttft = pick(rule.ttft_ms, self.ttft_ms, self._rules.ttft_ms)
-        return ttft / 1000, pick(rule.tokens_per_second, self.tokens_per_second, self._rules.tokens_per_second)
+        return ttft / 1000, pick(
+            rule.tokens_per_second, self.tokens_per_second, self._rules.tokens_per_second
+        )
 
     def _enter(self) -> None:
         self._in_flight += 1
         self._total += 1
         self._max_in_flight = max(self._max_in_flight, self._in_flight)
+        self._idle.clear()
 
     def _leave(self) -> None:
         self._in_flight -= 1
+        if not self._in_flight:
+            self._idle.set()
 
     # --- HTTP -------------------------------------------------------------------------------------
 
@@ -523,7 +554,12 @@ class MockLLM:
             body = json.loads(await request.body())
         except ValueError:
             return _error(400, "The request body is not valid JSON.", "invalid_request_error", "invalid_json")
-        entry: dict[str, Any] = {"index": next(self._index), "received_at": time.time(), "rule": None, "body": body}
+        entry: dict[str, Any] = {
+            "index": next(self._index),
+            "received_at": time.time(),
+            "rule": None,
+            "body": body,
+        }
         async with self._logged:
             self._log.append(entry)
             self._logged.notify_all()
@@ -537,7 +573,9 @@ class MockLLM:
         return _Completion(self, body, rule, build_reply(rule, view.variables(groups)))
 
     async def _models(self, request: Request) -> Response:
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "agentmesh"} for m in self._rules.models]
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "agentmesh"} for m in self._rules.models
+        ]
         return JSONResponse({"object": "list", "data": data})
 
     async def _requests(self, request: Request) -> Response:
@@ -566,4 +604,3 @@ class MockLLM:
 
 def _as_rules(rules: RulesInput) -> RuleSet:
     return rules if isinstance(rules, RuleSet) else parse_rules(rules)
-
