@@ -177,3 +177,34 @@ async def chat(mesh: Mesh, agent: str, message: str, session_id: str | None = No
             async for event in sse_events(resp):
                 out.append(event)
     return out
+
+
+async def wait_until(predicate: Any, timeout: float = 10.0, what: str = "condition") -> Any:
+    """Polls an async or sync predicate until it returns a truthy value, or fails at the deadline.
+    For state that has no event to wait on (rows written by another service)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            value = predicate()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return value
+            await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")  # pragma: no cover
+
+
+async def wait_request(mock: MockLLM, predicate: Any, timeout: float = 10.0, start: int = 0) -> dict[str, Any]:
+    """Waits until the model server has received (at index >= start) a request body for which
+    predicate(body) holds."""
+    seen = start
+    async with asyncio.timeout(timeout):
+        while True:
+            bodies = await mock.wait_requests(seen + 1, timeout=timeout)
+            for body in bodies[seen:]:
+                if predicate(body):
+                    return body
+            seen = len(bodies)
+
+
+def system_of(body: dict[str, Any]) -> str:
+    return str(body["messages"][0]["content"]) if body["messages"][0]["role"] == "system" else ""

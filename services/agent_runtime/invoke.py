@@ -92,39 +92,42 @@ class LocalCallee:
             ).task
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from exc
-        # Stored in the caller's stream BEFORE the callee starts, so a panel can subscribe at once.
-        await ctx.sink.emit(
-            ev.Event(
-                a2a_task_started=ev.A2ATaskStarted(
-                    task_id=task.id,
-                    callee_agent_slug=callee.slug,
-                    callee_agent_name=callee.name,
-                    tool_call_id=ctx.tool_call_id,
+        try:
+            # Stored in the caller's stream BEFORE the callee starts, so a panel can subscribe at once.
+            await ctx.sink.emit(
+                ev.Event(
+                    a2a_task_started=ev.A2ATaskStarted(
+                        task_id=task.id,
+                        callee_agent_slug=callee.slug,
+                        callee_agent_name=callee.name,
+                        tool_call_id=ctx.tool_call_id,
+                    )
                 )
             )
-        )
-        await self._state(ctx, task.id, tp.TASK_STATE_WORKING)
-        spec = TurnSpec(
-            owner=ctx.owner,
-            session_id=task.session_id,
-            agent=callee.slug,
-            user_text=text,
-            stream_key=f"a2a:{task.id}",
-            role=A2A_CALLEE,
-            depth=depth,
-            source=tp.MESSAGE_SOURCE_A2A,
-            a2a_task_id=task.id,
-            caller_agent=ctx.agent.slug,
-            caller_session_id=ctx.session_id,
-            model=callee.model,
-            max_output_tokens=cfg.max_output_tokens,
-            timeout_ms=cfg.timeout_ms,
-            stream_metadata={"agent": callee.slug, "model": callee.model, "kind": "a2a", "taskId": task.id},
-        )
-        try:
+            await self._state(ctx, task.id, tp.TASK_STATE_WORKING)
+            spec = TurnSpec(
+                owner=ctx.owner,
+                session_id=task.session_id,
+                agent=callee.slug,
+                user_text=text,
+                stream_key=f"a2a:{task.id}",
+                role=A2A_CALLEE,
+                depth=depth,
+                source=tp.MESSAGE_SOURCE_A2A,
+                a2a_task_id=task.id,
+                caller_agent=ctx.agent.slug,
+                caller_session_id=ctx.session_id,
+                model=callee.model,
+                max_output_tokens=cfg.max_output_tokens,
+                timeout_ms=cfg.timeout_ms,
+                stream_metadata={"agent": callee.slug, "model": callee.model, "kind": "a2a", "taskId": task.id},
+            )
             outcome = await TurnRunner(ctx.clients).run(spec)
         except asyncio.CancelledError:
             await asyncio.shield(self._state(ctx, task.id, tp.TASK_STATE_CANCELED))
+            raise
+        except MeshError:
+            await asyncio.shield(self._state(ctx, task.id, tp.TASK_STATE_FAILED))
             raise
         if outcome.ok:
             assert outcome.result is not None
