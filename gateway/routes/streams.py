@@ -1,5 +1,49 @@
-"""Placeholder router, filled in by its issue."""
+"""Resumable live streams: a session's running turn, an agent-invoke callee (a2a task), a subagent card."""
 
-from fastapi import APIRouter
+from __future__ import annotations
 
-router = APIRouter()
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import Response
+
+from gateway import deps
+from gateway.sse import stream_response
+from libs.clients import Clients
+from libs.config import MeshSettings
+
+router = APIRouter(tags=["streams"])
+
+
+@router.get("/api/sessions/{session_id}/stream")
+async def session_stream(
+    session_id: str,
+    request: Request,
+    user: str = Depends(deps.current_user),
+    clients: Clients = Depends(deps.clients),
+    settings: MeshSettings = Depends(deps.settings),
+) -> Response:
+    """Resumes the live turn of a session (SSE, replay then live)."""
+    return await stream_response(request, clients, settings, f"session:{session_id}", user)
+
+
+@router.get("/api/agents/a2a/stream")
+async def a2a_stream(
+    request: Request,
+    task_id: str = Query(alias="taskId", min_length=1),
+    user: str = Depends(deps.current_user),
+    clients: Clients = Depends(deps.clients),
+    settings: MeshSettings = Depends(deps.settings),
+) -> Response:
+    """The callee's live reply of an agent-invoke call, readable by the caller session's owner."""
+    return await stream_response(request, clients, settings, f"a2a:{task_id}", user)
+
+
+@router.get("/api/subagents/{subagent_id}/stream")
+async def subagent_stream(
+    subagent_id: str,
+    request: Request,
+    user: str = Depends(deps.current_user),
+    clients: Clients = Depends(deps.clients),
+    settings: MeshSettings = Depends(deps.settings),
+) -> Response:
+    """The live text of one subagent card."""
+    return await stream_response(request, clients, settings, f"subagent:{subagent_id}", user)

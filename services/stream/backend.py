@@ -173,6 +173,8 @@ class StreamBackend(abc.ABC):
         NotFound for an unknown key or a reader who is not the owner. Without any event for the idle
         timeout it ends with an `error` event (code "idle_timeout", no offset).
         """
+        if idle_timeout_ms < 0:
+            raise InvalidArgument("idle_timeout_ms must be >= 0 (0: the server default)")
         found = await self.read_info(key, reader)
         if not found.exists:
             raise NotFound(f"no stream buffer {key}")

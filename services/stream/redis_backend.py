@@ -22,6 +22,7 @@ from libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceE
 from services.stream.backend import BackendStats, Cursor, StreamBackend, StreamInfo, validate_key
 
 DEFAULT_PREFIX = "agentmesh:"
+BLOCK_MAX_S = 2.0  # one XREAD BLOCK stays below the client's socket timeout (redis-py: 5 s)
 _OFFSET = re.compile(r"^\d+(-\d+)?$")
 
 _CREATE = """
@@ -98,12 +99,15 @@ class _RedisCursor(Cursor):
             if entries:
                 return self._advance(entries)
             self.live = True
-        reply = await self.client.xread(
-            {self.stream: self.last or "0-0"}, count=limit, block=max(1, int(timeout_s * 1000))
+        reply: Any = await self.client.xread(
+            {self.stream: self.last or "0-0"},
+            count=limit,
+            block=max(1, int(min(timeout_s, BLOCK_MAX_S) * 1000)),
         )
         if not reply:
             return []
-        return self._advance(reply[0][1])
+        entries = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0]  # RESP2 | RESP3
+        return self._advance(entries)
 
     def _advance(self, entries: list[Any]) -> list[ev.Event]:
         batch = [_decode(entry_id, fields) for entry_id, fields in entries]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from agentmesh.v1 import stream_service_pb2_grpc
 from libs.config import MeshSettings
 from libs.rpc import Registration, ServiceServer
@@ -23,36 +25,43 @@ def make_backend(settings: MeshSettings) -> StreamBackend:
     raise ValueError(f"unknown stream backend {kind!r}: expected memory or redis")
 
 
+@dataclass
+class StreamServer(ServiceServer):
+    """A ServiceServer whose stop ends live subscriptions first (UNAVAILABLE: resume elsewhere), so the
+    drain of in-flight RPCs is not held up by subscribers that would otherwise follow forever."""
+
+    backend: StreamBackend | None = None
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        if self.backend is not None and not self._stopped.is_set():
+            await self.health.enter_graceful_shutdown()
+            self.backend.shutdown()
+        await super().stop(grace_s)
+
+
 async def build(
     settings: MeshSettings, address: str | None = None, backend: StreamBackend | None = None
 ) -> ServiceServer:
-    """An unstarted server; stopping it first ends every subscription (UNAVAILABLE) so the drain is quick.
-
-    The caller owns `backend` (and closes it after stopping the server).
-    """
+    """An unstarted server. A backend passed in stays the caller's to close; one built here from the
+    settings is closed when the server stops."""
+    owned = backend is None
     backend = backend or make_backend(settings)
     await backend.start()
-    return ServiceServer(
-        [
-            Registration(
-                stream_service_pb2_grpc.add_StreamServiceServicer_to_server,
-                StreamServicer(backend),
-                SERVICE_NAME,
-            )
-        ],
+    servicer = StreamServicer(backend)
+    return StreamServer(
+        [Registration(stream_service_pb2_grpc.add_StreamServiceServicer_to_server, servicer, SERVICE_NAME)],
         address=address or settings.addresses.stream,
         grace_s=settings.shutdown_grace_s,
-        on_stop=[backend.shutdown],
+        on_stop=[backend.aclose] if owned else [],
+        backend=backend,
     )
 
 
 async def main(settings: MeshSettings) -> None:
     """Builds, starts and serves until SIGTERM/SIGINT, then drains and closes the backend."""
-    backend = make_backend(settings)
-    server = await build(settings, backend=backend)
+    server = await build(settings)
     try:
         await server.start()
         await server.serve_until_signal()
     finally:
         await server.stop()
-        await backend.aclose()

@@ -1,0 +1,105 @@
+"""Server-Sent Events over StreamService.SubscribeStream, shared by every streaming route.
+
+Each SSE message carries `id: <offset>`, so a browser resumes with `Last-Event-ID` (or `?lastEventId=`)
+and gets exactly the events after it. A subscription ends after the terminal event (`done` or `error`),
+and at once when the client goes away (the gRPC call is cancelled, so the stream service lets go too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from sse_starlette import EventSourceResponse
+
+from agentmesh.v1 import stream_service_pb2 as pb
+from libs import events
+from libs.clients import Clients
+from libs.config import MeshSettings
+from libs.errors import NotFound, from_rpc_error
+
+RESUME_RETRIES = 3  # resubscriptions after UNAVAILABLE (a stream replica went away) before giving up
+RESUME_BACKOFF_S = 0.25
+NO_BUFFER = {"active": False, "reason": "no-buffer"}
+
+
+def resume_offset(request: Request) -> str:
+    """The offset to resume after: the `Last-Event-ID` header, else `?lastEventId=`, else ""."""
+    return (request.headers.get("last-event-id") or request.query_params.get("lastEventId") or "").strip()
+
+
+def sse_message(event: Any) -> dict[str, str]:
+    """One EventSourceResponse item: `{"id": offset, "data": json}` (no id for events outside the buffer)."""
+    item = {"data": json.dumps(events.to_dict(event))}
+    if event.offset:
+        item["id"] = event.offset
+    return item
+
+
+async def sse_events(
+    clients: Clients,
+    key: str,
+    from_offset: str,
+    reader: str,
+    request: Request | None = None,
+    idle_timeout_ms: int = 0,
+) -> AsyncIterator[dict[str, str]]:
+    """Yields SSE items for the events of `key` after `from_offset`, replay then live, up to the terminal one.
+
+    A stream replica going away (UNAVAILABLE) is retried from the last offset; any other failure is sent as
+    a final `error` event (code = the lowercase reason).
+    """
+    last = from_offset
+    retries = RESUME_RETRIES
+    while True:
+        call = clients.stream.SubscribeStream(
+            pb.SubscribeStreamRequest(
+                key=key, from_offset=last, reader=reader, idle_timeout_ms=idle_timeout_ms
+            ),
+        )
+        try:
+            async for response in call:
+                event = response.event
+                if request is not None and await request.is_disconnected():
+                    return
+                yield sse_message(event)
+                if event.offset:
+                    last = event.offset
+                    retries = RESUME_RETRIES
+                if events.kind(event) in events.TERMINAL:
+                    return
+            return
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE and retries > 0:
+                await asyncio.sleep(RESUME_BACKOFF_S * (RESUME_RETRIES - retries + 1))
+                retries -= 1
+                continue
+            err = from_rpc_error(exc)
+            yield sse_message(events.error(err.reason.lower(), err.message))
+            return
+        finally:
+            call.cancel()
+
+
+async def stream_response(
+    request: Request, clients: Clients, settings: MeshSettings, key: str, reader: str
+) -> Response:
+    """The SSE response for one buffer the reader owns; `{"active": false, "reason": "no-buffer"}` if none.
+
+    NotFound (404) when the buffer belongs to someone else.
+    """
+    info = await clients.stream.GetStreamInfo(pb.GetStreamInfoRequest(key=key))
+    if not info.exists:
+        return JSONResponse(NO_BUFFER)
+    if info.owner != reader:
+        raise NotFound(f"no stream {key}")
+    return EventSourceResponse(
+        sse_events(clients, key, resume_offset(request), reader, request),
+        ping=settings.stream.heartbeat_s,
+        headers={"X-Stream-Resume": "true"},
+    )

@@ -1,0 +1,115 @@
+"""Two stream-service processes on one Redis: append through A, subscribe through B, A killed and back."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+import redis.asyncio as aioredis
+
+from agentmesh.v1 import events_pb2 as ev
+from agentmesh.v1 import stream_service_pb2 as pb
+from agentmesh.v1 import stream_service_pb2_grpc
+from libs import events
+from libs.rpc import channel, wait_serving
+from services.stream.redis_backend import DEFAULT_PREFIX
+
+pytestmark = pytest.mark.redis
+ROOT = Path(__file__).resolve().parents[2]
+
+Spawn = Callable[[int], Awaitable[asyncio.subprocess.Process]]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+async def spawn(redis_url: str) -> AsyncIterator[Spawn]:
+    """`await spawn(port)`: `python -m services.stream` on that port with the Redis backend, once SERVING."""
+    procs: list[asyncio.subprocess.Process] = []
+
+    async def start(port: int) -> asyncio.subprocess.Process:
+        env = {
+            **os.environ,
+            "AGENTMESH_ADDRESSES__STREAM": f"127.0.0.1:{port}",
+            "AGENTMESH_STREAM__BACKEND": "redis",
+            "AGENTMESH_REDIS_URL": redis_url,
+            "AGENTMESH_LOG_LEVEL": "WARNING",
+        }
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "services.stream", cwd=ROOT, env=env
+        )
+        procs.append(proc)
+        await wait_serving(f"127.0.0.1:{port}", 20)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(proc.wait(), 10)
+    assert all(p.returncode in (0, -signal.SIGKILL) for p in procs)  # SIGTERM drains cleanly
+
+
+async def test_two_replicas_survive_a_killed_writer(spawn: Spawn, redis_url: str, unique: str) -> None:
+    port_a, port_b = free_port(), free_port()
+    proc_a, _ = await asyncio.gather(spawn(port_a), spawn(port_b))
+    ch_a, ch_b = channel(f"127.0.0.1:{port_a}", 5.0, 60.0), channel(f"127.0.0.1:{port_b}", 5.0, 60.0)
+    a, b = stream_service_pb2_grpc.StreamServiceStub(ch_a), stream_service_pb2_grpc.StreamServiceStub(ch_b)
+    key = f"a2a:{unique}"
+    got: list[ev.Event] = []
+    seen = {n: asyncio.Event() for n in (1, 40)}
+
+    async def append(stub: stream_service_pb2_grpc.StreamServiceStub, start: int, n: int) -> list[str]:
+        batch = [events.reasoning_delta(str(i)) for i in range(start, start + n)]
+        resp = await stub.AppendEvents(pb.AppendEventsRequest(key=key, events=batch), wait_for_ready=True)
+        return list(resp.offsets)
+
+    async def subscriber() -> None:
+        async for response in b.SubscribeStream(pb.SubscribeStreamRequest(key=key, reader="alice")):
+            got.append(response.event)
+            if len(got) in seen:
+                seen[len(got)].set()
+
+    try:
+        await a.CreateStream(pb.CreateStreamRequest(key=key, owner="alice"))
+        offsets = await append(a, 0, 1)
+        task = asyncio.create_task(subscriber())
+        await asyncio.wait_for(seen[1].wait(), 10)
+        for start in range(1, 40, 13):
+            offsets += await append(a, start, min(13, 40 - start))
+        await asyncio.wait_for(seen[40].wait(), 10)
+
+        proc_a.kill()  # SIGKILL mid-stream: the buffer is open, B's subscriber is following live
+        assert await asyncio.wait_for(proc_a.wait(), 10) == -signal.SIGKILL
+        await spawn(port_a)
+        for start in range(40, 80, 10):
+            offsets += await append(a, start, 10)
+        close = await a.CloseStream(pb.CloseStreamRequest(key=key, done=ev.Done()), wait_for_ready=True)
+        offsets.append(close.offset)
+        await asyncio.wait_for(task, 10)
+
+        assert [e.offset for e in got] == offsets  # everything, once, in order
+        assert [e.reasoning_delta.reasoning_delta for e in got[:-1]] == [str(i) for i in range(80)]
+        assert events.kind(got[-1]) == "done"
+        info = await b.GetStreamInfo(pb.GetStreamInfoRequest(key=key))
+        assert (info.exists, info.closed, info.length) == (True, True, 81)
+        with pytest.raises(grpc.aio.AioRpcError) as busy:  # B sees the state A wrote
+            await b.AppendEvents(pb.AppendEventsRequest(key=key, events=[events.text_delta("x")]))
+        assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        await ch_a.close()
+        await ch_b.close()
+        client = aioredis.Redis.from_url(redis_url)
+        await client.delete(f"{DEFAULT_PREFIX}meta:{key}", f"{DEFAULT_PREFIX}stream:{key}")
+        await client.aclose()
