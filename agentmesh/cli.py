@@ -35,6 +35,9 @@ def _serve(name: str) -> int:
     else:
         print(f"unknown service {name!r}; one of {', '.join(SERVICES)}", file=sys.stderr)
         return 2
+    from libs.log import setup_logging
+
+    setup_logging(name, settings.log_level, settings.log_json)
     asyncio.run(run(settings))
     return 0
 

@@ -6,7 +6,6 @@ import uvicorn
 
 from gateway.app import create_app
 from libs.config import MeshSettings
-from libs.log import setup_logging
 
 
 def make_server(settings: MeshSettings, port: int | None = None) -> uvicorn.Server:
@@ -23,5 +22,4 @@ def make_server(settings: MeshSettings, port: int | None = None) -> uvicorn.Serv
 
 
 async def main(settings: MeshSettings) -> None:
-    setup_logging("gateway", settings.log_level, settings.log_json)
     await make_server(settings).serve()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from libs.catalog import Catalog, load_catalog
 from libs.clients import Clients
 from libs.config import MeshSettings
-from libs.log import setup_logging
 from libs.rpc import Registration, ServiceServer
 from agentmesh.v1 import agent_runtime_service_pb2_grpc as rt_grpc
 from services.agent_runtime.llm import LLM
@@ -40,6 +39,5 @@ async def build(
 
 
 async def main(settings: MeshSettings) -> None:
-    setup_logging("agent-runtime", settings.log_level, settings.log_json)
     server = await build(settings)
     await server.serve_until_signal()

@@ -6,7 +6,6 @@ from agentmesh.v1 import orchestrator_service_pb2_grpc as orc_grpc
 from libs.catalog import Catalog, load_catalog
 from libs.clients import Clients
 from libs.config import MeshSettings
-from libs.log import setup_logging
 from libs.rpc import Registration, ServiceServer
 from services.orchestrator.chat import ChatOrchestrator
 from services.orchestrator.servicer import OrchestratorServicer
@@ -28,6 +27,5 @@ async def build(settings: MeshSettings, address: str | None = None, catalog: Cat
 
 
 async def main(settings: MeshSettings) -> None:
-    setup_logging("orchestrator", settings.log_level, settings.log_json)
     server = await build(settings)
     await server.serve_until_signal()
