@@ -20,7 +20,7 @@ from gateway.deps import authenticate, clients, current_user, settings
 from libs import events
 from libs.catalog import load_catalog
 from libs.clients import Clients
-from libs.errors import MeshError, from_rpc_error
+from libs.errors import FailedPrecondition, InvalidArgument, MeshError, from_rpc_error
 
 router = APIRouter()
 log = logging.getLogger(__name__)
@@ -43,7 +43,9 @@ class ChatRequest(BaseModel):
 
 def _execute(c: Clients, user: str, body: ChatRequest) -> grpc.aio.UnaryStreamCall:
     return c.orchestrator.ExecuteChat(
-        orc.ExecuteChatRequest(owner=user, agent=body.agent, message=body.message, session_id=body.session_id or "")
+        orc.ExecuteChatRequest(
+            owner=user, agent=body.agent, message=body.message, session_id=body.session_id or ""
+        )
     )
 
 
@@ -78,7 +80,9 @@ async def chat(
 
 
 @router.post("/api/sessions/{session_id}/cancel")
-async def cancel(session_id: str, user: str = Depends(current_user), c: Clients = Depends(clients)) -> dict[str, bool]:
+async def cancel(
+    session_id: str, user: str = Depends(current_user), c: Clients = Depends(clients)
+) -> dict[str, bool]:
     resp = await c.orchestrator.CancelChat(orc.CancelChatRequest(owner=user, session_id=session_id))
     return {"cancelled": resp.cancelled}
 
@@ -96,10 +100,15 @@ async def agents(request: Request, user: str = Depends(current_user)) -> dict[st
     }
 
 
+def _ws_error(err: MeshError) -> dict[str, Any]:
+    return {"type": "error", "code": err.reason.lower(), "message": err.message, "status": err.http_status}
+
+
 @router.websocket("/api/ws")
 async def ws(socket: WebSocket) -> None:
     """Messages in: {"type": "chat", agent, message, sessionId?} and {"type": "cancel", sessionId}.
-    Messages out: the same event objects as the SSE `data:` lines, plus `offset`."""
+    Messages out: the same event objects as the SSE `data:` lines, plus `offset`. Leaving the socket
+    stops reading, never the turn (resume it with GET /api/sessions/{id}/stream)."""
     header = socket.headers.get("authorization")
     token = socket.query_params.get("apiKey") or socket.query_params.get("token")
     try:
@@ -122,40 +131,40 @@ async def ws(socket: WebSocket) -> None:
             async for response in call:
                 await send(events.to_dict(response.event, with_offset=True))
         except grpc.aio.AioRpcError as exc:
-            err = from_rpc_error(exc)
-            await send({"type": "error", "code": err.reason.lower(), "message": err.message, "status": err.http_status})
+            await send(_ws_error(from_rpc_error(exc)))
         finally:
             call.cancel()
+
+    async def handle(data: Any) -> None:
+        nonlocal turn
+        kind = data.get("type") if isinstance(data, dict) else None
+        if kind == "chat":
+            if turn is not None and not turn.done():
+                raise FailedPrecondition("a turn is already streaming on this socket")
+            try:
+                body = ChatRequest.model_validate({k: v for k, v in data.items() if k != "type"})
+            except ValidationError as exc:
+                raise InvalidArgument(str(exc.errors()[0]["msg"])) from exc
+            turn = asyncio.create_task(run_turn(body))
+        elif kind == "cancel":
+            request = orc.CancelChatRequest(owner=user, session_id=str(data.get("sessionId", "")))
+            try:
+                resp = await c.orchestrator.CancelChat(request)
+            except grpc.aio.AioRpcError as exc:
+                raise from_rpc_error(exc) from exc
+            await send({"type": "cancel-result", "cancelled": resp.cancelled})
+        else:
+            raise InvalidArgument("type must be chat or cancel")
 
     try:
         while True:
             try:
                 data = await socket.receive_json()
+                await handle(data)
             except (json.JSONDecodeError, KeyError, ValueError):
-                await send({"type": "error", "code": "invalid_argument", "message": "messages must be JSON objects", "status": 422})
-                continue
-            kind = data.get("type") if isinstance(data, dict) else None
-            if kind == "chat":
-                if turn is not None and not turn.done():
-                    await send({"type": "error", "code": "failed_precondition", "message": "a turn is already streaming on this socket", "status": 409})
-                    continue
-                try:
-                    body = ChatRequest.model_validate({k: v for k, v in data.items() if k != "type"})
-                except ValidationError as exc:
-                    await send({"type": "error", "code": "invalid_argument", "message": exc.errors()[0]["msg"], "status": 422})
-                    continue
-                turn = asyncio.create_task(run_turn(body))
-            elif kind == "cancel":
-                try:
-                    resp = await c.orchestrator.CancelChat(
-                        orc.CancelChatRequest(owner=user, session_id=str(data.get("sessionId", "")))
-                    )
-                    await send({"type": "cancel-result", "cancelled": resp.cancelled})
-                except grpc.aio.AioRpcError as exc:
-                    err = from_rpc_error(exc)
-                    await send({"type": "error", "code": err.reason.lower(), "message": err.message, "status": err.http_status})
-            else:
-                await send({"type": "error", "code": "invalid_argument", "message": "type must be chat or cancel", "status": 422})
+                await send(_ws_error(InvalidArgument("messages must be JSON objects")))
+            except MeshError as err:
+                await send(_ws_error(err))
     except WebSocketDisconnect:
         pass
     finally:

@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from services.agent_runtime import invoke, subagents
-from services.agent_runtime.tools import A2A_CALLEE, SUBAGENT, SUPERVISOR, ToolContext, ToolOutcome, ToolRegistry, ToolSpec
+from services.agent_runtime.tools import (
+    A2A_CALLEE,
+    SUBAGENT,
+    SUPERVISOR,
+    ToolContext,
+    ToolOutcome,
+    ToolRegistry,
+    ToolSpec,
+)
 
 CLARIFY = ToolSpec(
     name="clarify",

@@ -56,7 +56,12 @@ class InvokeResult:
     code: str = ""
 
     def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"output": self.output, "ok": self.ok, "taskId": self.task_id, "traceId": self.trace_id}
+        out: dict[str, Any] = {
+            "output": self.output,
+            "ok": self.ok,
+            "taskId": self.task_id,
+            "traceId": self.trace_id,
+        }
         if not self.ok:
             out["error"] = self.error
             out["code"] = self.code
@@ -76,7 +81,11 @@ class LocalCallee:
     async def run(self, ctx: ToolContext, text: str, continue_from: str, depth: int) -> InvokeResult:
         callee = ctx.catalog.get(self.slug)
         cfg = ctx.agent.invoke
-        caller_context = {"toolCallId": ctx.tool_call_id, "depth": depth, "anchorMessageId": ctx.anchor_message_id}
+        caller_context = {
+            "toolCallId": ctx.tool_call_id,
+            "depth": depth,
+            "anchorMessageId": ctx.anchor_message_id,
+        }
         try:
             task = (
                 await ctx.clients.trace.CreateA2ATask(
@@ -120,7 +129,12 @@ class LocalCallee:
                 model=callee.model,
                 max_output_tokens=cfg.max_output_tokens,
                 timeout_ms=cfg.timeout_ms,
-                stream_metadata={"agent": callee.slug, "model": callee.model, "kind": "a2a", "taskId": task.id},
+                stream_metadata={
+                    "agent": callee.slug,
+                    "model": callee.model,
+                    "kind": "a2a",
+                    "taskId": task.id,
+                },
             )
             outcome = await TurnRunner(ctx.clients).run(spec)
         except asyncio.CancelledError:
@@ -182,7 +196,9 @@ async def agent_invoke(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     if continue_from and len(inputs) > 1:
         return fail("continueFrom takes a single input", "invalid_argument")
     if depth > cfg.max_recursion_depth:
-        return fail(f"recursion depth {depth} exceeds the limit of {cfg.max_recursion_depth}", "depth_exceeded")
+        return fail(
+            f"recursion depth {depth} exceeds the limit of {cfg.max_recursion_depth}", "depth_exceeded"
+        )
     try:
         callee = resolve_callee(ctx, slug)
     except MeshError as err:
@@ -194,7 +210,7 @@ async def agent_invoke(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
         except MeshError as err:  # e.g. continueFrom names no trace of this owner
             return InvokeResult("", False, "", "", error=err.message, code=err.reason.lower())
 
-    results = await asyncio.gather(*(one(text) for text in inputs))
+    results = await asyncio.gather(*(one(str(text)) for text in inputs))
     meta["durationMs"] = int((time.monotonic() - started) * 1000)
     if isinstance(raw, list):
         meta["taskIds"] = [r.task_id for r in results]

@@ -72,9 +72,9 @@ class LLM:
         if tools:
             kwargs["tools"] = tools
         try:
-            stream = await self.client.chat.completions.create(
+            stream = await self.client.chat.completions.create(  # type: ignore[call-overload]
                 model=model,
-                messages=messages,  # type: ignore[arg-type]
+                messages=messages,
                 max_tokens=max_tokens,
                 stream=True,
                 stream_options={"include_usage": True},

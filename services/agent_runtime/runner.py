@@ -59,7 +59,9 @@ def history_to_openai(messages: list[tp.Message]) -> list[dict[str, Any]]:
                     }
                 )
                 for c in group:
-                    out.append({"role": "tool", "tool_call_id": c["id"], "content": tool_text(c.get("output"))})
+                    out.append(
+                        {"role": "tool", "tool_call_id": c["id"], "content": tool_text(c.get("output"))}
+                    )
             if m.content:
                 out.append({"role": "assistant", "content": m.content})
     return out
@@ -145,17 +147,26 @@ class AgentRunner:
                     "role": "assistant",
                     "content": step.content or None,
                     "tool_calls": [
-                        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                        {
+                            "id": c.id,
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments},
+                        }
                         for c in step.tool_calls
                     ],
                 }
             )
             outcomes = await asyncio.gather(
-                *(self._call_tool(req, agent.slug, role, call, tools, sink, state) for call in step.tool_calls)
+                *(
+                    self._call_tool(req, agent.slug, role, call, tools, sink, state)
+                    for call in step.tool_calls
+                )
             )
             stop = False
             for call, (args, outcome) in zip(step.tool_calls, outcomes, strict=True):
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": tool_text(outcome.output)})
+                messages.append(
+                    {"role": "tool", "tool_call_id": call.id, "content": tool_text(outcome.output)}
+                )
                 tool_records.append(
                     {
                         "id": call.id,
@@ -213,7 +224,9 @@ class AgentRunner:
         started = time.monotonic()
         handler = tools.get(call.name)
         if handler is None:
-            outcome = ToolOutcome({"ok": False, "error": f"tool {call.name!r} is not available to this agent"}, ok=False)
+            outcome = ToolOutcome(
+                {"ok": False, "error": f"tool {call.name!r} is not available to this agent"}, ok=False
+            )
         elif not isinstance(args, dict) or "_raw" in args:
             outcome = ToolOutcome({"ok": False, "error": "tool arguments must be a JSON object"}, ok=False)
         else:

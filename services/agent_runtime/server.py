@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+from agentmesh.v1 import agent_runtime_service_pb2_grpc as rt_grpc
 from libs.catalog import Catalog, load_catalog
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.rpc import Registration, ServiceServer
-from agentmesh.v1 import agent_runtime_service_pb2_grpc as rt_grpc
+from services.agent_runtime import builtin_tools
 from services.agent_runtime.llm import LLM
 from services.agent_runtime.runner import AgentRunner
 from services.agent_runtime.servicer import AgentRuntimeServicer
 from services.agent_runtime.tools import ToolRegistry
-from services.agent_runtime import builtin_tools
 
 SERVICE_NAME = "agentmesh.v1.AgentRuntimeService"
 
@@ -27,9 +27,17 @@ async def build(
 ) -> ServiceServer:
     clients = Clients.connect(settings)
     llm = LLM(settings.llm)
-    runner = AgentRunner(settings, clients, catalog or load_catalog(settings.catalog), llm, build_registry(settings))
+    runner = AgentRunner(
+        settings, clients, catalog or load_catalog(settings.catalog), llm, build_registry(settings)
+    )
     server = ServiceServer(
-        [Registration(rt_grpc.add_AgentRuntimeServiceServicer_to_server, AgentRuntimeServicer(runner, clients), SERVICE_NAME)],
+        [
+            Registration(
+                rt_grpc.add_AgentRuntimeServiceServicer_to_server,
+                AgentRuntimeServicer(runner, clients),
+                SERVICE_NAME,
+            )
+        ],
         address=address or settings.addresses.agent_runtime,
         grace_s=settings.shutdown_grace_s,
     )

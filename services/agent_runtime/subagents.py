@@ -43,7 +43,7 @@ DELEGATE_TASK = ToolSpec(
 )
 DELEGATE_PARALLEL = ToolSpec(
     name="delegate_parallel",
-    description="Delegate several independent goals to subagents that run in parallel; get every result back.",
+    description="Delegate independent goals to subagents that run in parallel; get every result back.",
     parameters={
         "type": "object",
         "properties": {
@@ -115,7 +115,9 @@ def _plan(ctx: ToolContext, task: Any) -> _Plan:
     asked = task.get("toolNames")
     names = list(asked) if isinstance(asked, list) else None
     if cfg.allowed_tool_names is not None:
-        names = [n for n in (names if names is not None else cfg.allowed_tool_names) if n in cfg.allowed_tool_names]
+        names = [
+            n for n in (names if names is not None else cfg.allowed_tool_names) if n in cfg.allowed_tool_names
+        ]
     if names is not None:
         names = [n for n in names if n not in cfg.blocked_tool_names]
     plan.tool_names = names
@@ -191,7 +193,9 @@ class SubagentBatch:
                             parent_tool_call_id=ctx.tool_call_id,
                             parent_agent=ctx.agent.slug,
                             source_type=plan.source_type,
-                            preset_agent=plan.agent.slug if plan.source_type == "preset" and not plan.error else "",
+                            preset_agent=plan.agent.slug
+                            if plan.source_type == "preset" and not plan.error
+                            else "",
                             name=plan.name,
                             goal=plan.goal,
                             context=plan.context,
@@ -241,7 +245,9 @@ class SubagentBatch:
                 resp = await self._rpc(
                     ctx.clients.trace.ListSubagentSessions(
                         ts.ListSubagentSessionsRequest(
-                            owner=ctx.owner, session_id=ctx.session_id, parent_message_id=ctx.anchor_message_id
+                            owner=ctx.owner,
+                            session_id=ctx.session_id,
+                            parent_message_id=ctx.anchor_message_id,
                         )
                     )
                 )
@@ -254,12 +260,20 @@ class SubagentBatch:
         out: dict[str, Any] = {"id": row.id, "name": plan.name, "goal": plan.goal}
         self.outputs.append(out)
         if plan.error:
-            await self._update(i, ["status", "error", "end_time"], status=ev.SUBAGENT_STATUS_FAILED, error=plan.error, end_time=_now())
+            await self._update(
+                i,
+                ["status", "error", "end_time"],
+                status=ev.SUBAGENT_STATUS_FAILED,
+                error=plan.error,
+                end_time=_now(),
+            )
             out.update(status="failed", error=plan.error)
             return
         try:
             async with slots:
-                await self._update(i, ["status", "start_time"], status=ev.SUBAGENT_STATUS_RUNNING, start_time=_now())
+                await self._update(
+                    i, ["status", "start_time"], status=ev.SUBAGENT_STATUS_RUNNING, start_time=_now()
+                )
                 await self._execute(i, plan, out)
         except asyncio.CancelledError:
             out.update(status="cancelled", error="cancelled")
@@ -297,7 +311,11 @@ class SubagentBatch:
             model=plan.agent.model if plan.source_type == "preset" else ctx.agent.model,
             max_steps=plan.max_steps,
             timeout_ms=self.cfg.timeout_ms,
-            stream_metadata={"agent": plan.agent.slug, "kind": "subagent", "parentMessageId": str(ctx.anchor_message_id)},
+            stream_metadata={
+                "agent": plan.agent.slug,
+                "kind": "subagent",
+                "parentMessageId": str(ctx.anchor_message_id),
+            },
         )
         outcome = await TurnRunner(ctx.clients).run(spec)
         if outcome.ok:
@@ -319,7 +337,9 @@ class SubagentBatch:
             code = error_code(err)
             status = ev.SUBAGENT_STATUS_CANCELLED if code == "cancelled" else ev.SUBAGENT_STATUS_FAILED
             message = f"{code}: {err.message}"
-            await self._update(i, ["status", "error", "end_time"], status=status, error=message, end_time=_now())
+            await self._update(
+                i, ["status", "error", "end_time"], status=status, error=message, end_time=_now()
+            )
             out.update(status="failed", error=message)
 
 

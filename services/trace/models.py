@@ -20,6 +20,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+# None is stored as SQL NULL, not the JSON literal null.
+NullableJSON = JSON(none_as_null=True)
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets BIGINT identities.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -112,7 +114,7 @@ class MessageRow(Base):
     role: Mapped[str] = mapped_column(String(16))
     content: Mapped[str] = mapped_column(Text, default="")
     thinking: Mapped[str] = mapped_column(Text, default="")
-    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", NullableJSON)
     model: Mapped[str] = mapped_column(String(200), default="")
     input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -139,7 +141,7 @@ class A2ATaskRow(Base):
     caller_session_id: Mapped[str | None] = mapped_column(
         ForeignKey("sessions.id", ondelete="CASCADE"), index=True
     )
-    caller_context: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    caller_context: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON)
     state: Mapped[str] = mapped_column(String(20), default="submitted")
     visible_in_sidebar: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = _created()
@@ -171,11 +173,11 @@ class SubagentRow(Base):
     context: Mapped[str | None] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(16), default="queued")
     model: Mapped[str] = mapped_column(String(200), default="")
-    tool_names: Mapped[list[str] | None] = mapped_column(JSON)
+    tool_names: Mapped[list[str] | None] = mapped_column(NullableJSON)
     summary: Mapped[str | None] = mapped_column(Text)
-    result_payload: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    result_payload: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON)
     error: Mapped[str | None] = mapped_column(Text)
-    token_usage: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    token_usage: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON)
     sort_order: Mapped[int] = mapped_column(Integer, default=0)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -188,4 +190,3 @@ class SubagentRow(Base):
 
     parent_agent: Mapped[Agent | None] = relationship(foreign_keys=[parent_agent_id], lazy="joined")
     preset_agent: Mapped[Agent | None] = relationship(foreign_keys=[preset_agent_id], lazy="joined")
-
