@@ -127,8 +127,11 @@ def _up(args: argparse.Namespace) -> int:
             key_file.write_text(key + "\n")
             key_file.chmod(0o600)
         print(f"\nagentmesh is up at {url}\n  development API key (user dev): {key}\n", flush=True)
-        print(f'  try: curl -N -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\', flush=True)
-        print(f"        -d '{{\"agent\": \"general\", \"message\": \"hello\"}}' {url}/api/chat\n", flush=True)
+        print(
+            f'  try: curl -N -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\',
+            flush=True,
+        )
+        print(f'        -d \'{{"agent": "general", "message": "hello"}}\' {url}/api/chat\n', flush=True)
         print("  Ctrl-C stops everything.", flush=True)
         while not stop:
             for name, proc in procs:

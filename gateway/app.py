@@ -52,7 +52,14 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         details = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
-        body = {"error": {"code": 422, "reason": "INVALID_ARGUMENT", "message": "invalid request", "details": details}}
+        body = {
+            "error": {
+                "code": 422,
+                "reason": "INVALID_ARGUMENT",
+                "message": "invalid request",
+                "details": details,
+            }
+        }
         return JSONResponse(body, status_code=422)
 
     @app.get("/healthz")

@@ -131,7 +131,9 @@ def grpc_errors(fn: F) -> F:
     if inspect.isasyncgenfunction(fn):
 
         @functools.wraps(fn)
-        async def gen_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def gen_wrapper(
+            self: Any, request: Any, context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[Any]:
             try:
                 async for item in fn(self, request, context):
                     yield item

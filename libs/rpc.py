@@ -150,5 +150,7 @@ async def wait_serving(target: str, timeout_s: float = 20.0, service: str = "") 
                 if resp.status == health_pb2.HealthCheckResponse.SERVING:
                     return
         except grpc.aio.AioRpcError as exc:
-            raise TimeoutError(f"{target} did not report SERVING within {timeout_s}s: {exc.code().name}") from exc
+            raise TimeoutError(
+                f"{target} did not report SERVING within {timeout_s}s: {exc.code().name}"
+            ) from exc
         raise TimeoutError(f"{target} stopped before it was SERVING")

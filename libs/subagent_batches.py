@@ -51,7 +51,10 @@ def _item_json(row: tp.SubagentSession) -> dict[str, Any]:
         "goal": row.goal,
         "sortOrder": row.sort_order,
         "sessionId": row.child_session_id,
-        "tokenUsage": {"inputTokens": row.token_usage.input_tokens, "outputTokens": row.token_usage.output_tokens},
+        "tokenUsage": {
+            "inputTokens": row.token_usage.input_tokens,
+            "outputTokens": row.token_usage.output_tokens,
+        },
     }
     if row.summary:
         item["summary"] = row.summary
@@ -75,7 +78,12 @@ def build_batches(rows: Iterable[tp.SubagentSession]) -> list[dict[str, Any]]:
                 "title": members[0].batch_title,
                 "toolCallId": members[0].parent_tool_call_id,
                 "items": [_item_json(r) for r in members],
-                "summary": {"total": s.total, "completed": s.completed, "running": s.running, "failed": s.failed},
+                "summary": {
+                    "total": s.total,
+                    "completed": s.completed,
+                    "running": s.running,
+                    "failed": s.failed,
+                },
             }
         )
     return batches

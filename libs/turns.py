@@ -121,7 +121,9 @@ class TurnRunner:
             user = await self.clients.trace.AppendMessage(
                 ts.AppendMessageRequest(
                     owner=spec.owner,
-                    message=self._message(spec, tp.MESSAGE_ROLE_USER, spec.user_text, tp.MESSAGE_STATUS_COMPLETED),
+                    message=self._message(
+                        spec, tp.MESSAGE_ROLE_USER, spec.user_text, tp.MESSAGE_STATUS_COMPLETED
+                    ),
                 )
             )
         except grpc.aio.AioRpcError as exc:

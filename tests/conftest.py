@@ -70,5 +70,3 @@ def redis_url() -> str:
 def unique() -> str:
     """A short unique token for names, owners and keys of one test."""
     return uuid.uuid4().hex[:12]
-
-

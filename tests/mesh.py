@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from agentmesh.mock_llm import MockLLM
+from agentmesh.mock_llm import DEMO_RULES, MockLLM
 from agentmesh.v1 import trace_service_pb2 as ts
 from gateway.app import create_app
 from libs.clients import Clients
@@ -91,7 +91,11 @@ async def start_mesh(
     catalog: Path | None = None,
     **overrides: Any,
 ) -> Mesh:
-    mock = MockLLM(rules if rules is not None else Path("libs/demo_rules.yaml").read_text(), ttft_ms=0, tokens_per_second=0)
+    mock = MockLLM(
+        rules if rules is not None else DEMO_RULES,
+        ttft_ms=0,
+        tokens_per_second=0,
+    )
     await mock.start()
     addresses = Addresses(
         orchestrator=f"127.0.0.1:{free_port()}",
@@ -165,13 +169,23 @@ async def sse_events(resp: httpx.Response) -> AsyncIterator[dict[str, Any]]:
             event_id = None
 
 
-async def chat(mesh: Mesh, agent: str, message: str, session_id: str | None = None, api_key: str | None = None, timeout: float = 30.0) -> list[dict[str, Any]]:
+async def chat(
+    mesh: Mesh,
+    agent: str,
+    message: str,
+    session_id: str | None = None,
+    api_key: str | None = None,
+    timeout: float = 30.0,
+) -> list[dict[str, Any]]:
     """One full turn over POST /api/chat; returns every SSE event until the stream ends."""
     body: dict[str, Any] = {"agent": agent, "message": message}
     if session_id:
         body["sessionId"] = session_id
     out: list[dict[str, Any]] = []
-    async with mesh.http(api_key, timeout=timeout) as http, http.stream("POST", "/api/chat", json=body) as resp:
+    async with (
+        mesh.http(api_key, timeout=timeout) as http,
+        http.stream("POST", "/api/chat", json=body) as resp,
+    ):
         assert resp.status_code == 200, await resp.aread()
         async with asyncio.timeout(timeout):
             async for event in sse_events(resp):
@@ -193,7 +207,9 @@ async def wait_until(predicate: Any, timeout: float = 10.0, what: str = "conditi
     raise AssertionError(f"timed out waiting for {what}")  # pragma: no cover
 
 
-async def wait_request(mock: MockLLM, predicate: Any, timeout: float = 10.0, start: int = 0) -> dict[str, Any]:
+async def wait_request(
+    mock: MockLLM, predicate: Any, timeout: float = 10.0, start: int = 0
+) -> dict[str, Any]:
     """Waits until the model server has received (at index >= start) a request body for which
     predicate(body) holds."""
     seen = start

@@ -4,7 +4,6 @@ cancellation down the tree, continueFrom; on SQLite + memory and PostgreSQL + Re
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,21 +20,49 @@ CATALOG = Path(__file__).parent / "catalogs" / "mesh.yaml"
 
 RULES: dict[str, Any] = {
     "rules": [
-        {"system": r"\[general\]", "user": r"continue (?P<trace>\S+) (?P<rest>.*)", "after_tool": False,
-         "tool_calls": [{"name": "agent-invoke", "arguments": {"agentSlug": "coder", "input": "{rest}", "continueFrom": "{trace}"}}]},
-        {"system": r"\[general\]", "user": r"invoke-both (?P<slug>[\w-]+): (?P<rest>.*)", "after_tool": False,
-         "tool_calls": [{"name": "agent-invoke", "arguments": {"agentSlug": "{slug}", "input": ["{rest} one", "{rest} two"]}}]},
-        {"system": r"\[general\]", "user": r"invoke (?P<slug>[\w-]+): (?P<rest>.*)", "after_tool": False,
-         "tool_calls": [{"name": "agent-invoke", "arguments": {"agentSlug": "{slug}", "input": "{rest}"}}]},
+        {
+            "system": r"\[general\]",
+            "user": r"continue (?P<trace>\S+) (?P<rest>.*)",
+            "after_tool": False,
+            "tool_calls": [
+                {
+                    "name": "agent-invoke",
+                    "arguments": {"agentSlug": "coder", "input": "{rest}", "continueFrom": "{trace}"},
+                }
+            ],
+        },
+        {
+            "system": r"\[general\]",
+            "user": r"invoke-both (?P<slug>[\w-]+): (?P<rest>.*)",
+            "after_tool": False,
+            "tool_calls": [
+                {
+                    "name": "agent-invoke",
+                    "arguments": {"agentSlug": "{slug}", "input": ["{rest} one", "{rest} two"]},
+                }
+            ],
+        },
+        {
+            "system": r"\[general\]",
+            "user": r"invoke (?P<slug>[\w-]+): (?P<rest>.*)",
+            "after_tool": False,
+            "tool_calls": [{"name": "agent-invoke", "arguments": {"agentSlug": "{slug}", "input": "{rest}"}}],
+        },
         {"system": r"\[general\]", "after_tool": True, "text": "Result: {tool_results}"},
         {"system": r"\[coder\]", "text": "def add(a, b):\n    return a + b  # for {user}"},
         {"system": r"\[slow\]", "fault": "stall_before"},
         {"system": r"\[broken\]", "fault": "http_500"},
         {"system": r"\[loop-b\]", "user": "stallnow", "fault": "stall"},
-        {"system": r"\[loop-a\]", "after_tool": False,
-         "tool_calls": [{"name": "agent-invoke", "arguments": {"agentSlug": "loop-b", "input": "{user}"}}]},
-        {"system": r"\[loop-b\]", "after_tool": False,
-         "tool_calls": [{"name": "agent-invoke", "arguments": {"agentSlug": "loop-a", "input": "{user}"}}]},
+        {
+            "system": r"\[loop-a\]",
+            "after_tool": False,
+            "tool_calls": [{"name": "agent-invoke", "arguments": {"agentSlug": "loop-b", "input": "{user}"}}],
+        },
+        {
+            "system": r"\[loop-b\]",
+            "after_tool": False,
+            "tool_calls": [{"name": "agent-invoke", "arguments": {"agentSlug": "loop-a", "input": "{user}"}}],
+        },
         {"system": r"\[loop-[ab]\]", "after_tool": True, "text": "loop done: {tool_results}"},
     ],
     "default": {"text": "default reply"},
@@ -43,12 +70,17 @@ RULES: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module", params=["sqlite-memory", "postgres-redis"])
-async def mesh(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
+async def mesh(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Mesh]:
     tmp = tmp_path_factory.mktemp("invoke")
     kwargs: dict[str, Any] = {"rules": RULES, "catalog": CATALOG}
     if request.param == "postgres-redis":
-        kwargs.update(database_url=request.getfixturevalue("pg_url"), stream_backend="redis",
-                      redis_url=request.getfixturevalue("redis_url"))
+        kwargs.update(
+            database_url=request.getfixturevalue("pg_url"),
+            stream_backend="redis",
+            redis_url=request.getfixturevalue("redis_url"),
+        )
     m = await start_mesh(tmp, **kwargs)
     yield m
     await m.stop()
@@ -61,7 +93,9 @@ def rules(mesh: Mesh) -> None:
 
 async def tasks_of(mesh: Mesh, session_id: str) -> list[tp.A2ATask]:
     assert mesh.clients is not None
-    resp = await mesh.clients.trace.ListA2ATasks(ts.ListA2ATasksRequest(owner=mesh.user, caller_session_id=session_id))
+    resp = await mesh.clients.trace.ListA2ATasks(
+        ts.ListA2ATasksRequest(owner=mesh.user, caller_session_id=session_id)
+    )
     return list(resp.tasks)
 
 
@@ -91,7 +125,11 @@ async def test_general_invokes_coder_live_and_persisted(mesh: Mesh) -> None:
         before = (await http.get("/api/sessions")).json()["sessions"]
     events = await chat(mesh, "general", "invoke coder: write add")
     k = kinds(events)
-    i_in, i_started, i_out = k.index("tool-input-available"), k.index("a2a-task-started"), k.index("tool-output-available")
+    i_in, i_started, i_out = (
+        k.index("tool-input-available"),
+        k.index("a2a-task-started"),
+        k.index("tool-output-available"),
+    )
     assert i_in < i_started < i_out, k
     started = events[i_started]
     assert started["calleeAgentSlug"] == "coder" and started["calleeAgentName"] == "Coding Assistant"
@@ -119,7 +157,11 @@ async def test_general_invokes_coder_live_and_persisted(mesh: Mesh) -> None:
     tasks = await tasks_of(mesh, session_id)
     assert [t.id for t in tasks] == [task_id]
     task = tasks[0]
-    assert task.state == tp.TASK_STATE_COMPLETED and task.callee_agent == "coder" and task.caller_agent == "general"
+    assert (
+        task.state == tp.TASK_STATE_COMPLETED
+        and task.callee_agent == "coder"
+        and task.caller_agent == "general"
+    )
     assert task.visible_in_sidebar is False
     msgs = await messages_of(mesh, task.session_id)
     assert [m.role for m in msgs] == [tp.MESSAGE_ROLE_USER, tp.MESSAGE_ROLE_ASSISTANT]
@@ -154,8 +196,12 @@ async def test_a2a_session_visible_in_sidebar_is_listed(mesh: Mesh) -> None:
     task = (await tasks_of(mesh, events[0]["sessionId"]))[0]
     assert mesh.clients is not None
     await mesh.clients.trace.UpdateSession(
-        ts.UpdateSessionRequest(owner=mesh.user, session_id=task.session_id, visible_in_sidebar=True,
-                                update_mask={"paths": ["visible_in_sidebar"]})
+        ts.UpdateSessionRequest(
+            owner=mesh.user,
+            session_id=task.session_id,
+            visible_in_sidebar=True,
+            update_mask={"paths": ["visible_in_sidebar"]},
+        )
     )
     async with mesh.http() as http:
         ids = [s["id"] for s in (await http.get("/api/sessions")).json()["sessions"]]
@@ -230,9 +276,12 @@ async def test_recursion_stops_at_the_limit(mesh: Mesh) -> None:
 
 async def test_cancel_goes_down_the_tree(mesh: Mesh) -> None:
     before = len(mesh.mock.requests())
-    async with mesh.http(timeout=30) as http, http.stream(
-        "POST", "/api/chat", json={"agent": "general", "message": "invoke loop-a: stallnow"}
-    ) as resp:
+    async with (
+        mesh.http(timeout=30) as http,
+        http.stream(
+            "POST", "/api/chat", json={"agent": "general", "message": "invoke loop-a: stallnow"}
+        ) as resp,
+    ):
         got: list[dict[str, Any]] = []
         stream = sse_events(resp)
         async with asyncio.timeout(20):
@@ -277,6 +326,10 @@ async def test_continue_from_sees_the_earlier_call(mesh: Mesh) -> None:
     coder_calls = [b for b in mesh.mock.requests()[before:] if "[coder]" in system_of(b)]
     assert len(coder_calls) == 1
     sent = [(m["role"], m.get("content")) for m in coder_calls[0]["messages"][1:]]
-    assert sent[0] == ("user", "first question") and sent[1][0] == "assistant" and sent[2] == ("user", "second question")
+    assert (
+        sent[0] == ("user", "first question")
+        and sent[1][0] == "assistant"
+        and sent[2] == ("user", "second question")
+    )
     msgs = await messages_of(mesh, trace_id)
     assert len(msgs) == 4 and {m.a2a_task_id for m in msgs} == {out["taskId"], out2["taskId"]}

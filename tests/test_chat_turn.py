@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 import websockets
@@ -17,7 +16,9 @@ ECHO = {"rules": [], "default": {"text": "Hello there, you said {user}. Have a n
 
 
 @pytest.fixture(scope="module", params=["sqlite-memory", "postgres-redis"])
-async def mesh(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
+async def mesh(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Mesh]:
     tmp = tmp_path_factory.mktemp("mesh")
     if request.param == "postgres-redis":
         pg = request.getfixturevalue("pg_url")
@@ -36,7 +37,11 @@ def assert_turn(events: list[dict], text: str) -> dict:
     assert set(kinds[1:-2]) == {"text-delta"}, kinds
     assert len(kinds) > 4, "the reply must arrive as several deltas"
     start = events[0]
-    assert start["sessionId"] and start["userMessageId"] > 0 and start["assistantMessageId"] > start["userMessageId"]
+    assert (
+        start["sessionId"]
+        and start["userMessageId"] > 0
+        and start["assistantMessageId"] > start["userMessageId"]
+    )
     assert "".join(e["textDelta"] for e in events if e["type"] == "text-delta") == text
     offsets = [e["_id"] for e in events]
     assert all(offsets) and len(set(offsets)) == len(offsets), offsets
@@ -66,7 +71,7 @@ async def test_full_turn_over_sse(mesh: Mesh) -> None:
     before = len(mesh.mock.requests())
     events2 = await chat(mesh, "general", "pong", session_id=start["sessionId"])
     assert events2[0]["sessionId"] == start["sessionId"]
-    sent = mesh.mock.requests()[before]["body"]["messages"] if "body" in mesh.mock.requests()[before] else mesh.mock.requests()[before]["messages"]
+    sent = mesh.mock.requests()[before]["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
 
 
@@ -83,7 +88,9 @@ async def test_same_turn_over_websocket(mesh: Mesh) -> None:
     assert [e["type"] for e in got] == [e["type"] for e in sse]
     for a, b in zip(got, sse, strict=True):
         strip = {"sessionId", "userMessageId", "assistantMessageId", "_id", "offset"}
-        assert {k: v for k, v in a.items() if k not in strip} == {k: v for k, v in b.items() if k not in strip}
+        assert {k: v for k, v in a.items() if k not in strip} == {
+            k: v for k, v in b.items() if k not in strip
+        }
     assert all(e["offset"] for e in got)
 
 

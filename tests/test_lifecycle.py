@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,14 +27,18 @@ SERVICES = {
 
 @pytest.fixture
 async def mesh(tmp_path: Path) -> AsyncIterator[Mesh]:
-    m = await start_mesh(tmp_path, rules={"rules": [], "default": {"text": "word " * 200, "tokens_per_second": 100}})
+    m = await start_mesh(
+        tmp_path, rules={"rules": [], "default": {"text": "word " * 200, "tokens_per_second": 100}}
+    )
     yield m
     await m.stop()
 
 
 async def health(target: str, service: str) -> int:
     async with grpc.aio.insecure_channel(target) as ch:
-        resp = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+        resp = await health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=2
+        )
         return int(resp.status)
 
 
@@ -50,9 +53,10 @@ async def test_every_service_reports_serving(mesh: Mesh) -> None:
 
 async def test_graceful_shutdown_with_a_stream_in_flight(mesh: Mesh) -> None:
     orchestrator = mesh.servers["orchestrator"]
-    async with mesh.http(timeout=20) as http, http.stream(
-        "POST", "/api/chat", json={"agent": "general", "message": "long one"}
-    ) as resp:
+    async with (
+        mesh.http(timeout=20) as http,
+        http.stream("POST", "/api/chat", json={"agent": "general", "message": "long one"}) as resp,
+    ):
         got = []
         stream = sse_events(resp)
         async with asyncio.timeout(15):
@@ -112,8 +116,16 @@ async def test_agentmesh_up_streams_a_reply_and_stops_everything(tmp_path: Path)
     env = _env(tmp_path)
     mock_port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agentmesh.cli", "up", "--mock-port", str(mock_port),
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
+        sys.executable,
+        "-m",
+        "agentmesh.cli",
+        "up",
+        "--mock-port",
+        str(mock_port),
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         key = ""
@@ -128,16 +140,32 @@ async def test_agentmesh_up_streams_a_reply_and_stops_everything(tmp_path: Path)
                 if "development API key" in line:
                     key = line.rsplit(":", 1)[1].strip()
         assert url == f"http://127.0.0.1:{env['AGENTMESH_GATEWAY_PORT']}"
-        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
-            async with http.stream("POST", "/api/chat", json={"agent": "general", "message": "hello"}) as resp:
+        async with httpx.AsyncClient(
+            base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        ) as http:
+            async with http.stream(
+                "POST", "/api/chat", json={"agent": "general", "message": "hello"}
+            ) as resp:
                 assert resp.status_code == 200
                 events = [e async for e in sse_events(resp)]
         assert events[0]["type"] == "start" and events[-1]["type"] == "done"
         assert "You said" in "".join(e.get("textDelta", "") for e in events)
         # `agentmesh chat` streams the same to a terminal.
         chat_proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agentmesh.cli", "chat", "--agent", "coder", "--api-key", key, "--url", url, "fizzbuzz",
-            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "agentmesh.cli",
+            "chat",
+            "--agent",
+            "coder",
+            "--api-key",
+            key,
+            "--url",
+            url,
+            "fizzbuzz",
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         out, _ = await asyncio.wait_for(chat_proc.communicate(), 30)
         assert chat_proc.returncode == 0 and "fizzbuzz" in out.decode()

@@ -20,7 +20,7 @@ from libs.config import SubagentDefaults
 from services.agent_runtime.server import build_registry
 from services.agent_runtime.tools import A2A_CALLEE, ROLES, SUBAGENT, SUPERVISOR, subagent_config
 from services.trace.db import create_engine
-from tests.mesh import Mesh, chat, sse_events, start_mesh, system_of, wait_request, wait_until
+from tests.mesh import Mesh, chat, sse_events, start_mesh, system_of, wait_until
 
 CATALOG = Path(__file__).parent / "catalogs" / "mesh.yaml"
 GLOBAL = SubagentDefaults(max_concurrent=3, timeout_ms=1500)
@@ -28,20 +28,45 @@ GLOBAL = SubagentDefaults(max_concurrent=3, timeout_ms=1500)
 
 def fan_out(tasks: list[dict[str, Any]], trigger: str = "fan out") -> list[dict[str, Any]]:
     return [
-        {"system": r"\[general\]|\[defaults\]|\[solo\]", "user": trigger, "after_tool": False,
-         "tool_calls": [{"name": "delegate_parallel", "arguments": {"tasks": tasks}}]},
+        {
+            "system": r"\[general\]|\[defaults\]|\[solo\]",
+            "user": trigger,
+            "after_tool": False,
+            "tool_calls": [{"name": "delegate_parallel", "arguments": {"tasks": tasks}}],
+        },
     ]
 
 
 BASE_RULES: list[dict[str, Any]] = [
-    {"system": r"\[general\]", "user": "delegate one", "after_tool": False,
-     "tool_calls": [{"name": "delegate_task", "arguments": {"goal": "write a haiku", "agentSlug": "coder"}}]},
-    {"system": r"\[general\]", "user": "ask clone", "after_tool": False,
-     "tool_calls": [{"name": "delegate_task", "arguments": {"goal": "think alone", "mode": "clone"}}]},
+    {
+        "system": r"\[general\]",
+        "user": "delegate one",
+        "after_tool": False,
+        "tool_calls": [
+            {"name": "delegate_task", "arguments": {"goal": "write a haiku", "agentSlug": "coder"}}
+        ],
+    },
+    {
+        "system": r"\[general\]",
+        "user": "ask clone",
+        "after_tool": False,
+        "tool_calls": [{"name": "delegate_task", "arguments": {"goal": "think alone", "mode": "clone"}}],
+    },
     {"system": r"\[(general|defaults|solo)\]", "after_tool": True, "text": "All done: {tool_results}"},
-    {"system": r"\[coder\]", "barrier": 2, "barrier_timeout_ms": 400, "ttft_ms": 20, "text": "code for {user}"},
-    {"system": r"\[helper\]", "user": "ask the user", "require_tools": False, "after_tool": False,
-     "tool_calls": [{"name": "clarify", "arguments": {"question": "which one?"}}]},
+    {
+        "system": r"\[coder\]",
+        "barrier": 2,
+        "barrier_timeout_ms": 400,
+        "ttft_ms": 20,
+        "text": "code for {user}",
+    },
+    {
+        "system": r"\[helper\]",
+        "user": "ask the user",
+        "require_tools": False,
+        "after_tool": False,
+        "tool_calls": [{"name": "clarify", "arguments": {"question": "which one?"}}],
+    },
     {"system": r"\[helper\]", "text": "helped with {user}"},
     {"system": r"\[slow\]", "fault": "stall_before"},
     {"system": r"\[broken\]", "fault": "http_500"},
@@ -55,12 +80,17 @@ def rules(*extra: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module", params=["sqlite-memory", "postgres-redis"])
-async def mesh(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
+async def mesh(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Mesh]:
     tmp = tmp_path_factory.mktemp("subagents")
     kwargs: dict[str, Any] = {"rules": rules(), "catalog": CATALOG, "subagent": GLOBAL}
     if request.param == "postgres-redis":
-        kwargs.update(database_url=request.getfixturevalue("pg_url"), stream_backend="redis",
-                      redis_url=request.getfixturevalue("redis_url"))
+        kwargs.update(
+            database_url=request.getfixturevalue("pg_url"),
+            stream_backend="redis",
+            redis_url=request.getfixturevalue("redis_url"),
+        )
     m = await start_mesh(tmp, **kwargs)
     yield m
     await m.stop()
@@ -111,7 +141,9 @@ async def test_parallel_batch_respects_max_concurrent(mesh: Mesh) -> None:
     assert len(batches) == 1 and batches[0]["parentMessageId"] == anchor
     assert batches[0]["summary"] == {"total": 5, "completed": 5, "running": 0, "failed": 0}
     assert [i["sortOrder"] for i in batches[0]["items"]] == [0, 1, 2, 3, 4]
-    assert all(i["status"] == "completed" and i["summary"].startswith("code for") for i in batches[0]["items"])
+    assert all(
+        i["status"] == "completed" and i["summary"].startswith("code for") for i in batches[0]["items"]
+    )
 
 
 async def test_each_turn_anchors_its_own_batch_and_restore_matches_rows(mesh: Mesh) -> None:
@@ -131,7 +163,9 @@ async def test_each_turn_anchors_its_own_batch_and_restore_matches_rows(mesh: Me
             assert not subagent_events(events)
     assert session is not None
     msgs = await messages(mesh, session)
-    with_batches = {m["id"]: m["metadata"]["subagents"] for m in msgs if m.get("metadata", {}).get("subagents")}
+    with_batches = {
+        m["id"]: m["metadata"]["subagents"] for m in msgs if m.get("metadata", {}).get("subagents")
+    }
     assert set(with_batches) == set(anchors.values())
     for anchor, batches in with_batches.items():
         assert [b["parentMessageId"] for b in batches] == [anchor]
@@ -139,11 +173,17 @@ async def test_each_turn_anchors_its_own_batch_and_restore_matches_rows(mesh: Me
     assert mesh.clients is not None
     for anchor in anchors.values():
         await mesh.clients.trace.UpdateMessage(
-            ts.UpdateMessageRequest(owner=mesh.user, message=tp.Message(id=anchor), update_mask={"paths": ["metadata"]})
+            ts.UpdateMessageRequest(
+                owner=mesh.user, message=tp.Message(id=anchor), update_mask={"paths": ["metadata"]}
+            )
         )
     raw = await mesh.clients.trace.ListMessages(ts.ListMessagesRequest(owner=mesh.user, session_id=session))
     assert not any("subagents" in m.metadata for m in raw.messages), "metadata really deleted"
-    restored = {m["id"]: m["metadata"]["subagents"] for m in await messages(mesh, session) if m.get("metadata", {}).get("subagents")}
+    restored = {
+        m["id"]: m["metadata"]["subagents"]
+        for m in await messages(mesh, session)
+        if m.get("metadata", {}).get("subagents")
+    }
     assert restored == with_batches
 
 
@@ -168,13 +208,21 @@ def test_config_priority_and_tool_layers() -> None:
                 assert not {"delegate_task", "delegate_parallel"} & set(resolved)
                 assert "delegate_task" not in handlers, "subagents and callees have no delegate handler"
     assert "clarify" not in registry.handlers(SUBAGENT) and "clarify" not in registry.handlers(A2A_CALLEE)
-    assert set(registry.resolve(solo, SUPERVISOR)) == {"agent-invoke"}, "subagents disabled: no delegate tools shown"
+    assert set(registry.resolve(solo, SUPERVISOR)) == {"agent-invoke"}, (
+        "subagents disabled: no delegate tools shown"
+    )
     assert set(registry.resolve(general, SUPERVISOR)) >= {"delegate_task", "delegate_parallel", "clarify"}
     assert set(registry.resolve(catalog.get("helper"), SUBAGENT)) == {"agent-invoke"}
 
 
 async def test_blocked_tools_never_reach_a_subagent(mesh: Mesh) -> None:
-    tasks = [{"goal": "ask the user", "agentSlug": "helper", "toolNames": ["clarify", "delegate_task", "agent-invoke", "memory_save"]}]
+    tasks = [
+        {
+            "goal": "ask the user",
+            "agentSlug": "helper",
+            "toolNames": ["clarify", "delegate_task", "agent-invoke", "memory_save"],
+        }
+    ]
     mesh.mock.set_rules(rules(*fan_out(tasks, "blocked")))
     before = len(mesh.mock.requests())
     events = await chat(mesh, "general", "blocked", timeout=30)
@@ -185,7 +233,9 @@ async def test_blocked_tools_never_reach_a_subagent(mesh: Mesh) -> None:
         assert offered == {"agent-invoke"}
         assert "You are a subagent" in system_of(body) and "Never ask the user" in system_of(body)
     # Its scripted clarify call fails: subagents cannot ask the user.
-    item = next(e for e in events if e["type"] == "subagent-update" and e["subagent"]["status"] == "completed")
+    item = next(
+        e for e in events if e["type"] == "subagent-update" and e["subagent"]["status"] == "completed"
+    )
     sub_msgs = await messages(mesh, item["subagent"]["sessionId"])
     call = sub_msgs[-1]["metadata"]["toolCalls"][0]
     assert call["name"] == "clarify" and call["ok"] is False and "not available" in call["output"]["error"]
@@ -213,7 +263,9 @@ async def test_partial_failure_is_isolated(mesh: Mesh) -> None:
     out = next(e for e in events if e["type"] == "tool-output-available")["output"]
     by_goal = {r["goal"]: r for r in out["results"]}
     assert by_goal["slow part"]["status"] == "failed" and by_goal["slow part"]["error"].startswith("timeout")
-    assert by_goal["broken part"]["status"] == "failed" and by_goal["broken part"]["error"].startswith("model_error")
+    assert by_goal["broken part"]["status"] == "failed" and by_goal["broken part"]["error"].startswith(
+        "model_error"
+    )
     assert by_goal["good part"]["summary"] == "helped with good part"
     assert by_goal["clone part"]["summary"].startswith("clone result for clone part")
     assert "not allowed" in by_goal["forbidden"]["error"]
@@ -223,9 +275,20 @@ async def test_partial_failure_is_isolated(mesh: Mesh) -> None:
 
 async def test_http_and_websocket_give_the_same_events(mesh: Mesh) -> None:
     same = [
-        {"system": r"\[general\]", "user": "delegate same", "after_tool": False,
-         "tool_calls": [{"name": "delegate_task", "arguments": {"goal": "write a haiku", "agentSlug": "coder"}}]},
-        {"system": r"\[general\]", "user": "delegate same", "after_tool": True, "text": "The haiku is written."},
+        {
+            "system": r"\[general\]",
+            "user": "delegate same",
+            "after_tool": False,
+            "tool_calls": [
+                {"name": "delegate_task", "arguments": {"goal": "write a haiku", "agentSlug": "coder"}}
+            ],
+        },
+        {
+            "system": r"\[general\]",
+            "user": "delegate same",
+            "after_tool": True,
+            "text": "The haiku is written.",
+        },
     ]
     mesh.mock.set_rules(rules(*same))
     sse = await chat(mesh, "general", "delegate same")
@@ -236,8 +299,19 @@ async def test_http_and_websocket_give_the_same_events(mesh: Mesh) -> None:
         async with asyncio.timeout(30):
             while not got or got[-1]["type"] not in ("done", "error"):
                 got.append(json.loads(await ws.recv()))
-    varying = {"_id", "offset", "sessionId", "userMessageId", "assistantMessageId", "parentMessageId", "toolCallId",
-               "id", "durationMs", "subagentIds", "taskId"}
+    varying = {
+        "_id",
+        "offset",
+        "sessionId",
+        "userMessageId",
+        "assistantMessageId",
+        "parentMessageId",
+        "toolCallId",
+        "id",
+        "durationMs",
+        "subagentIds",
+        "taskId",
+    }
 
     def norm(value: Any) -> Any:
         if isinstance(value, dict):
@@ -279,7 +353,10 @@ async def test_delete_cascade_leaves_no_rows(mesh: Mesh) -> None:
 async def test_cancel_mid_batch_cancels_every_subagent(mesh: Mesh) -> None:
     tasks = [{"goal": f"wait {i}", "agentSlug": "slow"} for i in range(3)]
     mesh.mock.set_rules(rules(*fan_out(tasks, "hang")))
-    async with mesh.http(timeout=30) as http, http.stream("POST", "/api/chat", json={"agent": "general", "message": "hang"}) as resp:
+    async with (
+        mesh.http(timeout=30) as http,
+        http.stream("POST", "/api/chat", json={"agent": "general", "message": "hang"}) as resp,
+    ):
         got: list[dict[str, Any]] = []
         stream = sse_events(resp)
         async with asyncio.timeout(20):

@@ -60,7 +60,11 @@ class ChatOrchestrator:
         spec_agent = self.catalog.get(agent)
         try:
             if session_id:
-                session = (await self.clients.trace.GetSession(ts.GetSessionRequest(owner=owner, session_id=session_id))).session
+                session = (
+                    await self.clients.trace.GetSession(
+                        ts.GetSessionRequest(owner=owner, session_id=session_id)
+                    )
+                ).session
                 if session.kind != tp.SESSION_KIND_CHAT:
                     raise InvalidArgument("only chat sessions take chat turns")
             else:
@@ -135,10 +139,14 @@ class ChatOrchestrator:
     async def _watch(self, spec: TurnSpec, from_offset: str, turn: asyncio.Task[object]) -> None:
         """Cancels `turn` when someone else closes its buffer with code `cancelled`."""
         request = ss.SubscribeStreamRequest(
-            key=spec.stream_key, from_offset=from_offset, idle_timeout_ms=int(self.settings.turn_timeout_s * 1000)
+            key=spec.stream_key,
+            from_offset=from_offset,
+            idle_timeout_ms=int(self.settings.turn_timeout_s * 1000),
         )
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
-            async for resp in self.clients.stream.SubscribeStream(request, timeout=self.settings.turn_timeout_s):
+            async for resp in self.clients.stream.SubscribeStream(
+                request, timeout=self.settings.turn_timeout_s
+            ):
                 if resp.event.HasField("error") and resp.event.error.code == CANCELLED and not turn.done():
                     turn.cancel()
                 if events.kind(resp.event) in events.TERMINAL:
@@ -153,7 +161,8 @@ class ChatOrchestrator:
         try:
             resp = await self.clients.stream.CloseStream(
                 ss.CloseStreamRequest(
-                    key=session_key(session_id), error=ev.Error(code=CANCELLED, message="cancelled by the user")
+                    key=session_key(session_id),
+                    error=ev.Error(code=CANCELLED, message="cancelled by the user"),
                 )
             )
         except grpc.aio.AioRpcError as exc:

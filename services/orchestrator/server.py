@@ -13,11 +13,17 @@ from services.orchestrator.servicer import OrchestratorServicer
 SERVICE_NAME = "agentmesh.v1.OrchestratorService"
 
 
-async def build(settings: MeshSettings, address: str | None = None, catalog: Catalog | None = None) -> ServiceServer:
+async def build(
+    settings: MeshSettings, address: str | None = None, catalog: Catalog | None = None
+) -> ServiceServer:
     clients = Clients.connect(settings)
     chat = ChatOrchestrator(settings, clients, catalog or load_catalog(settings.catalog))
     server = ServiceServer(
-        [Registration(orc_grpc.add_OrchestratorServiceServicer_to_server, OrchestratorServicer(chat), SERVICE_NAME)],
+        [
+            Registration(
+                orc_grpc.add_OrchestratorServiceServicer_to_server, OrchestratorServicer(chat), SERVICE_NAME
+            )
+        ],
         address=address or settings.addresses.orchestrator,
         grace_s=settings.shutdown_grace_s,
     )

@@ -20,9 +20,13 @@ class OrchestratorServicer(orc_grpc.OrchestratorServiceServicer):
     async def ExecuteChat(
         self, request: orc.ExecuteChatRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[orc.ExecuteChatResponse]:
-        async for event in self.chat.execute(request.owner, request.agent, request.message, request.session_id):
+        async for event in self.chat.execute(
+            request.owner, request.agent, request.message, request.session_id
+        ):
             yield orc.ExecuteChatResponse(event=event)
 
     @grpc_errors
-    async def CancelChat(self, request: orc.CancelChatRequest, context: grpc.aio.ServicerContext) -> orc.CancelChatResponse:
+    async def CancelChat(
+        self, request: orc.CancelChatRequest, context: grpc.aio.ServicerContext
+    ) -> orc.CancelChatResponse:
         return orc.CancelChatResponse(cancelled=await self.chat.cancel(request.owner, request.session_id))
