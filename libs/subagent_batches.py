@@ -87,3 +87,18 @@ def build_batches(rows: Iterable[tp.SubagentSession]) -> list[dict[str, Any]]:
             }
         )
     return batches
+
+
+def restore(messages: list[dict[str, Any]], rows: Iterable[tp.SubagentSession]) -> None:
+    """Seed 3 section 11.1: an assistant message without `metadata.subagents` gets its batches
+    rebuilt from the rows anchored to it (in place; messages are browser JSON dicts)."""
+    by_anchor: dict[int, list[tp.SubagentSession]] = {}
+    for row in rows:
+        by_anchor.setdefault(row.parent_message_id, []).append(row)
+    for message in messages:
+        anchored = by_anchor.get(message.get("id", 0))
+        if not anchored or message.get("role") != "assistant":
+            continue
+        metadata = message.setdefault("metadata", {})
+        if not metadata.get("subagents"):
+            metadata["subagents"] = build_batches(anchored)

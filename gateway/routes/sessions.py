@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from agentmesh.v1 import trace_pb2
 from agentmesh.v1 import trace_service_pb2 as ts
 from gateway.deps import clients, current_user
+from libs import subagent_batches
 from libs.protojson import to_json
 
 router = APIRouter(prefix="/api/sessions", tags=["sessions"])
@@ -79,8 +80,14 @@ async def list_messages(
             offset=offset,
         )
     )
+    messages = [to_json(m) for m in resp.messages]
+    if any(m["role"] == "assistant" and "subagents" not in m.get("metadata", {}) for m in messages):
+        rows = await clients(request).trace.ListSubagentSessions(
+            ts.ListSubagentSessionsRequest(owner=user, session_id=session_id)
+        )
+        subagent_batches.restore(messages, rows.subagents)
     return {
-        "messages": [to_json(m) for m in resp.messages],
+        "messages": messages,
         "headSequence": resp.head_sequence,
         "total": resp.total,
     }
