@@ -62,7 +62,7 @@ lint: setup $(BUF) ## buf lint/format/breaking, ruff, mypy
 
 .PHONY: bench
 bench: setup ## Run the benchmarks; writes tests/bench/results/latest.json
-	$(BIN)/python -m tests.bench.run
+	$(BIN)/python -m tests.bench.run $(BENCH_ARGS)
 
 .PHONY: clean
 clean: ## Remove the venv and generated code

@@ -91,11 +91,8 @@ async def start_mesh(
     catalog: Path | None = None,
     **overrides: Any,
 ) -> Mesh:
-    mock = MockLLM(
-        rules if rules is not None else DEMO_RULES,
-        ttft_ms=0,
-        tokens_per_second=0,
-    )
+    timing = {"ttft_ms": 0.0, "tokens_per_second": 0.0}
+    mock = MockLLM(rules, **timing) if rules is not None else MockLLM.from_file(DEMO_RULES, **timing)
     await mock.start()
     addresses = Addresses(
         orchestrator=f"127.0.0.1:{free_port()}",
