@@ -25,6 +25,11 @@ def type_name(event: ev.Event) -> str:
 def to_dict(event: ev.Event, with_offset: bool = False) -> dict[str, Any]:
     """`{"type": "text-delta", "textDelta": "..."}` (plus `offset` when asked)."""
     which = kind(event)
+    if which == "text_delta":  # the hot path: most events of a turn
+        out_fast: dict[str, Any] = {"type": "text-delta", "textDelta": event.text_delta.text_delta}
+        if with_offset:
+            out_fast["offset"] = event.offset
+        return out_fast
     body = to_json(getattr(event, which)) if which else {}
     out: dict[str, Any] = {"type": which.replace("_", "-"), **body}
     if with_offset:

@@ -2,8 +2,8 @@
 
 `emit(event)` queues an event and returns at once; a writer task appends queued events to the
 stream service in batches (one AppendEvents RPC for everything that queued up while the previous
-one was in flight), so per-delta work on the hot path is a queue put. `committed()` yields the
-events with their offsets, in order, once they are stored; `await sink.emit(e)` when the caller
+one was in flight), so per-delta work on the hot path is a list append. `committed()` yields the
+stored batches, events carrying their offsets, in order; `await sink.emit(e)` when the caller
 must know the event is durable before going on (a2a-task-started before the callee starts).
 """
 
@@ -34,7 +34,7 @@ class EventSink:
         self.key = key
         self._pending: list[tuple[events_pb2.Event, asyncio.Future[str]]] = []
         self._wake = asyncio.Event()
-        self._out: asyncio.Queue[events_pb2.Event | None] = asyncio.Queue()
+        self._out: asyncio.Queue[list[events_pb2.Event] | None] = asyncio.Queue()
         self._closed = False
         self._failure: MeshError | None = None
         self._writer = asyncio.create_task(self._write_loop(), name=f"sink:{key}")
@@ -74,7 +74,7 @@ class EventSink:
                     event.offset = offset
                     if not fut.done():
                         fut.set_result(offset)
-                    self._out.put_nowait(event)
+                self._out.put_nowait([event for event, _ in batch])
             if self._closed:
                 self._out.put_nowait(None)
                 return
@@ -108,9 +108,9 @@ class EventSink:
         self._writer.cancel()
         self._out.put_nowait(None)
 
-    async def committed(self) -> AsyncIterator[events_pb2.Event]:
+    async def committed(self) -> AsyncIterator[list[events_pb2.Event]]:
         while True:
-            event = await self._out.get()
-            if event is None:
+            batch = await self._out.get()
+            if batch is None:
                 return
-            yield event
+            yield batch

@@ -189,9 +189,9 @@ class TurnRunner:
         result: rt.RunResult | None = None
         try:
             async for resp in call:
-                if resp.HasField("event"):
-                    await _call(on_event, resp.event)
-                else:
+                for event in resp.events:
+                    await _call(on_event, event)
+                if resp.HasField("result"):
                     result = resp.result
         except grpc.aio.AioRpcError as exc:
             err = from_rpc_error(exc)

@@ -68,7 +68,8 @@ async def chat(
         try:
             response = first
             while response is not grpc.aio.EOF:
-                yield {"id": response.event.offset, "data": json.dumps(events.to_dict(response.event))}
+                for event in response.events:
+                    yield {"id": event.offset, "data": json.dumps(events.to_dict(event))}
                 response = await call.read()
         except grpc.aio.AioRpcError as exc:
             err = from_rpc_error(exc)
@@ -129,7 +130,8 @@ async def ws(socket: WebSocket) -> None:
         call = _execute(c, user, body)
         try:
             async for response in call:
-                await send(events.to_dict(response.event, with_offset=True))
+                for event in response.events:
+                    await send(events.to_dict(event, with_offset=True))
         except grpc.aio.AioRpcError as exc:
             await send(_ws_error(from_rpc_error(exc)))
         finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +13,9 @@ from openai import AsyncOpenAI
 
 from libs.config import LLMSettings
 from libs.errors import MeshError
+
+
+YIELD_EVERY_S = 0.005
 
 
 class ModelError(MeshError):
@@ -68,6 +73,7 @@ class LLM:
         """Streams one completion; calls on_text/on_reasoning per delta; returns the whole step."""
         out = Step(model=model)
         calls: dict[int, ToolCall] = {}
+        next_yield = 0.0
         kwargs: dict[str, Any] = {}
         if tools:
             kwargs["tools"] = tools
@@ -105,6 +111,13 @@ class LLM:
                             call.arguments += tc.function.arguments
                     if choice.finish_reason:
                         out.finish_reason = choice.finish_reason
+                # A fast model fills the socket buffer: without a pause the loop would parse the
+                # whole reply before the sink's writer ever ran. Let it run at the first delta, then
+                # every few milliseconds (so deltas still travel in batches).
+                now = time.monotonic()
+                if now >= next_yield and (out.content or out.reasoning):
+                    next_yield = now + YIELD_EVERY_S
+                    await asyncio.sleep(0)
         except openai.APITimeoutError as exc:
             raise ModelTimeout(f"model {model} timed out: {exc}") from exc
         except openai.APIStatusError as exc:

@@ -37,8 +37,8 @@ class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
 
         task = asyncio.create_task(run(), name=f"run:{request.agent}:{request.session_id}")
         try:
-            async for event in sink.committed():
-                yield rt.RunAgentResponse(event=event)
+            async for batch in sink.committed():
+                yield rt.RunAgentResponse(events=batch)
             result = await task
             yield rt.RunAgentResponse(result=result)
         finally:

@@ -49,8 +49,11 @@ class ChatOrchestrator:
         self.turns = TurnRunner(clients)
         self.running: dict[str, asyncio.Task[TurnOutcome]] = {}
 
-    async def execute(self, owner: str, agent: str, message: str, session_id: str) -> AsyncIterator[ev.Event]:
-        """Starts the turn and yields its events (with offsets) until the buffer closes."""
+    async def execute(
+        self, owner: str, agent: str, message: str, session_id: str
+    ) -> AsyncIterator[list[ev.Event]]:
+        """Starts the turn and yields its events (with offsets), in batches of what is ready,
+        until the buffer closes."""
         if not owner:
             raise InvalidArgument("owner is required")
         if not message.strip():
@@ -91,14 +94,23 @@ class ChatOrchestrator:
         if previous is None or previous.done():
             self.running[session.id] = task
         while True:
+            batch: list[ev.Event] = []
             item = await queue.get()
-            if isinstance(item, _End):
-                if item.error is not None:
-                    raise item.error
-                return
-            yield item
-            if events.kind(item) in events.TERMINAL:
-                return
+            while True:
+                if isinstance(item, _End):
+                    if batch:
+                        yield batch
+                    if item.error is not None:
+                        raise item.error
+                    return
+                batch.append(item)
+                if events.kind(item) in events.TERMINAL:
+                    yield batch
+                    return
+                if queue.empty():
+                    break
+                item = queue.get_nowait()
+            yield batch
 
     async def _turn(self, spec: TurnSpec, queue: asyncio.Queue[ev.Event | _End]) -> TurnOutcome:
         watcher: asyncio.Task[None] | None = None
@@ -142,6 +154,7 @@ class ChatOrchestrator:
             key=spec.stream_key,
             from_offset=from_offset,
             idle_timeout_ms=int(self.settings.turn_timeout_s * 1000),
+            terminal_only=True,
         )
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
             async for resp in self.clients.stream.SubscribeStream(

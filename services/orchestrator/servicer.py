@@ -20,10 +20,10 @@ class OrchestratorServicer(orc_grpc.OrchestratorServiceServicer):
     async def ExecuteChat(
         self, request: orc.ExecuteChatRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[orc.ExecuteChatResponse]:
-        async for event in self.chat.execute(
+        async for batch in self.chat.execute(
             request.owner, request.agent, request.message, request.session_id
         ):
-            yield orc.ExecuteChatResponse(event=event)
+            yield orc.ExecuteChatResponse(events=batch)
 
     @grpc_errors
     async def CancelChat(

@@ -66,6 +66,8 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
         )
         try:
             async for event in events:
+                if request.terminal_only and event.WhichOneof("payload") not in ("done", "error"):
+                    continue
                 yield pb.SubscribeStreamResponse(event=event)
         finally:
             await events.aclose()
