@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 import websockets
 
-from tests.mesh import Mesh, chat, start_mesh
+from tests.mesh import Mesh, chat, sse_events, start_mesh
 
 ECHO = {"rules": [], "default": {"text": "Hello there, you said {user}. Have a nice day."}}
 
@@ -112,7 +112,7 @@ async def test_bad_input(mesh: Mesh) -> None:
         assert r.status_code == 401
 
 
-@pytest.mark.parametrize("fault", ["http_500", "stall_before"])
+@pytest.mark.parametrize("fault", ["http_500", "stall", "stall_before", "cut"])
 async def test_model_failure_marks_placeholder_failed(mesh: Mesh, fault: str) -> None:
     mesh.mock.set_rules({"rules": [{"user": "boom", "fault": fault}]})
     events = await chat(mesh, "general", "boom", timeout=40)
@@ -123,3 +123,28 @@ async def test_model_failure_marks_placeholder_failed(mesh: Mesh, fault: str) ->
         messages = (await http.get(f"/api/sessions/{events[0]['sessionId']}/messages")).json()["messages"]
     assert messages[-1]["status"] == "failed"
     assert messages[-1]["metadata"]["error"]["code"] == events[-1]["code"]
+
+
+async def test_disconnected_turn_goes_on_and_resumes(mesh: Mesh) -> None:
+    mesh.mock.set_rules({"rules": [], "default": {"text": "word " * 60, "tokens_per_second": 200}})
+    async with mesh.http() as http:
+        async with http.stream("POST", "/api/chat", json={"agent": "general", "message": "long"}) as resp:
+            got = []
+            async for event in sse_events(resp):
+                got.append(event)
+                if sum(1 for e in got if e["type"] == "text-delta") == 3:
+                    break  # the client goes away mid-turn
+        session, last = got[0]["sessionId"], got[-1]["_id"]
+        async with http.stream(
+            "GET", f"/api/sessions/{session}/stream", headers={"Last-Event-ID": last}
+        ) as resp:
+            assert resp.status_code == 200
+            rest = [e async for e in sse_events(resp)]
+    assert rest[-1]["type"] == "done"
+    ids = [e["_id"] for e in got + rest]
+    assert len(ids) == len(set(ids)), "no duplicate across the reconnect"
+    whole = "".join(e["textDelta"] for e in got + rest if e["type"] == "text-delta")
+    assert whole == "word " * 60, "no gap across the reconnect"
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{session}/messages")).json()["messages"]
+    assert messages[-1]["status"] == "completed" and messages[-1]["content"] == "word " * 60

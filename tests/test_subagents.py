@@ -135,6 +135,14 @@ async def test_parallel_batch_respects_max_concurrent(mesh: Mesh) -> None:
     assert all(v == ["queued", "running", "completed"] for v in per.values()), per
     final = "".join(e["textDelta"] for e in events if e["type"] == "text-delta")
     assert all(f"code for part {i}" in final for i in range(5))
+    # Each card's live text is on subagent:<id> (replayed here after the fact).
+    done_items = {e["subagent"]["id"]: e["subagent"] for e in subs if e["type"] == "subagent-update"}
+    async with mesh.http() as http:
+        for sub_id, item in done_items.items():
+            async with http.stream("GET", f"/api/subagents/{sub_id}/stream") as resp:
+                live = [e async for e in sse_events(resp)]
+            assert live[-1]["type"] == "done"
+            assert "".join(e["textDelta"] for e in live if e["type"] == "text-delta") == item["summary"]
     # Written back onto the anchor as SubagentBatch[].
     msgs = await messages(mesh, events[0]["sessionId"])
     batches = msgs[-1]["metadata"]["subagents"]
