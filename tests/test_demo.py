@@ -44,7 +44,11 @@ async def test_split_this_into_subtasks(mesh: Mesh) -> None:
     final = text(events)
     assert "All three subtasks" in final
     # The subagents' replies come back into the final answer.
-    items = [e["subagent"] for e in events if e["type"] == "subagent-update" and e["subagent"]["status"] == "completed"]
+    items = [
+        e["subagent"]
+        for e in events
+        if e["type"] == "subagent-update" and e["subagent"]["status"] == "completed"
+    ]
     assert len(items) == 3
     for item in items:
         first_line = item["summary"].splitlines()[0]

@@ -14,7 +14,6 @@ from openai import AsyncOpenAI
 from libs.config import LLMSettings
 from libs.errors import MeshError
 
-
 YIELD_EVERY_S = 0.005
 
 

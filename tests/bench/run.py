@@ -86,10 +86,16 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "system": platform.platform()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "system": platform.platform(),
+    }
 
 
-async def main(turns: int, warmup: int) -> dict[str, Any]:
+def start_mesh() -> tuple[subprocess.Popen[str], dict[str, int], str]:
+    """`agentmesh up` on free loopback ports with a fresh SQLite file; returns (process, ports, key)."""
     ports = {name: free_port() for name in ("trace", "stream", "runtime", "orchestrator", "gateway", "mock")}
     data = Path(".agentmesh/bench")
     data.mkdir(parents=True, exist_ok=True)
@@ -112,35 +118,32 @@ async def main(turns: int, warmup: int) -> dict[str, Any]:
         text=True,
         start_new_session=True,
     )
-    try:
-        key = ""
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if "development API key" in line:
-                key = line.rsplit(":", 1)[1].strip()
-                break
-        if not key:
-            raise RuntimeError("agentmesh up did not start")
-        mock_url = f"http://127.0.0.1:{ports['mock']}"
-        async with httpx.AsyncClient(timeout=30) as raw:
-            (await raw.post(f"{mock_url}/_mock/rules", json=RULES)).raise_for_status()
-        headers = {"Authorization": f"Bearer {key}"}
-        mesh_runs: list[tuple[float, float, int]] = []
-        direct_runs: list[tuple[float, float, int]] = []
-        async with (
-            httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports['gateway']}", headers=headers, timeout=60) as http,
-            AsyncOpenAI(base_url=f"{mock_url}/v1", api_key="bench", max_retries=0) as client,
-        ):
-            for i in range(warmup + turns):
-                m = await through_mesh(http)
-                d = await direct(client)
-                assert m[2] == d[2], f"the mesh lost text: {m[2]} != {d[2]} characters"
-                if i >= warmup:
-                    mesh_runs.append(m)
-                    direct_runs.append(d)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "development API key" in line:
+            return proc, ports, line.rsplit(":", 1)[1].strip()
+    proc.wait(30)
+    raise RuntimeError("agentmesh up did not start")
+
+
+async def measure(ports: dict[str, int], key: str, turns: int, warmup: int) -> dict[str, Any]:
+    mock_url = f"http://127.0.0.1:{ports['mock']}"
+    async with httpx.AsyncClient(timeout=30) as raw:
+        (await raw.post(f"{mock_url}/_mock/rules", json=RULES)).raise_for_status()
+    gateway = f"http://127.0.0.1:{ports['gateway']}"
+    mesh_runs: list[tuple[float, float, int]] = []
+    direct_runs: list[tuple[float, float, int]] = []
+    async with (
+        httpx.AsyncClient(base_url=gateway, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http,
+        AsyncOpenAI(base_url=f"{mock_url}/v1", api_key="bench", max_retries=0) as client,
+    ):
+        for i in range(warmup + turns):
+            m = await through_mesh(http)
+            d = await direct(client)
+            assert m[2] == d[2], f"the mesh lost text: {m[2]} != {d[2]} characters"
+            if i >= warmup:
+                mesh_runs.append(m)
+                direct_runs.append(d)
     mesh_total = [r[1] for r in mesh_runs]
     direct_total = [r[1] for r in direct_runs]
     added_ttfd = [m[0] - d[0] for m, d in zip(mesh_runs, direct_runs, strict=True)]
@@ -164,13 +167,20 @@ def cli() -> None:
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
-    result = asyncio.run(main(args.turns, args.warmup))
+    proc, ports, key = start_mesh()
+    try:
+        result = asyncio.run(measure(ports, key, args.turns, args.warmup))
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     c, t = result["completion_ratio"], result["added_ttfd_ms"]
     print(f"machine: {result['machine']['cpu']} ({result['machine']['cores']} cores)")
-    print(f"direct completion p50 {result['direct_completion_s']['p50'] * 1000:.1f} ms; "
-          f"through the mesh p50 {result['mesh_completion_s']['p50'] * 1000:.1f} ms")
+    print(
+        f"direct completion p50 {result['direct_completion_s']['p50'] * 1000:.1f} ms; "
+        f"through the mesh p50 {result['mesh_completion_s']['p50'] * 1000:.1f} ms"
+    )
     print(f"completion ratio mesh/direct: p50 {c['p50']:.2f}x, p99 {c['p99']:.2f}x")
     print(f"added time to first delta: p50 {t['p50']:.1f} ms, p99 {t['p99']:.1f} ms")
     print(f"wrote {RESULTS}")
