@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 from agentmesh.mock_llm import DEMO_RULES, MockLLM
 from agentmesh.v1 import trace_service_pb2 as ts
 from gateway.app import create_app
+from libs import embedded_http
 from libs.clients import Clients
 from libs.config import Addresses, LLMSettings, MeshSettings, StreamSettings
 from libs.rpc import ServiceServer
@@ -25,18 +25,6 @@ from services.agent_runtime import server as runtime_server
 from services.orchestrator import server as orchestrator_server
 from services.stream import server as stream_server
 from services.trace import server as trace_server
-
-
-class _Server(uvicorn.Server):
-    """uvicorn with an event set once it accepts connections."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = asyncio.Event()
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        self.ready.set()
 
 
 def free_port() -> int:
@@ -50,8 +38,7 @@ class Mesh:
     settings: MeshSettings
     mock: MockLLM
     servers: dict[str, ServiceServer] = field(default_factory=dict)
-    gateway: uvicorn.Server | None = None
-    gateway_task: asyncio.Task[None] | None = None
+    gateway: embedded_http.EmbeddedServer | None = None
     clients: Clients | None = None
     url: str = ""
     api_key: str = ""
@@ -68,10 +55,9 @@ class Mesh:
         return resp.api_key
 
     async def stop(self) -> None:
-        if self.gateway is not None and self.gateway_task is not None:
-            self.gateway.should_exit = True
+        if self.gateway is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.gateway_task, 10)
+                await self.gateway.stop()
         for name in ("orchestrator", "agent-runtime", "stream", "trace"):
             server = self.servers.get(name)
             if server is not None:
@@ -89,6 +75,7 @@ async def start_mesh(
     redis_url: str = "",
     rules: Any = None,
     catalog: Path | None = None,
+    llm_timeout_s: float = 10.0,
     **overrides: Any,
 ) -> Mesh:
     timing = {"ttft_ms": 0.0, "tokens_per_second": 0.0}
@@ -104,7 +91,7 @@ async def start_mesh(
         "data_dir": tmp,
         "database_url": database_url,
         "addresses": addresses,
-        "llm": LLMSettings(base_url=mock.base_url, api_key="test", request_timeout_s=3),
+        "llm": LLMSettings(base_url=mock.base_url, api_key="test", request_timeout_s=llm_timeout_s),
         "stream": StreamSettings(backend=stream_backend, heartbeat_s=5),
         "shutdown_grace_s": 2.0,
         "log_json": False,
@@ -125,25 +112,8 @@ async def start_mesh(
         mesh.servers["agent-runtime"] = await runtime_server.build(settings)
         mesh.servers["orchestrator"] = await orchestrator_server.build(settings)
         mesh.clients = Clients.connect(settings)
-        port = free_port()
-        config = uvicorn.Config(
-            create_app(settings),
-            host="127.0.0.1",
-            port=port,
-            log_config=None,
-            access_log=False,
-            timeout_graceful_shutdown=2,
-            ws="websockets-sansio",
-        )
-        server = _Server(config)
-        mesh.gateway = server
-        mesh.gateway_task = asyncio.create_task(server.serve())
-        ready = asyncio.create_task(server.ready.wait())
-        await asyncio.wait({mesh.gateway_task, ready}, timeout=20, return_when=asyncio.FIRST_COMPLETED)
-        if not server.ready.is_set():
-            ready.cancel()
-            raise RuntimeError("gateway did not start")
-        mesh.url = f"http://127.0.0.1:{port}"
+        mesh.gateway = await embedded_http.serve(create_app(settings), ws="websockets-sansio")
+        mesh.url = f"http://127.0.0.1:{mesh.gateway.port}"
         mesh.user = "alice"
         mesh.api_key = await mesh.new_user("alice")
     except BaseException:
@@ -221,3 +191,17 @@ async def wait_request(
 
 def system_of(body: dict[str, Any]) -> str:
     return str(body["messages"][0]["content"]) if body["messages"][0]["role"] == "system" else ""
+
+
+BACKENDS = ["sqlite-memory", "postgres-redis"]
+
+
+async def mesh_on(request: Any, tmp: Path, **kwargs: Any) -> Mesh:
+    """A mesh on the backend pair named by `request.param` (one of BACKENDS)."""
+    if request.param == "postgres-redis":
+        kwargs.update(
+            database_url=request.getfixturevalue("pg_url"),
+            stream_backend="redis",
+            redis_url=request.getfixturevalue("redis_url"),
+        )
+    return await start_mesh(tmp, **kwargs)

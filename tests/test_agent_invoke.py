@@ -14,7 +14,7 @@ from agentmesh.v1 import stream_service_pb2 as ss
 from agentmesh.v1 import trace_pb2 as tp
 from agentmesh.v1 import trace_service_pb2 as ts
 from libs import events as evlib
-from tests.mesh import Mesh, chat, sse_events, start_mesh, system_of, wait_request, wait_until
+from tests.mesh import BACKENDS, Mesh, chat, mesh_on, sse_events, system_of, wait_request, wait_until
 
 CATALOG = Path(__file__).parent / "catalogs" / "mesh.yaml"
 
@@ -69,19 +69,11 @@ RULES: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module", params=["sqlite-memory", "postgres-redis"])
+@pytest.fixture(scope="module", params=BACKENDS)
 async def mesh(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Mesh]:
-    tmp = tmp_path_factory.mktemp("invoke")
-    kwargs: dict[str, Any] = {"rules": RULES, "catalog": CATALOG}
-    if request.param == "postgres-redis":
-        kwargs.update(
-            database_url=request.getfixturevalue("pg_url"),
-            stream_backend="redis",
-            redis_url=request.getfixturevalue("redis_url"),
-        )
-    m = await start_mesh(tmp, **kwargs)
+    m = await mesh_on(request, tmp_path_factory.mktemp("invoke"), rules=RULES, catalog=CATALOG)
     yield m
     await m.stop()
 

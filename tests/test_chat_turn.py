@@ -10,22 +10,16 @@ from collections.abc import AsyncIterator
 import pytest
 import websockets
 
-from tests.mesh import Mesh, chat, sse_events, start_mesh
+from tests.mesh import BACKENDS, Mesh, chat, mesh_on, sse_events
 
 ECHO = {"rules": [], "default": {"text": "Hello there, you said {user}. Have a nice day."}}
 
 
-@pytest.fixture(scope="module", params=["sqlite-memory", "postgres-redis"])
+@pytest.fixture(scope="module", params=BACKENDS)
 async def mesh(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Mesh]:
-    tmp = tmp_path_factory.mktemp("mesh")
-    if request.param == "postgres-redis":
-        pg = request.getfixturevalue("pg_url")
-        redis = request.getfixturevalue("redis_url")
-        m = await start_mesh(tmp, database_url=pg, stream_backend="redis", redis_url=redis)
-    else:
-        m = await start_mesh(tmp)
+    m = await mesh_on(request, tmp_path_factory.mktemp("mesh"), llm_timeout_s=2.0)
     yield m
     await m.stop()
 

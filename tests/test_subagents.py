@@ -20,10 +20,10 @@ from libs.config import SubagentDefaults
 from services.agent_runtime.server import build_registry
 from services.agent_runtime.tools import A2A_CALLEE, ROLES, SUBAGENT, SUPERVISOR, subagent_config
 from services.trace.db import create_engine
-from tests.mesh import Mesh, chat, sse_events, start_mesh, system_of, wait_until
+from tests.mesh import BACKENDS, Mesh, chat, mesh_on, sse_events, system_of, wait_until
 
 CATALOG = Path(__file__).parent / "catalogs" / "mesh.yaml"
-GLOBAL = SubagentDefaults(max_concurrent=3, timeout_ms=1500)
+GLOBAL = SubagentDefaults(max_concurrent=3, timeout_ms=20000)
 
 
 def fan_out(tasks: list[dict[str, Any]], trigger: str = "fan out") -> list[dict[str, Any]]:
@@ -79,19 +79,13 @@ def rules(*extra: dict[str, Any]) -> dict[str, Any]:
     return {"rules": [*extra, *BASE_RULES], "default": DEFAULT}
 
 
-@pytest.fixture(scope="module", params=["sqlite-memory", "postgres-redis"])
+@pytest.fixture(scope="module", params=BACKENDS)
 async def mesh(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Mesh]:
-    tmp = tmp_path_factory.mktemp("subagents")
-    kwargs: dict[str, Any] = {"rules": rules(), "catalog": CATALOG, "subagent": GLOBAL}
-    if request.param == "postgres-redis":
-        kwargs.update(
-            database_url=request.getfixturevalue("pg_url"),
-            stream_backend="redis",
-            redis_url=request.getfixturevalue("redis_url"),
-        )
-    m = await start_mesh(tmp, **kwargs)
+    m = await mesh_on(
+        request, tmp_path_factory.mktemp("subagents"), rules=rules(), catalog=CATALOG, subagent=GLOBAL
+    )
     yield m
     await m.stop()
 
@@ -359,8 +353,9 @@ async def test_delete_cascade_leaves_no_rows(mesh: Mesh) -> None:
 
 
 async def test_cancel_mid_batch_cancels_every_subagent(mesh: Mesh) -> None:
-    tasks = [{"goal": f"wait {i}", "agentSlug": "slow"} for i in range(3)]
-    mesh.mock.set_rules(rules(*fan_out(tasks, "hang")))
+    tasks = [{"goal": f"wait {i}", "agentSlug": "coder"} for i in range(3)]
+    stall = {"system": r"\[coder\]", "user": "^wait", "fault": "stall_before"}
+    mesh.mock.set_rules(rules(*fan_out(tasks, "hang"), stall))
     async with (
         mesh.http(timeout=30) as http,
         http.stream("POST", "/api/chat", json={"agent": "general", "message": "hang"}) as resp,

@@ -9,14 +9,11 @@ import json
 import logging
 import re
 import secrets
-import socket
 import time
 from collections import deque
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -35,6 +32,7 @@ from agentmesh.mock_llm.rules import (
     pieces,
     word_count,
 )
+from libs import embedded_http
 
 log = logging.getLogger(__name__)
 
@@ -378,22 +376,6 @@ async def _no_receive() -> dict[str, Any]:
     return {"type": "http.disconnect"}
 
 
-class _EmbeddedServer(uvicorn.Server):
-    """uvicorn in the caller's event loop: no signal capture, a readiness event."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = asyncio.Event()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        self.ready.set()
-
-
 class MockLLM:
     """The scripted model server: rules, timing, request log and in-flight stats, served by uvicorn.
 
@@ -418,8 +400,7 @@ class MockLLM:
         self._closing = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._server: _EmbeddedServer | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._server: embedded_http.EmbeddedServer | None = None
         self.port = 0
         self.host = "127.0.0.1"
         self.app = Starlette(
@@ -451,43 +432,23 @@ class MockLLM:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         """Serve on host:port (0: a free port) in the running event loop; returns once accepting."""
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            sock.close()
-            raise
-        self.host, self.port = host, sock.getsockname()[1]
         self._closing = asyncio.Event()
         quiet = logging.getLogger("uvicorn.error")
         if not any(isinstance(f, _QuietCut) for f in quiet.filters):
             quiet.addFilter(_QuietCut())
-        config = uvicorn.Config(
-            self.app,
-            lifespan="off",
-            log_config=None,
-            access_log=False,
-            ws="none",
-            timeout_graceful_shutdown=2,
-        )
-        self._server = _EmbeddedServer(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
-        ready = asyncio.create_task(self._server.ready.wait())
-        await asyncio.wait({self._task, ready}, return_when=asyncio.FIRST_COMPLETED)
-        if not ready.done():
-            ready.cancel()
-            raise RuntimeError(f"mock LLM could not start on {host}:{port}")
+        try:
+            self._server = await embedded_http.serve(self.app, host, port, lifespan="off", ws="none")
+        except RuntimeError as exc:
+            raise RuntimeError(f"mock LLM could not start on {host}:{port}") from exc
+        self.host, self.port = host, self._server.port
 
     async def stop(self) -> None:
         """Stop serving: stalled replies are dropped, then uvicorn shuts down."""
-        if self._server is None or self._task is None:
+        if self._server is None:
             return
         self._closing.set()
-        self._server.should_exit = True
-        await self._task
-        self._server = self._task = None
+        await self._server.stop()
+        self._server = None
 
     def set_rules(self, rules: RulesInput) -> None:
         """Replace the rules (YAML/JSON text, a mapping, a list of rules or a parsed RuleSet)."""

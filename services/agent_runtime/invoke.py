@@ -128,7 +128,7 @@ class LocalCallee:
                 caller_session_id=ctx.session_id,
                 model=callee.model,
                 max_output_tokens=cfg.max_output_tokens,
-                timeout_ms=cfg.timeout_ms,
+                timeout_ms=min(cfg.timeout_ms, callee.limits.timeout_ms),
                 stream_metadata={
                     "agent": callee.slug,
                     "model": callee.model,

@@ -310,7 +310,7 @@ class SubagentBatch:
             tool_names=plan.tool_names,
             model=plan.agent.model if plan.source_type == "preset" else ctx.agent.model,
             max_steps=plan.max_steps,
-            timeout_ms=self.cfg.timeout_ms,
+            timeout_ms=min(self.cfg.timeout_ms, plan.agent.limits.timeout_ms),  # its own, only its own
             stream_metadata={
                 "agent": plan.agent.slug,
                 "kind": "subagent",

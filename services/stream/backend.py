@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from agentmesh.v1 import events_pb2 as ev
 from libs import events
@@ -102,6 +101,11 @@ class Cursor(abc.ABC):
     @abc.abstractmethod
     async def read(self, limit: int, timeout_s: float) -> list[ev.Event]:
         """Up to `limit` events after the position (advancing it); [] after `timeout_s` without any."""
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 class StreamBackend(abc.ABC):
@@ -215,8 +219,12 @@ class StreamBackend(abc.ABC):
             for t in (stop, task):
                 if not t.done():
                     t.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await t
+            # A cancelled Redis read may take a moment to drop its connection; never wait on it forever.
+            for t in (stop, task):
+                t.add_done_callback(_consume)  # a read that fails while it is torn down is expected
+            pending = [t for t in (stop, task) if not t.done()]
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
         if task.done() and not task.cancelled():
             return task.result()
         raise Unavailable("stream service is shutting down; resume from the last offset")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -12,12 +11,12 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-import uvicorn
 from fastapi import Request
 
 import gateway.deps
 from agentmesh.v1 import stream_service_pb2_grpc
 from gateway.app import create_app
+from libs import embedded_http
 from libs.clients import Clients
 from libs.config import MeshSettings, StreamSettings
 from libs.rpc import ServiceServer, channel
@@ -118,44 +117,24 @@ class Gateway:
 @pytest.fixture
 async def gateway_factory() -> AsyncIterator[Callable[[StreamHarness], Awaitable[Gateway]]]:
     """`await gateway_factory(harness)`: the gateway app (auth overridden: user = X-Test-User or alice)."""
-    running: list[tuple[uvicorn.Server, asyncio.Task[None], Clients, httpx.AsyncClient]] = []
+    running: list[tuple[embedded_http.EmbeddedServer, Clients, httpx.AsyncClient]] = []
 
     async def make(harness: StreamHarness) -> Gateway:
         clients = Clients.connect(harness.settings)
         app = create_app(harness.settings, clients)
         app.dependency_overrides[gateway.deps.current_user] = _test_user
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
-        server = _Server(config)
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        await asyncio.wait_for(server.ready.wait(), 10)
-        base = f"http://127.0.0.1:{port}"
+        server = await embedded_http.serve(app, timeout_graceful_shutdown=1)
+        base = f"http://127.0.0.1:{server.port}"
         client = httpx.AsyncClient(base_url=base, timeout=10.0)
-        running.append((server, task, clients, client))
+        running.append((server, clients, client))
         return Gateway(base, client, harness)
 
     yield make
-    for server, task, clients, client in running:
+    for server, clients, client in running:
         await client.aclose()
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
+        await server.stop()
         await clients.close()
 
 
 def _test_user(request: Request) -> str:
     return request.headers.get("x-test-user", "alice")
-
-
-class _Server(uvicorn.Server):
-    """uvicorn with a `ready` event set once it listens."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = asyncio.Event()
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        self.ready.set()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -20,17 +19,13 @@ from agentmesh.v1 import stream_service_pb2_grpc
 from libs import events
 from libs.rpc import channel, wait_serving
 from services.stream.redis_backend import DEFAULT_PREFIX
+from tests.mesh import free_port
 
 pytestmark = pytest.mark.redis
+
 ROOT = Path(__file__).resolve().parents[2]
 
 Spawn = Callable[[int], Awaitable[asyncio.subprocess.Process]]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
