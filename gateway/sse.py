@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -87,15 +87,24 @@ async def sse_events(
 
 
 async def stream_response(
-    request: Request, clients: Clients, settings: MeshSettings, key: str, reader: str
+    request: Request,
+    clients: Clients,
+    settings: MeshSettings,
+    key: str,
+    reader: str,
+    owns: Callable[[], Awaitable[bool]] | None = None,
 ) -> Response:
-    """The SSE response for one buffer the reader owns; `{"active": false, "reason": "no-buffer"}` if none.
+    """The SSE response for one buffer the reader owns.
 
-    NotFound (404) when the buffer belongs to someone else.
+    With no buffer: `{"active": false, "reason": "no-buffer"}` when `owns()` confirms the reader owns
+    the resource behind the key, else 404, so an id of somebody else's reads exactly like a missing one.
+    NotFound (404) too when the buffer belongs to someone else.
     """
     info = await clients.stream.GetStreamInfo(pb.GetStreamInfoRequest(key=key))
     if not info.exists:
-        return JSONResponse(NO_BUFFER)
+        if owns is not None and await owns():
+            return JSONResponse(NO_BUFFER)
+        raise NotFound(f"no stream {key}")
     if info.owner != reader:
         raise NotFound(f"no stream {key}")
     return EventSourceResponse(

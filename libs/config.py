@@ -34,6 +34,7 @@ class StreamSettings(BaseModel):
     max_events: int = 100_000  # size cap of one buffer
     idle_timeout_ms: int = 300_000  # an idle subscription of an open buffer ends with an error
     heartbeat_s: float = 15.0  # SSE comment interval at the gateway
+    redis_prefix: str = "agentmesh:"  # namespace of this mesh's keys in a shared Redis
 
 
 class SubagentDefaults(BaseModel):

@@ -17,7 +17,7 @@ import grpc
 
 from agentmesh.v1 import events_pb2, stream_service_pb2
 from libs.clients import Clients
-from libs.errors import MeshError, from_rpc_error
+from libs.errors import Cancelled, MeshError, from_rpc_error
 
 _MAX_BATCH = 256
 
@@ -68,7 +68,11 @@ class EventSink:
                         stream_service_pb2.AppendEventsRequest(key=self.key, events=[e for e, _ in batch])
                     )
                 except grpc.aio.AioRpcError as exc:
-                    self._fail(from_rpc_error(exc), batch)
+                    err = from_rpc_error(exc)
+                    if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                        # Someone closed the buffer under a running writer: the run was cancelled.
+                        err = Cancelled(f"{self.key} was closed: {err.message}")
+                    self._fail(err, batch)
                     return
                 for (event, fut), offset in zip(batch, resp.offsets, strict=True):
                     event.offset = offset

@@ -118,6 +118,9 @@ class TurnRunner:
             await self.clients.stream.CreateStream(
                 ss.CreateStreamRequest(key=spec.stream_key, owner=spec.owner, metadata=spec.stream_metadata)
             )
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from exc
+        try:
             user = await self.clients.trace.AppendMessage(
                 ts.AppendMessageRequest(
                     owner=spec.owner,
@@ -127,7 +130,12 @@ class TurnRunner:
                 )
             )
         except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from exc
+            err = from_rpc_error(exc)
+            await asyncio.shield(self._fail(spec, out, err, None))  # never leave the buffer open
+            raise err from exc
+        except asyncio.CancelledError:
+            await asyncio.shield(self._fail(spec, out, Cancelled("the run was cancelled"), None))
+            raise
         out.user_message = user.message
         try:
             placeholder = await self.clients.trace.AppendMessage(

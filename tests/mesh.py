@@ -7,12 +7,14 @@ import asyncio
 import contextlib
 import json
 import socket
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import redis.asyncio as aioredis
 
 from agentmesh.mock_llm import DEMO_RULES, MockLLM
 from agentmesh.v1 import trace_service_pb2 as ts
@@ -65,6 +67,12 @@ class Mesh:
         if self.clients is not None:
             await self.clients.close()
         await self.mock.stop()
+        if self.settings.stream.backend == "redis":  # leave no keys of this run behind
+            client = aioredis.Redis.from_url(self.settings.redis_url)
+            keys = [k async for k in client.scan_iter(f"{self.settings.stream.redis_prefix}*")]
+            if keys:
+                await client.delete(*keys)
+            await client.aclose()
 
 
 async def start_mesh(
@@ -92,7 +100,9 @@ async def start_mesh(
         "database_url": database_url,
         "addresses": addresses,
         "llm": LLMSettings(base_url=mock.base_url, api_key="test", request_timeout_s=llm_timeout_s),
-        "stream": StreamSettings(backend=stream_backend, heartbeat_s=5),
+        "stream": StreamSettings(
+            backend=stream_backend, heartbeat_s=5, redis_prefix=f"test-{uuid.uuid4().hex}:"
+        ),
         "shutdown_grace_s": 2.0,
         "log_json": False,
     }

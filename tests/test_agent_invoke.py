@@ -183,6 +183,37 @@ async def test_general_invokes_coder_live_and_persisted(mesh: Mesh) -> None:
         assert (await http.get(f"/api/agents/a2a/stream?taskId={task_id}")).status_code == 404
 
 
+async def test_stream_routes_without_a_buffer(mesh: Mesh) -> None:
+    """No buffer: the owner hears `no-buffer`; anyone else, and any unknown id, gets 404 (no probing)."""
+    assert mesh.clients is not None
+    session = (
+        await mesh.clients.trace.CreateSession(ts.CreateSessionRequest(owner=mesh.user, agent="general"))
+    ).session
+    task = (
+        await mesh.clients.trace.CreateA2ATask(
+            ts.CreateA2ATaskRequest(
+                owner=mesh.user, callee_agent="coder", caller_agent="general", caller_session_id=session.id
+            )
+        )
+    ).task
+    other = await mesh.new_user("eve")
+    no_buffer = {"active": False, "reason": "no-buffer"}
+    for path in (f"/api/sessions/{session.id}/stream", f"/api/agents/a2a/stream?taskId={task.id}"):
+        async with mesh.http() as http:
+            resp = await http.get(path)
+            assert (resp.status_code, resp.json()) == (200, no_buffer)
+        async with mesh.http(api_key=other) as http:
+            resp = await http.get(path)
+            assert resp.status_code == 404 and resp.json()["error"]["reason"] == "NOT_FOUND"
+    async with mesh.http() as http:
+        for path in (
+            "/api/sessions/nope/stream",
+            "/api/agents/a2a/stream?taskId=nope",
+            "/api/subagents/999999999/stream",
+        ):
+            assert (await http.get(path)).status_code == 404
+
+
 async def test_a2a_session_visible_in_sidebar_is_listed(mesh: Mesh) -> None:
     events = await chat(mesh, "general", "invoke coder: show me")
     task = (await tasks_of(mesh, events[0]["sessionId"]))[0]

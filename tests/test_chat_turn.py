@@ -142,3 +142,19 @@ async def test_disconnected_turn_goes_on_and_resumes(mesh: Mesh) -> None:
     async with mesh.http() as http:
         messages = (await http.get(f"/api/sessions/{session}/messages")).json()["messages"]
     assert messages[-1]["status"] == "completed" and messages[-1]["content"] == "word " * 60
+
+
+async def test_second_turn_on_a_busy_session_is_refused(mesh: Mesh) -> None:
+    mesh.mock.set_rules({"rules": [], "default": {"text": "slow " * 40, "tokens_per_second": 100}})
+    async with mesh.http() as http:
+        async with http.stream("POST", "/api/chat", json={"agent": "general", "message": "one"}) as resp:
+            stream = sse_events(resp)
+            start = await anext(stream)
+            busy = await http.post(
+                "/api/chat", json={"agent": "general", "message": "two", "sessionId": start["sessionId"]}
+            )
+            assert busy.status_code == 409 and busy.json()["error"]["reason"] == "FAILED_PRECONDITION"
+            rest = [e async for e in stream]
+        assert rest[-1]["type"] == "done", "the running turn is not disturbed"
+        messages = (await http.get(f"/api/sessions/{start['sessionId']}/messages")).json()["messages"]
+        assert [m["content"] for m in messages if m["role"] == "user"] == ["one"]

@@ -17,6 +17,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from agentmesh.v1 import orchestrator_service_pb2 as orc
 from gateway.deps import authenticate, clients, current_user, settings
+from gateway.sse import sse_message
 from libs import events
 from libs.catalog import load_catalog
 from libs.clients import Clients
@@ -69,11 +70,11 @@ async def chat(
             response = first
             while response is not grpc.aio.EOF:
                 for event in response.events:
-                    yield {"id": event.offset, "data": json.dumps(events.to_dict(event))}
+                    yield sse_message(event)
                 response = await call.read()
         except grpc.aio.AioRpcError as exc:
             err = from_rpc_error(exc)
-            yield {"data": json.dumps({"type": "error", "code": err.reason.lower(), "message": err.message})}
+            yield sse_message(events.error(err.reason.lower(), err.message))
         finally:
             call.cancel()  # a client that left stops reading; the turn itself goes on
 

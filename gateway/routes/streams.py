@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import grpc
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
+from agentmesh.v1 import trace_service_pb2 as ts
 from gateway import deps
 from gateway.sse import stream_response
 from libs.clients import Clients
@@ -22,7 +24,11 @@ async def session_stream(
     settings: MeshSettings = Depends(deps.settings),
 ) -> Response:
     """Resumes the live turn of a session (SSE, replay then live)."""
-    return await stream_response(request, clients, settings, f"session:{session_id}", user)
+
+    async def owns() -> bool:
+        return await _found(clients.trace.GetSession(ts.GetSessionRequest(owner=user, session_id=session_id)))
+
+    return await stream_response(request, clients, settings, f"session:{session_id}", user, owns)
 
 
 @router.get("/api/agents/a2a/stream")
@@ -34,7 +40,11 @@ async def a2a_stream(
     settings: MeshSettings = Depends(deps.settings),
 ) -> Response:
     """The callee's live reply of an agent-invoke call, readable by the caller session's owner."""
-    return await stream_response(request, clients, settings, f"a2a:{task_id}", user)
+
+    async def owns() -> bool:
+        return await _found(clients.trace.GetA2ATask(ts.GetA2ATaskRequest(owner=user, task_id=task_id)))
+
+    return await stream_response(request, clients, settings, f"a2a:{task_id}", user, owns)
 
 
 @router.get("/api/subagents/{subagent_id}/stream")
@@ -45,5 +55,16 @@ async def subagent_stream(
     clients: Clients = Depends(deps.clients),
     settings: MeshSettings = Depends(deps.settings),
 ) -> Response:
-    """The live text of one subagent card."""
+    """The live text of one subagent card (404 until the subagent has started)."""
     return await stream_response(request, clients, settings, f"subagent:{subagent_id}", user)
+
+
+async def _found(call: grpc.aio.UnaryUnaryCall) -> bool:  # type: ignore[type-arg]
+    """True when the owner-checked lookup finds the row (NOT_FOUND covers somebody else's)."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            return False
+        raise
+    return True

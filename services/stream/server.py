@@ -21,7 +21,7 @@ def make_backend(settings: MeshSettings) -> StreamBackend:
     if kind == "memory":
         return MemoryBackend(settings.stream)
     if kind == "redis":
-        return RedisBackend(settings.redis_url, settings.stream)
+        return RedisBackend(settings.redis_url, settings.stream, prefix=settings.stream.redis_prefix)
     raise ValueError(f"unknown stream backend {kind!r}: expected memory or redis")
 
 
