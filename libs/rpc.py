@@ -98,37 +98,43 @@ class ServiceServer:
         await self.stop()
 
 
-class _DefaultDeadline(
-    grpc.aio.UnaryUnaryClientInterceptor,
-    grpc.aio.UnaryStreamClientInterceptor,
-    grpc.aio.StreamUnaryClientInterceptor,
-):
-    """Gives every outgoing RPC a deadline unless the caller set one."""
+class _Deadline:
+    """Sets `timeout` on a call that has none."""
 
-    def __init__(self, unary_s: float, stream_s: float) -> None:
-        self.unary_s = unary_s
-        self.stream_s = stream_s
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
 
-    @staticmethod
-    def _with(details: grpc.aio.ClientCallDetails, timeout: float) -> grpc.aio.ClientCallDetails:
+    def _with(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
         if details.timeout is not None:
             return details
         return grpc.aio.ClientCallDetails(
             method=details.method,
-            timeout=timeout,
+            timeout=self.timeout_s,
             metadata=details.metadata,
             credentials=details.credentials,
             wait_for_ready=details.wait_for_ready,
         )
 
+
+# grpc.aio files an interceptor under the first kind it is an instance of, so one class per kind.
+class _UnaryUnaryDeadline(_Deadline, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
-        return await continuation(self._with(client_call_details, self.unary_s), request)
+        return await continuation(self._with(client_call_details), request)
 
+
+class _UnaryStreamDeadline(_Deadline, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
-        return await continuation(self._with(client_call_details, self.stream_s), request)
+        return await continuation(self._with(client_call_details), request)
 
+
+class _StreamUnaryDeadline(_Deadline, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
-        return await continuation(self._with(client_call_details, self.unary_s), request_iterator)
+        return await continuation(self._with(client_call_details), request_iterator)
+
+
+class _StreamStreamDeadline(_Deadline, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+        return await continuation(self._with(client_call_details), request_iterator)
 
 
 def channel(target: str, unary_timeout_s: float = 10.0, stream_timeout_s: float = 3600.0) -> grpc.aio.Channel:
@@ -136,7 +142,12 @@ def channel(target: str, unary_timeout_s: float = 10.0, stream_timeout_s: float 
     return grpc.aio.insecure_channel(
         target,
         options=_CHANNEL_OPTIONS,
-        interceptors=[_DefaultDeadline(unary_timeout_s, stream_timeout_s)],
+        interceptors=[
+            _UnaryUnaryDeadline(unary_timeout_s),
+            _UnaryStreamDeadline(stream_timeout_s),
+            _StreamUnaryDeadline(unary_timeout_s),
+            _StreamStreamDeadline(stream_timeout_s),
+        ],
     )
 
 

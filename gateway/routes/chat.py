@@ -116,6 +116,7 @@ async def ws(socket: WebSocket) -> None:
     try:
         user = await authenticate(socket.app.state, header or (f"Bearer {token}" if token else None))
     except MeshError as err:
+        await socket.accept()  # then close with a reason the client can read (a refused handshake has none)
         await socket.close(code=4401, reason=err.message)
         return
     await socket.accept()
