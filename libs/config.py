@@ -31,6 +31,7 @@ class StreamSettings(BaseModel):
 
     backend: str = "memory"  # memory | redis
     ttl_s: float = 3600.0  # closed buffers expire after this long
+    open_ttl_s: float = 3600.0  # an open buffer with no append, create or close for this long is abandoned
     max_events: int = 100_000  # size cap of one buffer
     idle_timeout_ms: int = 300_000  # an idle subscription of an open buffer ends with an error
     heartbeat_s: float = 15.0  # SSE comment interval at the gateway

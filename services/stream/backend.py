@@ -4,6 +4,8 @@ A buffer is an append-only list of `Event`s under a key (`session:<id>`, `a2a:<t
 `subagent:<id>`), with an owner, free metadata and a closed flag. Every appended event gets an offset,
 strictly increasing per key and never reused. Closing appends the terminal event (`done` or `error`).
 Subscribers replay everything after an offset, then follow live until the terminal event.
+A closed buffer expires `ttl_s` after its close; an open one `open_ttl_s` after its last create or append
+(its writer is gone: the buffer is abandoned, and CreateStream may replace it).
 """
 
 from __future__ import annotations
@@ -121,11 +123,11 @@ class StreamBackend(abc.ABC):
 
     @abc.abstractmethod
     async def create(self, key: str, owner: str, metadata: dict[str, str] | None = None) -> None:
-        """Creates the buffer, or replaces a closed one; FailedPrecondition while one is open."""
+        """Creates the buffer, or replaces a closed or abandoned one; FailedPrecondition while one is open."""
 
     @abc.abstractmethod
     async def append(self, key: str, batch: Sequence[ev.Event]) -> list[str]:
-        """Appends to an open buffer, returns one offset per event.
+        """Appends to an open buffer (refreshing its `open_ttl_s` deadline), returns one offset per event.
 
         NotFound (no buffer), FailedPrecondition (closed), ResourceExhausted (over max_events).
         """

@@ -3,7 +3,8 @@
 Offsets come from one process-wide counter seeded from the wall clock (so a restarted process does not
 hand out offsets a browser already saw), formatted as 20 zero-padded digits: string order = number order.
 Subscribers read the shared buffer by index and wait on a per-buffer wake-up event, so a lagging
-subscriber costs an integer, never a queue.
+subscriber costs an integer, never a queue. Every buffer has an expiry deadline: `open_ttl_s` after its
+last create or append while open, `ttl_s` after its close.
 """
 
 from __future__ import annotations
@@ -45,10 +46,10 @@ def parse_offset(offset: str) -> int:
 class _Buffer:
     owner: str
     metadata: dict[str, str]
+    expires_at: float  # monotonic time: open_ttl_s after the last create/append, ttl_s after close
     events: list[ev.Event] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
     closed: bool = False
-    expires_at: float | None = None  # monotonic time; set at close
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
     def push(self, event: ev.Event) -> str:
@@ -59,6 +60,9 @@ class _Buffer:
         self.events.append(stored)
         self.offsets.append(n)
         return stored.offset
+
+    def expire_in(self, seconds: float) -> None:
+        self.expires_at = time.monotonic() + seconds
 
     def notify(self) -> None:
         wakeup, self.wakeup = self.wakeup, asyncio.Event()
@@ -82,7 +86,7 @@ class _MemoryCursor(Cursor):
 
 
 class MemoryBackend(StreamBackend):
-    """Buffers in a dict; closed ones expire lazily on access and by a periodic sweep."""
+    """Buffers in a dict; expired ones (closed, or open and abandoned) go lazily on access and by a sweep."""
 
     def __init__(self, settings: StreamSettings | None = None) -> None:
         super().__init__(settings)
@@ -103,31 +107,35 @@ class MemoryBackend(StreamBackend):
 
     def _get(self, key: str) -> _Buffer | None:
         buf = self._buffers.get(key)
-        if buf is not None and buf.expires_at is not None and buf.expires_at <= time.monotonic():
+        if buf is not None and buf.expires_at <= time.monotonic():
             del self._buffers[key]
             return None
         return buf
 
     def sweep(self) -> int:
-        """Drops expired closed buffers; returns how many."""
+        """Drops expired buffers (closed, or open and abandoned); returns how many."""
         now = time.monotonic()
-        gone = [k for k, b in self._buffers.items() if b.expires_at is not None and b.expires_at <= now]
+        gone = [k for k, b in self._buffers.items() if b.expires_at <= now]
         for key in gone:
             del self._buffers[key]
         return len(gone)
 
     async def _sweep_forever(self) -> None:
-        interval = min(max(self.settings.ttl_s / 2, 0.05), 30.0)
+        interval = min(max(min(self.settings.ttl_s, self.settings.open_ttl_s) / 2, 0.05), 30.0)
         while True:
             await asyncio.sleep(interval)
             self.sweep()
 
     async def create(self, key: str, owner: str, metadata: dict[str, str] | None = None) -> None:
         validate_key(key)
-        old = self._get(key)
+        old = self._get(key)  # an abandoned open buffer has expired: None
         if old is not None and not old.closed:
             raise FailedPrecondition(f"a run is already streaming to {key}")
-        self._buffers[key] = _Buffer(owner=owner, metadata=dict(metadata or {}))
+        self._buffers[key] = _Buffer(
+            owner=owner,
+            metadata=dict(metadata or {}),
+            expires_at=time.monotonic() + self.settings.open_ttl_s,
+        )
 
     def _open(self, key: str) -> _Buffer:
         buf = self._get(validate_key(key))
@@ -139,6 +147,7 @@ class MemoryBackend(StreamBackend):
 
     async def append(self, key: str, batch: Sequence[ev.Event]) -> list[str]:
         buf = self._open(key)
+        buf.expire_in(self.settings.open_ttl_s)  # its writer is alive
         if len(buf.events) + len(batch) > self.settings.max_events:
             raise ResourceExhausted(
                 f"stream {key} is full: {len(buf.events)} events, appending {len(batch)} would pass "
@@ -157,7 +166,7 @@ class MemoryBackend(StreamBackend):
             return buf.events[-1].offset, False
         offset = buf.push(terminal)
         buf.closed = True
-        buf.expires_at = time.monotonic() + self.settings.ttl_s
+        buf.expire_in(self.settings.ttl_s)
         buf.notify()
         return offset, True
 

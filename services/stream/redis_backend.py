@@ -4,7 +4,9 @@ Per buffer two keys: `<prefix>stream:<key>` (a Redis Stream; field `e` = the ser
 entry id IS the offset) and `<prefix>meta:<key>` (a hash: owner, metadata as JSON, closed, close_offset).
 Create, append and close are Lua scripts, so the checks and the writes are atomic across replicas.
 Replacing a closed buffer trims its stream to zero entries instead of deleting it: Redis keeps the last
-id, so new offsets stay above every old one. Closing sets the TTL on both keys.
+id, so new offsets stay above every old one. Both keys always carry a TTL: create and every append set
+it to `open_ttl_s` (an open buffer nobody writes to expires: it was abandoned, and CreateStream may then
+replace it), closing sets it to `ttl_s`.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ if closed == '0' then return 'open' end
 redis.call('DEL', KEYS[1])
 if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('XTRIM', KEYS[2], 'MAXLEN', 0)
-  redis.call('PERSIST', KEYS[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'metadata', ARGV[2], 'closed', '0')
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 'ok'
 """
 
@@ -42,9 +45,13 @@ local closed = redis.call('HGET', KEYS[1], 'closed')
 if not closed then return {'missing'} end
 if closed == '1' then return {'closed'} end
 local n = redis.call('XLEN', KEYS[2])
-if n + #ARGV - 1 > tonumber(ARGV[1]) then return {'full', tostring(n)} end
-local out = {'ok'}
-for i = 2, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i]) end
+local out = {'full', tostring(n)}
+if n + #ARGV - 2 <= tonumber(ARGV[1]) then
+  out = {'ok'}
+  for i = 3, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i]) end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return out
 """
 
@@ -135,25 +142,25 @@ class RedisBackend(StreamBackend):
     def _keys(self, key: str) -> list[str]:
         return [f"{self.prefix}meta:{key}", f"{self.prefix}stream:{key}"]
 
+    def _open_ttl_ms(self) -> int:
+        return max(1, int(self.settings.open_ttl_s * 1000))
+
     async def aclose(self) -> None:
         await super().aclose()
         await self.client.aclose()
 
     async def create(self, key: str, owner: str, metadata: dict[str, str] | None = None) -> None:
         result = await self._create(
-            keys=self._keys(validate_key(key)), args=[owner, json.dumps(metadata or {})]
+            keys=self._keys(validate_key(key)), args=[owner, json.dumps(metadata or {}), self._open_ttl_ms()]
         )
         if _s(result) == "open":
             raise FailedPrecondition(f"a run is already streaming to {key}")
 
     async def append(self, key: str, batch: Sequence[ev.Event]) -> list[str]:
         keys = self._keys(validate_key(key))
-        if not batch:
-            if (await self.info(key)).exists:
-                return []
-            raise NotFound(f"no stream buffer {key}")
         payloads = [e.SerializeToString() for e in batch]
-        reply = [_s(x) for x in await self._append(keys=keys, args=[self.settings.max_events, *payloads])]
+        args = [self.settings.max_events, self._open_ttl_ms(), *payloads]
+        reply = [_s(x) for x in await self._append(keys=keys, args=args)]
         status = reply[0]
         if status == "missing":
             raise NotFound(f"no stream buffer {key}")

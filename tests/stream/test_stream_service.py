@@ -13,6 +13,7 @@ from agentmesh.v1 import stream_service_pb2 as pb
 from libs import events
 from services.stream.backend import BATCH, coalesce, validate_key
 from services.stream.memory import MemoryBackend
+from services.stream.redis_backend import RedisBackend
 from tests.stream.conftest import StreamFactory, StreamHarness, eventually
 
 
@@ -233,6 +234,70 @@ async def test_open_buffer_does_not_expire(stream_factory: StreamFactory, unique
     events_ = await asyncio.wait_for(sub, 5)  # waits out several TTLs
     assert [events.kind(e) for e in events_] == ["error"]
     assert (await h.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))).exists
+
+
+async def test_abandoned_open_buffer_expires_and_is_replaced(
+    stream_factory: StreamFactory, unique: str
+) -> None:
+    h = await stream_factory(open_ttl_s=0.3)
+    key = f"session:{unique}"
+    await create(h, key)
+    old = await append(h, key, deltas("a", "b"))  # ...and its writer dies without closing
+    follower = asyncio.create_task(collect(h, key, idle_timeout_ms=300))
+
+    async def gone() -> bool:  # waiting out the TTL is what this test is about
+        if isinstance(h.backend, MemoryBackend):  # removed by the sweep, not only hidden on access
+            return h.backend.stats().buffers == 0
+        assert isinstance(h.backend, RedisBackend)
+        return await h.backend.client.exists(*h.backend._keys(key)) == 0
+
+    await eventually(gone, 2, "abandoned buffer expiry")
+    assert not (await h.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))).exists
+
+    await create(h, key, owner="bob")  # the next turn is not refused
+    new = await append(h, key, deltas("c"))
+    assert as_int(new[0]) > as_int(old[-1])  # offsets never reused across the replacement
+    info = await h.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))
+    assert (info.exists, info.closed, info.length, info.owner) == (True, False, 1, "bob")
+
+    followed = await asyncio.wait_for(follower, 5)  # the follower of the abandoned buffer did not hang
+    assert followed[0].text_delta.text_delta == "ab"
+    assert followed[-1].error.code == "idle_timeout"
+
+
+async def test_open_buffer_kept_alive_by_appends(stream_factory: StreamFactory, unique: str) -> None:
+    ttl_s = 0.3
+    h = await stream_factory(open_ttl_s=ttl_s)
+    key = f"session:{unique}"
+    redis = h.backend.client if isinstance(h.backend, RedisBackend) else None
+    keys = h.backend._keys(key) if isinstance(h.backend, RedisBackend) else []
+    started = time.monotonic()
+    await create(h, key)
+    if redis is not None:
+        assert 0 < await redis.pttl(keys[0]) <= ttl_s * 1000  # an open buffer carries the open TTL
+    appended = 0
+    while time.monotonic() - started < 2 * ttl_s:  # appends well within the TTL, for two TTLs
+        await asyncio.sleep(ttl_s / 4)
+        before = [await redis.pttl(k) for k in keys] if redis is not None else []
+        await append(h, key, deltas(str(appended)))
+        appended += 1
+        if redis is not None:
+            after = [await redis.pttl(k) for k in keys]
+            assert all(0 < a <= ttl_s * 1000 for a in after)
+            assert after[0] > before[0]  # the append refreshed the expiry
+            if before[1] > 0:  # the stream key exists from the first append on
+                assert after[1] > before[1]
+
+    with pytest.raises(grpc.aio.AioRpcError) as busy:
+        await create(h, key)
+    assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    info = await h.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))
+    assert (info.exists, info.closed, info.length) == (True, False, appended)
+
+    closed = await close(h, key)  # closing hands the buffer to the closed TTL
+    assert closed.closed
+    if redis is not None:
+        assert all(ms > ttl_s * 1000 for ms in [await redis.pttl(k) for k in keys])
 
 
 async def test_idle_timeout_ends_with_error(stream: StreamHarness, unique: str) -> None:
