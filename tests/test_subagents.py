@@ -13,6 +13,7 @@ import pytest
 import websockets
 from sqlalchemy import text
 
+from agentmesh.v1 import events_pb2 as ev_pb
 from agentmesh.v1 import trace_pb2 as tp
 from agentmesh.v1 import trace_service_pb2 as ts
 from libs.catalog import load_catalog
@@ -129,7 +130,16 @@ async def test_parallel_batch_respects_max_concurrent(mesh: Mesh) -> None:
     assert all(v == ["queued", "running", "completed"] for v in per.values()), per
     final = "".join(e["textDelta"] for e in events if e["type"] == "text-delta")
     assert all(f"code for part {i}" in final for i in range(5))
-    # Each card's live text is on subagent:<id> (replayed here after the fact).
+    # A row is readable by its owner only; each card's live text is on subagent:<id>.
+    assert mesh.clients is not None
+    some_id = next(iter(status))
+    row = await mesh.clients.trace.GetSubagentSession(
+        ts.GetSubagentSessionRequest(owner=mesh.user, subagent_id=some_id)
+    )
+    assert row.subagent.status == ev_pb.SUBAGENT_STATUS_COMPLETED and row.subagent.parent_message_id == anchor
+    stranger = await mesh.new_user(f"stranger-{some_id}")
+    async with mesh.http(api_key=stranger) as http:
+        assert (await http.get(f"/api/subagents/{some_id}/stream")).status_code == 404
     done_items = {e["subagent"]["id"]: e["subagent"] for e in subs if e["type"] == "subagent-update"}
     async with mesh.http() as http:
         for sub_id, item in done_items.items():

@@ -49,14 +49,19 @@ async def a2a_stream(
 
 @router.get("/api/subagents/{subagent_id}/stream")
 async def subagent_stream(
-    subagent_id: str,
+    subagent_id: int,
     request: Request,
     user: str = Depends(deps.current_user),
     clients: Clients = Depends(deps.clients),
     settings: MeshSettings = Depends(deps.settings),
 ) -> Response:
-    """The live text of one subagent card (404 until the subagent has started)."""
-    return await stream_response(request, clients, settings, f"subagent:{subagent_id}", user)
+    """The live text of one subagent card (`no-buffer` while it is still queued)."""
+
+    async def owns() -> bool:
+        request_ = ts.GetSubagentSessionRequest(owner=user, subagent_id=subagent_id)
+        return await _found(clients.trace.GetSubagentSession(request_))
+
+    return await stream_response(request, clients, settings, f"subagent:{subagent_id}", user, owns)
 
 
 async def _found(call: grpc.aio.UnaryUnaryCall) -> bool:  # type: ignore[type-arg]

@@ -142,6 +142,14 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
         return ts.UpdateSubagentSessionResponse(subagent=subagent)
 
     @grpc_errors
+    async def GetSubagentSession(
+        self, request: ts.GetSubagentSessionRequest, context: Ctx
+    ) -> ts.GetSubagentSessionResponse:
+        return ts.GetSubagentSessionResponse(
+            subagent=await self.store.get_subagent(request.owner, request.subagent_id)
+        )
+
+    @grpc_errors
     async def ListSubagentSessions(
         self, request: ts.ListSubagentSessionsRequest, context: Ctx
     ) -> ts.ListSubagentSessionsResponse:

@@ -849,6 +849,19 @@ class TraceStore:
             row.updated_at = now
             return _subagent_pb(row)
 
+    async def get_subagent(self, owner: str, subagent_id: int) -> trace_pb2.SubagentSession:
+        """One row of a session the owner owns (NotFound otherwise)."""
+        _need_owner(owner)
+        async with self._read() as db:
+            row = await db.scalar(
+                select(SubagentRow)
+                .join(SessionRow, SessionRow.id == SubagentRow.session_id)
+                .where(SubagentRow.id == subagent_id, self._owned(owner))
+            )
+            if row is None:
+                raise NotFound("subagent session not found")
+            return _subagent_pb(row)
+
     async def list_subagents(
         self, owner: str, session_id: str, parent_message_id: int = 0
     ) -> list[trace_pb2.SubagentSession]:

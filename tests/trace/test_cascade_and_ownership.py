@@ -210,6 +210,9 @@ async def test_other_owner_gets_not_found_on_every_rpc(trace_stub, trace_engine,
                     update_mask=status_mask,
                 )
             ),
+            "GetSubagentSession": lambda: trace_stub.GetSubagentSession(
+                ts.GetSubagentSessionRequest(owner=owner, subagent_id=k)
+            ),
             "ListSubagentSessions": lambda: trace_stub.ListSubagentSessions(
                 ts.ListSubagentSessionsRequest(owner=owner, session_id=s)
             ),
