@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import uuid
 from collections.abc import AsyncIterator
@@ -215,3 +216,18 @@ async def mesh_on(request: Any, tmp: Path, **kwargs: Any) -> Mesh:
             redis_url=request.getfixturevalue("redis_url"),
         )
     return await start_mesh(tmp, **kwargs)
+
+
+def process_env(data_dir: Path, **extra: str) -> dict[str, str]:
+    """Environment for mesh processes (`agentmesh up` / `serve`) on free loopback ports."""
+    env = dict(os.environ)
+    env.update(
+        AGENTMESH_DATA_DIR=str(data_dir),
+        AGENTMESH_ADDRESSES__TRACE=f"127.0.0.1:{free_port()}",
+        AGENTMESH_ADDRESSES__STREAM=f"127.0.0.1:{free_port()}",
+        AGENTMESH_ADDRESSES__AGENT_RUNTIME=f"127.0.0.1:{free_port()}",
+        AGENTMESH_ADDRESSES__ORCHESTRATOR=f"127.0.0.1:{free_port()}",
+        AGENTMESH_GATEWAY_PORT=str(free_port()),
+        **extra,
+    )
+    return env

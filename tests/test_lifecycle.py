@@ -15,7 +15,7 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.mesh import Mesh, free_port, sse_events, start_mesh
+from tests.mesh import Mesh, free_port, process_env, sse_events, start_mesh
 
 SERVICES = {
     "trace": "agentmesh.v1.TraceService",
@@ -79,17 +79,7 @@ async def test_graceful_shutdown_with_a_stream_in_flight(mesh: Mesh) -> None:
 
 
 def _env(tmp: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        AGENTMESH_DATA_DIR=str(tmp),
-        AGENTMESH_ADDRESSES__TRACE=f"127.0.0.1:{free_port()}",
-        AGENTMESH_ADDRESSES__STREAM=f"127.0.0.1:{free_port()}",
-        AGENTMESH_ADDRESSES__AGENT_RUNTIME=f"127.0.0.1:{free_port()}",
-        AGENTMESH_ADDRESSES__ORCHESTRATOR=f"127.0.0.1:{free_port()}",
-        AGENTMESH_GATEWAY_PORT=str(free_port()),
-        AGENTMESH_SHUTDOWN_GRACE_S="2",
-    )
-    return env
+    return process_env(tmp, AGENTMESH_SHUTDOWN_GRACE_S="2")
 
 
 async def test_serve_drains_and_exits_on_sigterm(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 from openai import AsyncOpenAI
 
-from tests.mesh import free_port
+from tests.mesh import free_port, process_env
 
 RESULTS = Path(__file__).parent / "results" / "latest.json"
 RULES = {"ttft_ms": 0, "tokens_per_second": 0, "rules": [], "default": {"tokens": 2000}}
@@ -96,20 +96,14 @@ def machine() -> dict[str, Any]:
 
 def start_mesh() -> tuple[subprocess.Popen[str], dict[str, int], str]:
     """`agentmesh up` on free loopback ports with a fresh SQLite file; returns (process, ports, key)."""
-    ports = {name: free_port() for name in ("trace", "stream", "runtime", "orchestrator", "gateway", "mock")}
     data = Path(".agentmesh/bench")
     data.mkdir(parents=True, exist_ok=True)
     (data / "agentmesh.db").unlink(missing_ok=True)
-    env = dict(os.environ)
-    env.update(
-        AGENTMESH_DATA_DIR=str(data),
-        AGENTMESH_ADDRESSES__TRACE=f"127.0.0.1:{ports['trace']}",
-        AGENTMESH_ADDRESSES__STREAM=f"127.0.0.1:{ports['stream']}",
-        AGENTMESH_ADDRESSES__AGENT_RUNTIME=f"127.0.0.1:{ports['runtime']}",
-        AGENTMESH_ADDRESSES__ORCHESTRATOR=f"127.0.0.1:{ports['orchestrator']}",
-        AGENTMESH_GATEWAY_PORT=str(ports["gateway"]),
-        AGENTMESH_LOG_LEVEL="WARNING",
-    )
+    env = process_env(data, AGENTMESH_LOG_LEVEL="WARNING")
+    ports = {
+        "gateway": int(env["AGENTMESH_GATEWAY_PORT"]),
+        "mock": free_port(),
+    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentmesh.cli", "up", "--mock-port", str(ports["mock"])],
         env=env,
