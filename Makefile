@@ -9,6 +9,7 @@ BIN := $(VENV)/bin
 BUF := node_modules/.bin/buf
 PROTOS := $(wildcard protos/agentmesh/v1/*.proto)
 GEN_STAMP := agentmesh/v1/.stamp
+CHROMIUM := /usr/bin/chromium
 
 .PHONY: help
 help: ## Show the targets
@@ -31,6 +32,9 @@ $(GEN_STAMP): $(PROTOS) $(VENV)/.installed
 	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
 	touch $@
 
+$(CHROMIUM):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+
 .PHONY: setup
 setup: $(VENV)/.installed $(GEN_STAMP) ## Create the venv, install dependencies, generate code
 
@@ -47,7 +51,7 @@ run: setup ## Start the whole mesh on loopback with the demo agents
 	$(BIN)/agentmesh up
 
 .PHONY: test
-test: setup ## Run every test
+test: setup $(CHROMIUM) ## Run every test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 .PHONY: lint

@@ -11,7 +11,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from gateway.routes import chat, sessions, streams
+from gateway.metrics import Metrics, MetricsMiddleware, metrics_endpoint
+from gateway.routes import chat, sessions, streams, ui
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import MeshError, from_rpc_error
@@ -37,6 +38,8 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     app = FastAPI(title="agentmesh gateway", lifespan=lifespan)
     app.state.settings = settings
     app.state.auth_cache = {}
+    app.state.metrics = Metrics()
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     if clients is not None:
         app.state.clients = clients
 
@@ -66,7 +69,9 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
+    app.add_route("/metrics", metrics_endpoint, methods=["GET"], include_in_schema=False)
     app.include_router(chat.router)
     app.include_router(sessions.router)
     app.include_router(streams.router)
+    app.include_router(ui.router)
     return app

@@ -169,3 +169,19 @@ async def test_agentmesh_up_streams_a_reply_and_stops_everything(tmp_path: Path)
         if proc.returncode is None:
             os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
+
+
+async def test_metrics_count_requests_by_route(mesh: Mesh) -> None:
+    async with mesh.http() as http:
+        await http.get("/api/sessions")
+        await http.get("/api/sessions/nope")
+        async with http.stream("POST", "/api/chat", json={"agent": "general", "message": "hi"}) as resp:
+            [e async for e in sse_events(resp)]
+        body = (await http.get("/metrics")).text
+    assert 'agentmesh_http_requests_total{method="GET",route="/api/sessions",status="200"} 1.0' in body
+    assert (
+        'agentmesh_http_requests_total{method="GET",route="/api/sessions/{session_id}",status="404"} 1.0'
+        in body
+    )
+    assert 'agentmesh_http_requests_total{method="POST",route="/api/chat",status="200"} 1.0' in body
+    assert "agentmesh_http_open_streams 0.0" in body  # the finished SSE response was counted down

@@ -26,6 +26,8 @@ ROUTES = [
 
 def route(index: int, ident: str) -> tuple[str, str, dict[str, str]]:
     key, path, params = ROUTES[index]
+    if key.startswith("subagent:"):
+        ident = str(int(ident, 16))  # subagent ids are integers (subagent_sessions rows)
     return key.format(ident), path.format(ident), {k: v.format(ident) for k, v in params.items()}
 
 

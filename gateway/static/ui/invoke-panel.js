@@ -1,0 +1,133 @@
+// The agent-invoke side panel (seed 1): read-only, opened by an `agent-invoke` tool call, titled with
+// the callee; after `a2a-task-started` it follows GET /api/agents/a2a/stream?taskId=... and shows the
+// callee's reply as it streams, then "done" or "error". Several calls in a turn: the latest is shown,
+// the others are a click away in the tab row.
+
+import { api } from "./api.js";
+import { h, preview } from "./dom.js";
+import { follow, resumeHeaders } from "./sse.js";
+
+const LABELS = { waiting: "waiting…", streaming: "streaming…", done: "done", error: "error" };
+
+export class InvokePanel {
+  constructor(root) {
+    this.root = root;
+    this.title = root.querySelector("#invoke-title");
+    this.status = root.querySelector("#invoke-status");
+    this.tabs = root.querySelector("#invoke-tabs");
+    this.body = root.querySelector("#invoke-body");
+    root.querySelector("#invoke-close").addEventListener("click", () => this.hide());
+    this.calls = [];
+    this.shown = null;
+  }
+
+  /** Forgets every call and stops following their streams (another session was opened). */
+  reset() {
+    for (const call of this.calls) call.abort.abort();
+    this.calls = [];
+    this.shown = null;
+    this.hide();
+  }
+
+  hide() {
+    this.root.hidden = true;
+    document.body.classList.remove("panel-open");
+  }
+
+  show(call) {
+    this.shown = call;
+    this.root.hidden = false;
+    document.body.classList.add("panel-open");
+    this.render();
+  }
+
+  /** tool-input-available with toolName agent-invoke. */
+  toolInput(ev) {
+    this.show(this.add(ev.toolCallId, ev.input?.agentSlug || "agent"));
+  }
+
+  /** a2a-task-started: the callee's name and the task whose stream to follow. */
+  taskStarted(ev) {
+    const call =
+      this.calls.find((c) => c.toolCallId === ev.toolCallId && !c.taskId) ??
+      this.add(ev.toolCallId, ev.calleeAgentSlug);
+    call.taskId = ev.taskId;
+    call.name = ev.calleeAgentName || ev.calleeAgentSlug || call.name;
+    call.status = "streaming";
+    this.show(call);
+    this.subscribe(call);
+  }
+
+  /** tool-output-available: settles the calls that have no live stream to tell their end. */
+  toolOutput(ev) {
+    for (const call of this.calls.filter((c) => c.toolCallId === ev.toolCallId && !c.live)) {
+      if (call.status === "done" || call.status === "error") continue;
+      call.status = ev.ok && ev.output?.ok !== false ? "done" : "error";
+      if (!call.text) call.text = outputText(ev.output);
+      this.render();
+    }
+  }
+
+  add(toolCallId, slug) {
+    const call = { toolCallId, name: slug, taskId: "", text: "", status: "waiting", error: "", live: false };
+    call.abort = new AbortController();
+    this.calls.push(call);
+    return call;
+  }
+
+  async subscribe(call) {
+    const url = `/api/agents/a2a/stream?taskId=${encodeURIComponent(call.taskId)}`;
+    call.live = true;
+    try {
+      const result = await follow(
+        (lastId) => api(url, { headers: resumeHeaders(lastId), signal: call.abort.signal }),
+        (ev) => this.onEvent(call, ev),
+      );
+      if (!result.ended) call.live = false; // no buffer (or lost): the tool output will settle it
+    } catch (err) {
+      if (err.name === "AbortError") return;
+      call.live = false;
+      call.error = err.message;
+    }
+    this.render();
+  }
+
+  onEvent(call, ev) {
+    if (ev.type === "text-delta") call.text += ev.textDelta;
+    else if (ev.type === "done") call.status = "done";
+    else if (ev.type === "error") {
+      call.status = "error";
+      call.error = ev.message || ev.code;
+    } else return;
+    if (call === this.shown) this.render();
+  }
+
+  render() {
+    const call = this.shown;
+    if (!call) return;
+    this.title.textContent = call.name;
+    this.status.textContent = LABELS[call.status];
+    this.status.dataset.status = call.status;
+    const text = call.text
+      ? h("div", { class: "panel-text" }, call.text)
+      : h("div", { class: "panel-wait" }, call.status === "done" ? "(no reply)" : "Waiting for the reply…");
+    const error = call.error && h("div", { class: "panel-error", role: "alert" }, call.error);
+    this.body.replaceChildren(text, error || "");
+    this.body.scrollTop = this.body.scrollHeight;
+    this.tabs.hidden = this.calls.length < 2;
+    this.tabs.replaceChildren(
+      ...this.calls.map((c, i) =>
+        h(
+          "button",
+          { type: "button", class: c === call ? "tab active" : "tab", onclick: () => this.show(c) },
+          `${i + 1}. ${c.name}`,
+        ),
+      ),
+    );
+  }
+}
+
+function outputText(output) {
+  if (typeof output === "string") return output;
+  return output?.output ?? output?.error ?? preview(output ?? "", 500);
+}

@@ -1,0 +1,159 @@
+// Subagent batch cards (seed 3): one card per delegate batch, inline in the assistant message whose
+// id is the batch's parentMessageId. Live events and restored metadata.subagents build the same card.
+
+import { api } from "./api.js";
+import { h } from "./dom.js";
+import { follow, resumeHeaders } from "./sse.js";
+
+const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+
+export class BatchCard {
+  constructor({ toolCallId = "", title = "Subagents", total = 0 }) {
+    this.toolCallId = toolCallId;
+    this.total = total;
+    this.items = new Map(); // subagent id -> SubagentRow
+    this.summary = null; // set by done()
+    this.state = h("span", { class: "badge", dataset: { status: "running" } }, "running");
+    this.counts = h("span", { class: "batch-summary" });
+    this.list = h("ol", { class: "batch-items" });
+    this.el = h(
+      "section",
+      { class: "batch", dataset: { toolCallId } },
+      h(
+        "header",
+        { class: "batch-head" },
+        h("span", { class: "batch-icon", "aria-hidden": "true" }),
+        h("span", { class: "batch-title" }, title),
+        this.counts,
+        this.state,
+      ),
+      this.list,
+    );
+    this.refresh();
+  }
+
+  /** A card from one entry of an assistant message's metadata.subagents. */
+  static restore(batch) {
+    const items = batch.items ?? [];
+    const card = new BatchCard({ ...batch, total: batch.summary?.total ?? items.length });
+    for (const item of items) card.update(item);
+    if (batch.summary && !batch.summary.running) card.done(batch.summary);
+    return card;
+  }
+
+  get finished() {
+    return this.summary !== null;
+  }
+
+  has(id) {
+    return this.items.has(id);
+  }
+
+  /** subagent-update: the item as it is now. */
+  update(item) {
+    let row = this.items.get(item.id);
+    if (!row) {
+      row = new SubagentRow(item);
+      this.items.set(item.id, row);
+      const after = [...this.items.values()].find((r) => r !== row && r.sortOrder > row.sortOrder);
+      this.list.insertBefore(row.el, after ? after.el : null);
+    }
+    row.set(item);
+    this.refresh();
+  }
+
+  /** subagent-done: the final counts. */
+  done(summary) {
+    this.summary = summary;
+    this.state.textContent = "done";
+    this.state.dataset.status = "done";
+    this.refresh();
+  }
+
+  refresh() {
+    const s = this.summary ?? this.liveCounts();
+    const parts = [`${s.completed}/${s.total} completed`];
+    if (this.finished || s.failed) parts.push(`${s.failed} failed`);
+    if (!this.finished) parts.push(`${s.running} running`);
+    this.counts.textContent = parts.join(" · ");
+  }
+
+  liveCounts() {
+    const statuses = [...this.items.values()].map((r) => r.status);
+    const completed = statuses.filter((s) => s === "completed").length;
+    const failed = statuses.filter((s) => s === "failed" || s === "cancelled").length;
+    const total = Math.max(this.total, statuses.length);
+    return { total, completed, failed, running: total - completed - failed };
+  }
+}
+
+/** One subagent: name, status, goal, summary or error; a click shows its live text. */
+class SubagentRow {
+  constructor(item) {
+    this.id = item.id;
+    this.sortOrder = item.sortOrder ?? 0;
+    this.status = "";
+    this.name = h("span", { class: "sub-name" });
+    this.badge = h("span", { class: "badge" });
+    this.goal = h("div", { class: "sub-goal" });
+    this.result = h("div", { class: "sub-result" });
+    this.live = h("pre", { class: "sub-live", hidden: true });
+    this.el = h(
+      "li",
+      { class: "sub", dataset: { subagentId: item.id } },
+      h(
+        "button",
+        { type: "button", class: "sub-head", title: "Show live output", onclick: () => this.toggle() },
+        h("span", { class: "dot", "aria-hidden": "true" }),
+        this.name,
+        this.badge,
+      ),
+      this.goal,
+      this.result,
+      this.live,
+    );
+  }
+
+  set(item) {
+    this.status = item.status;
+    this.sortOrder = item.sortOrder ?? this.sortOrder;
+    this.el.dataset.status = item.status;
+    this.name.textContent = item.name || `subagent ${item.id}`;
+    this.badge.textContent = item.status;
+    this.badge.dataset.status = item.status;
+    this.goal.textContent = item.goal || "";
+    const text = item.error || item.summary || "";
+    this.result.textContent = text;
+    this.result.hidden = !text;
+    this.result.classList.toggle("error", Boolean(item.error));
+  }
+
+  /** Shows (and follows, while it runs) the text of GET /api/subagents/{id}/stream. */
+  async toggle() {
+    this.live.hidden = !this.live.hidden;
+    if (this.live.hidden || this.loading) return;
+    this.loading = true;
+    this.live.textContent = "";
+    this.live.dataset.state = "loading";
+    try {
+      const url = `/api/subagents/${encodeURIComponent(this.id)}/stream`;
+      const result = await follow(
+        (lastId) => api(url, { headers: resumeHeaders(lastId) }),
+        (ev) => {
+          if (ev.type === "text-delta") this.live.textContent += ev.textDelta;
+          else if (ev.type === "error") this.live.textContent += `\n[${ev.code}] ${ev.message}`;
+        },
+      );
+      if (!result.ended && !this.live.textContent) {
+        this.live.textContent = TERMINAL.has(this.status)
+          ? "(the live output has expired)"
+          : "(not started yet)";
+      }
+    } catch (err) {
+      this.live.textContent = `(${err.message})`;
+    } finally {
+      this.loading = false;
+      this.live.dataset.state = "loaded";
+    }
+  }
+}

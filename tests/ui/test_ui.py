@@ -1,0 +1,237 @@
+"""The web UI in a real browser against a whole mesh: sign-in, streaming chat and the sidebar, the
+agent-invoke side panel, inline subagent batch cards (live and restored), resume after reload, cancel,
+and the 401 message of a wrong key."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.async_api import Locator, Page, expect
+
+from tests.mesh import Mesh, start_mesh
+
+CATALOG = Path(__file__).parent.parent / "catalogs" / "mesh.yaml"
+T = 15_000  # ms: the longest any page condition may take
+STORY = " ".join(f"word{i}" for i in range(40))
+CODE = "def add(a, b):\n    return a + b  # for {user}"
+RULES: dict[str, Any] = {
+    "rules": [
+        {
+            "system": r"\[general\]",
+            "user": r"invoke (?P<slug>[\w-]+): (?P<rest>.*)",
+            "after_tool": False,
+            "tool_calls": [{"name": "agent-invoke", "arguments": {"agentSlug": "{slug}", "input": "{rest}"}}],
+        },
+        {
+            "system": r"\[general\]",
+            "user": "fan out",
+            "after_tool": False,
+            "tool_calls": [
+                {
+                    "name": "delegate_parallel",
+                    "arguments": {"tasks": [{"goal": f"part {i}", "agentSlug": "coder"} for i in range(3)]},
+                }
+            ],
+        },
+        {"system": r"\[general\]", "after_tool": True, "text": "All done."},
+        {"system": r"\[general\]", "user": "tell a slow story", "text": STORY, "tokens_per_second": 20},
+        {"system": r"\[general\]", "user": "hang", "fault": "stall"},
+        {"system": r"\[coder\]", "text": CODE},
+    ],
+    "default": {"text": "Hello from the mesh! You said: {user}"},
+}
+
+
+@pytest.fixture(scope="module")
+async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
+    m = await start_mesh(tmp_path_factory.mktemp("ui"), rules=RULES, catalog=CATALOG)
+    yield m
+    await m.stop()
+
+
+async def sign_in(page: Page, mesh: Mesh, key: str | None = None) -> None:
+    await page.goto(f"{mesh.url}/")
+    await page.fill("#api-key", mesh.api_key if key is None else key)
+    await page.click("#signin-form button[type=submit]")
+
+
+async def send(page: Page, text: str, agent: str = "general") -> Locator:
+    """Sends a message; returns the locator of the newest assistant message."""
+    await page.select_option("#agent", agent)
+    await page.fill("#input", text)
+    await page.press("#input", "Enter")
+    return page.locator(".msg.assistant").last
+
+
+async def sessions(mesh: Mesh) -> list[dict[str, Any]]:
+    async with mesh.http() as http:
+        resp = await http.get("/api/sessions")
+    assert resp.status_code == 200, resp.text
+    return list(resp.json()["sessions"])
+
+
+async def test_sign_in_chat_streams_and_sidebar_lists_it(page: Page, mesh: Mesh) -> None:
+    await sign_in(page, mesh)
+    await expect(page.locator("#app")).to_be_visible()
+    assert await page.evaluate("localStorage.getItem('agentmesh.apiKey')") == mesh.api_key
+    reply = await send(page, "hi there")
+    await expect(page.locator(".msg.user .content").last).to_have_text("hi there")
+    await expect(reply.locator(".content")).to_have_text("Hello from the mesh! You said: hi there", timeout=T)
+    await expect(reply.locator(".msg-foot")).to_contain_text("mock-gpt")
+    await expect(page.locator(".msg.streaming")).to_have_count(0)
+
+    newest = (await sessions(mesh))[0]
+    assert newest["title"] == "hi there"
+    item = page.locator(f'#sessions [data-session-id="{newest["id"]}"]')
+    await expect(item.locator(".session-title")).to_have_text("hi there", timeout=T)
+    await expect(item).to_have_class("session active")
+    assert page.url.endswith(f"#/s/{newest['id']}")
+    assert await reply.get_attribute("data-message-id") is not None
+
+    # Deleting it from the sidebar deletes it on the server and empties the chat.
+    await item.locator(".session-delete").click()
+    await expect(item).to_have_count(0, timeout=T)
+    assert newest["id"] not in [s["id"] for s in await sessions(mesh)]
+    await expect(page.locator("#chat-title")).to_have_text("New chat")
+
+
+async def test_agent_invoke_opens_the_side_panel_with_the_callee_reply(page: Page, mesh: Mesh) -> None:
+    await sign_in(page, mesh)
+    reply = await send(page, "invoke coder: write add")
+    panel = page.locator("#invoke-panel")
+    await expect(panel).to_be_visible(timeout=T)
+    await expect(page.locator("#invoke-title")).to_have_text("Coding Assistant", timeout=T)
+    await expect(page.locator("#invoke-status")).to_have_text("done", timeout=T)
+    await expect(page.locator("#invoke-body .panel-text")).to_have_text(CODE.format(user="write add"))
+    await expect(panel.locator("input, textarea, [contenteditable]")).to_have_count(0)  # read-only
+    tool = reply.locator('.tool[data-tool="agent-invoke"]')
+    await expect(tool.locator(".badge")).to_have_text("ok", timeout=T)
+    await expect(reply.locator(".content")).to_have_text("All done.", timeout=T)
+    await page.click("#invoke-close")
+    await expect(panel).to_be_hidden()
+
+
+async def card_rows(card: Locator) -> list[list[str]]:
+    rows = card.locator(".sub")
+    return [
+        [
+            await row.locator(".sub-name").inner_text(),
+            await row.locator(".badge").inner_text(),
+            await row.locator(".sub-goal").inner_text(),
+            await row.locator(".sub-result").inner_text(),
+        ]
+        for row in await rows.all()
+    ]
+
+
+async def test_subagent_batch_card_inline_live_and_restored(page: Page, mesh: Mesh, tmp_path: Path) -> None:
+    await sign_in(page, mesh)
+    reply = await send(page, "fan out")
+    card = reply.locator(".batch")
+    await expect(card.locator(".batch-summary")).to_have_text("3/3 completed · 0 failed", timeout=T)
+    await expect(card.locator(".batch-head .badge")).to_have_text("done")
+    await expect(card.locator(".sub .badge")).to_have_text(["completed"] * 3)
+    await expect(card.locator(".sub-goal")).to_have_text(["part 0", "part 1", "part 2"])
+    await expect(card.locator(".sub-result")).to_have_text([CODE.format(user=f"part {i}") for i in range(3)])
+    await expect(reply.locator(".content")).to_have_text("All done.", timeout=T)
+    await expect(page.locator(".msg.streaming")).to_have_count(0)
+    await expect(page.locator(".batch")).to_have_count(1)  # inline in its message, nowhere else
+
+    # The card hangs on the assistant message whose id is the batch's anchor, above tools and content.
+    session_id = (await sessions(mesh))[0]["id"]
+    async with mesh.http() as http:
+        saved = (await http.get(f"/api/sessions/{session_id}/messages")).json()["messages"]
+    anchor = saved[-1]["metadata"]["subagents"][0]["parentMessageId"]
+    assert await reply.get_attribute("data-message-id") == str(anchor)
+    order = await reply.evaluate(
+        "m => [...m.querySelector('.msg-body').children].filter(c => c.offsetHeight).map(c => c.className)"
+    )
+    assert order[:3] == ["batches", "tools", "content"], order
+
+    # Clicking an item shows its subagent's text from GET /api/subagents/{id}/stream.
+    await card.locator(".sub-head").first.click()
+    await expect(card.locator(".sub-live").first).to_have_text(CODE.format(user="part 0"), timeout=T)
+    live = await card_rows(card)
+    title = await card.locator(".batch-title").inner_text()
+    assert title == "3 parallel subtasks"
+    shots = Path(os.environ.get("UI_SCREENSHOTS", tmp_path))
+    await page.screenshot(path=str(shots / "ui-subagents.png"))
+
+    await page.reload()
+    await page.locator(f'#sessions [data-session-id="{session_id}"] .session-open').click()
+    restored = page.locator(f'.msg.assistant[data-message-id="{anchor}"]')
+    await expect(restored.locator(".batch .batch-summary")).to_have_text(
+        "3/3 completed · 0 failed", timeout=T
+    )
+    assert await card_rows(restored.locator(".batch")) == live
+    await expect(restored.locator(".batch-head .badge")).to_have_text("done")
+    await expect(restored.locator(".batch-title")).to_have_text(
+        await card.locator(".batch-title").inner_text()
+    )
+    await expect(restored.locator('.tool[data-tool="delegate_parallel"] .badge')).to_have_text("ok")
+
+
+async def test_reload_during_a_turn_resumes_it(page: Page, mesh: Mesh) -> None:
+    await sign_in(page, mesh)
+    reply = await send(page, "tell a slow story")
+    await expect(reply.locator(".content")).to_contain_text("word0", timeout=T)
+    session_id = page.url.split("#/s/")[1]
+    # The session is in the URL hash: the reloaded page reopens it and follows the running turn.
+    async with page.expect_request(f"**/api/sessions/{session_id}/stream"):
+        await page.reload()
+    resumed = page.locator(".msg.assistant").last
+    await expect(resumed.locator(".content")).to_have_text(STORY, timeout=T)
+    await expect(page.locator(".msg.assistant")).to_have_count(1)
+    await expect(page.locator(".msg.streaming")).to_have_count(0)
+
+
+# Runs in the page: the UI's own follow() over fake responses; the first is cut anywhere (even inside
+# "\r\n", mid JSON) with multi-line data and a comment, and ends without a terminal event.
+SSE_PROBE = r"""async () => {
+  const { follow } = await import("/ui/sse.js");
+  const body = (chunks) => new Response(new ReadableStream({
+    start(c) { for (const x of chunks) c.enqueue(new TextEncoder().encode(x)); c.close(); },
+  }), { headers: { "content-type": "text/event-stream" } });
+  const first = [
+    'id: 1\r', '\ndata: {"type":"text-delta",\r', '\ndata: "textDelta":"a"}\r\n\r\n: ping\r\n\r',
+    '\nid: 2\r\ndata: {"type":"text-del', 'ta","textDelta":"b"}\r\n\r\n',
+  ];
+  const second = ['id: 3\ndata: {"type":"done"}\n\n', 'data: {"type":"text-delta","textDelta":"x"}\n\n'];
+  const asked = [], seen = [];
+  const open = (lastId) => { asked.push(lastId); return body(asked.length === 1 ? first : second); };
+  const out = await follow(open, (ev) => seen.push(ev.textDelta ?? ev.type));
+  return { asked, seen, ended: out.ended };
+}"""
+
+
+async def test_sse_reader_splits_chunks_and_resumes_after_the_last_id(page: Page, mesh: Mesh) -> None:
+    """The page's SSE reader rebuilds split messages, stops at the terminal event, and reopens a dropped
+    stream with the last event id."""
+    await page.goto(f"{mesh.url}/")
+    result = await page.evaluate(SSE_PROBE)
+    assert result == {"asked": ["", "2"], "seen": ["a", "b", "done"], "ended": True}
+
+
+async def test_cancel_stops_the_turn(page: Page, mesh: Mesh) -> None:
+    await sign_in(page, mesh)
+    reply = await send(page, "hang")
+    await expect(page.locator("#cancel")).to_be_visible()
+    await page.click("#cancel")
+    await expect(reply.locator(".msg-error")).to_contain_text("cancel", timeout=T)
+    await expect(page.locator("#cancel")).to_be_hidden()
+    await expect(page.locator("#send")).to_be_enabled()
+
+
+async def test_wrong_api_key_shows_the_401_message(page: Page, mesh: Mesh) -> None:
+    async with mesh.http(api_key="am_wrong") as http:
+        resp = await http.get("/api/agents")
+    assert resp.status_code == 401
+    message = resp.json()["error"]["message"]
+    await sign_in(page, mesh, key="am_wrong")
+    await expect(page.locator("#signin-error")).to_have_text(message, timeout=T)
+    await expect(page.locator("#app")).to_be_hidden()
+    assert await page.evaluate("localStorage.getItem('agentmesh.apiKey')") is None
