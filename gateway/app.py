@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 
 from gateway.metrics import Metrics, MetricsMiddleware, metrics_endpoint
 from gateway.routes import chat, sessions, streams, ui
+from libs.catalog import load_catalog
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import MeshError, from_rpc_error
@@ -37,6 +38,7 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
 
     app = FastAPI(title="agentmesh gateway", lifespan=lifespan)
     app.state.settings = settings
+    app.state.catalog = load_catalog(settings.catalog)
     app.state.auth_cache = {}
     app.state.metrics = Metrics()
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)

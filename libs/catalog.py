@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from libs.config import SubagentDefaults
 from libs.errors import InvalidArgument, NotFound
 
 
@@ -78,3 +81,41 @@ def load_catalog(path: Path | str) -> Catalog:
     if len(slugs) != len(set(slugs)):
         raise InvalidArgument(f"bad agent catalog {path}: duplicate slugs")
     return catalog
+
+
+@dataclass
+class EffectiveSubagentConfig:
+    enabled: bool
+    max_concurrent: int
+    allowed_preset_agent_ids: list[str] | None
+    allowed_tool_names: list[str] | None
+    blocked_tool_names: list[str]
+    timeout_ms: int
+
+
+SYSTEM_FALLBACK = SubagentConfig(
+    enabled=False, max_concurrent=1, allowed_preset_agent_ids=None, allowed_tool_names=None, timeout_ms=60_000
+)
+
+
+def subagent_config(agent: Agent, defaults: SubagentDefaults | None) -> EffectiveSubagentConfig:
+    """Agent override > global default (mesh config) > system fallback (seed 3 section 6.1)."""
+    own = agent.subagent_config
+    glob = defaults
+
+    def pick(name: str) -> Any:
+        value = getattr(own, name)
+        if value is not None:
+            return value
+        if glob is not None and hasattr(glob, name):
+            return getattr(glob, name)
+        return getattr(SYSTEM_FALLBACK, name)
+
+    return EffectiveSubagentConfig(
+        enabled=bool(pick("enabled")),
+        max_concurrent=max(1, int(pick("max_concurrent"))),
+        allowed_preset_agent_ids=own.allowed_preset_agent_ids,
+        allowed_tool_names=own.allowed_tool_names,
+        blocked_tool_names=list(glob.blocked_tool_names if glob else SubagentDefaults().blocked_tool_names),
+        timeout_ms=int(pick("timeout_ms")),
+    )

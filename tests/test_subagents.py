@@ -16,10 +16,10 @@ from sqlalchemy import text
 from agentmesh.v1 import events_pb2 as ev_pb
 from agentmesh.v1 import trace_pb2 as tp
 from agentmesh.v1 import trace_service_pb2 as ts
-from libs.catalog import load_catalog
+from libs.catalog import load_catalog, subagent_config
 from libs.config import SubagentDefaults
 from services.agent_runtime.server import build_registry
-from services.agent_runtime.tools import A2A_CALLEE, ROLES, SUBAGENT, SUPERVISOR, subagent_config
+from services.agent_runtime.tools import A2A_CALLEE, ROLES, SUBAGENT, SUPERVISOR
 from services.trace.db import create_engine
 from tests.mesh import BACKENDS, Mesh, chat, mesh_on, sse_events, system_of, wait_until
 
@@ -395,3 +395,12 @@ async def test_cancel_mid_batch_cancels_every_subagent(mesh: Mesh) -> None:
 
     await wait_until(all_cancelled, 10, "every subagent cancelled")
     await mesh.mock.wait_idle(timeout=10)
+
+
+async def test_agents_route_shows_effective_config(mesh: Mesh) -> None:
+    async with mesh.http() as http:
+        agents = {a["slug"]: a for a in (await http.get("/api/agents")).json()["agents"]}
+    assert agents["general"]["subagents"]["maxConcurrent"] == 2  # the agent's own override
+    assert agents["defaults"]["subagents"]["maxConcurrent"] == 3  # the mesh's global default
+    assert agents["solo"]["subagents"]["enabled"] is False
+    assert agents["general"]["invoke"]["allowedCallees"][:2] == ["coder", "slow"]

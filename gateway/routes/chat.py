@@ -19,7 +19,7 @@ from agentmesh.v1 import orchestrator_service_pb2 as orc
 from gateway.deps import authenticate, clients, current_user, settings
 from gateway.sse import sse_message
 from libs import events
-from libs.catalog import load_catalog
+from libs.catalog import Catalog, subagent_config
 from libs.clients import Clients
 from libs.errors import FailedPrecondition, InvalidArgument, MeshError, from_rpc_error
 
@@ -91,15 +91,29 @@ async def cancel(
 
 @router.get("/api/agents")
 async def agents(request: Request, user: str = Depends(current_user)) -> dict[str, Any]:
-    catalog = request.app.state.catalog if hasattr(request.app.state, "catalog") else None
-    if catalog is None:
-        catalog = request.app.state.catalog = load_catalog(settings(request).catalog)
-    return {
-        "agents": [
-            {"slug": a.slug, "name": a.name, "description": a.description, "model": a.model, "tools": a.tools}
-            for a in catalog.agents
-        ]
-    }
+    """The catalog, with each agent's agent-invoke limits and its effective subagent config."""
+    catalog: Catalog = request.app.state.catalog
+    defaults = settings(request).subagent
+    out = []
+    for a in catalog.agents:
+        sub = subagent_config(a, defaults)
+        out.append(
+            {
+                "slug": a.slug,
+                "name": a.name,
+                "description": a.description,
+                "model": a.model,
+                "tools": a.tools,
+                "invoke": a.invoke.model_dump(by_alias=True),
+                "subagents": {
+                    "enabled": sub.enabled,
+                    "maxConcurrent": sub.max_concurrent,
+                    "allowedPresetAgentIds": sub.allowed_preset_agent_ids,
+                    "allowedToolNames": sub.allowed_tool_names,
+                },
+            }
+        )
+    return {"agents": out}
 
 
 def _ws_error(err: MeshError) -> dict[str, Any]:

@@ -21,11 +21,11 @@ from agentmesh.v1 import events_pb2 as ev
 from agentmesh.v1 import trace_pb2 as tp
 from agentmesh.v1 import trace_service_pb2 as ts
 from libs import events
-from libs.catalog import Agent
+from libs.catalog import Agent, subagent_config
 from libs.errors import MeshError, from_rpc_error
 from libs.subagent_batches import build_batches, item_from_row, summarize
 from libs.turns import TurnRunner, TurnSpec, error_code
-from services.agent_runtime.tools import SUBAGENT, ToolContext, ToolOutcome, ToolSpec, subagent_config
+from services.agent_runtime.tools import SUBAGENT, ToolContext, ToolOutcome, ToolSpec
 
 _TASK_PROPS: dict[str, Any] = {
     "goal": {"type": "string", "description": "What the subagent must achieve."},

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentmesh.v1 import agent_runtime_service_pb2 as rt
-from libs.catalog import Agent, Catalog, SubagentConfig
+from libs.catalog import Agent, Catalog, subagent_config
 from libs.clients import Clients
-from libs.config import MeshSettings, SubagentDefaults
+from libs.config import MeshSettings
 from libs.sink import EventSink
 
 SUPERVISOR = rt.RUN_ROLE_SUPERVISOR
@@ -26,44 +26,6 @@ SUBAGENT = rt.RUN_ROLE_SUBAGENT
 A2A_CALLEE = rt.RUN_ROLE_A2A_CALLEE
 ROLES = (SUPERVISOR, SUBAGENT, A2A_CALLEE)
 DELEGATE_TOOLS = ("delegate_task", "delegate_parallel")
-
-
-@dataclass
-class EffectiveSubagentConfig:
-    enabled: bool
-    max_concurrent: int
-    allowed_preset_agent_ids: list[str] | None
-    allowed_tool_names: list[str] | None
-    blocked_tool_names: list[str]
-    timeout_ms: int
-
-
-SYSTEM_FALLBACK = SubagentConfig(
-    enabled=False, max_concurrent=1, allowed_preset_agent_ids=None, allowed_tool_names=None, timeout_ms=60_000
-)
-
-
-def subagent_config(agent: Agent, defaults: SubagentDefaults | None) -> EffectiveSubagentConfig:
-    """Agent override > global default (mesh config) > system fallback (seed 3 section 6.1)."""
-    own = agent.subagent_config
-    glob = defaults
-
-    def pick(name: str) -> Any:
-        value = getattr(own, name)
-        if value is not None:
-            return value
-        if glob is not None and hasattr(glob, name):
-            return getattr(glob, name)
-        return getattr(SYSTEM_FALLBACK, name)
-
-    return EffectiveSubagentConfig(
-        enabled=bool(pick("enabled")),
-        max_concurrent=max(1, int(pick("max_concurrent"))),
-        allowed_preset_agent_ids=own.allowed_preset_agent_ids,
-        allowed_tool_names=own.allowed_tool_names,
-        blocked_tool_names=list(glob.blocked_tool_names if glob else SubagentDefaults().blocked_tool_names),
-        timeout_ms=int(pick("timeout_ms")),
-    )
 
 
 @dataclass
