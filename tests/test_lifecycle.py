@@ -159,6 +159,22 @@ async def test_agentmesh_up_streams_a_reply_and_stops_everything(tmp_path: Path)
         )
         out, _ = await asyncio.wait_for(chat_proc.communicate(), 30)
         assert chat_proc.returncode == 0 and "fizzbuzz" in out.decode()
+        # `agentmesh keys create` prints a new key once; it works at the gateway.
+        keys = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "agentmesh.cli",
+            "keys",
+            "create",
+            "--user",
+            "bob",
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        bob_key = (await asyncio.wait_for(keys.communicate(), 30))[0].decode().strip()
+        assert keys.returncode == 0 and bob_key.startswith("am_") and bob_key != key
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {bob_key}"}) as http:
+            assert (await http.get("/api/sessions")).json()["sessions"] == []  # alice's session is not bob's
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 30) == 0
         # Every child is gone: the gateway port no longer answers.
