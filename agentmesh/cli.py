@@ -87,15 +87,16 @@ def _up(args: argparse.Namespace) -> int:
         procs.append((name, subprocess.Popen(cmd, env=env, start_new_session=True)))
 
     def stop_all() -> None:
+        """Callers before callees (gateway, orchestrator, runtime, stream, trace, model), each drained
+        within the grace, so in-flight turns can still reach the services they write to."""
         for _, proc in reversed(procs):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + settings.shutdown_grace_s + 5
-        for _, proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.1, deadline - time.monotonic()))
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(settings.shutdown_grace_s + 5)
             if proc.poll() is None:
                 proc.kill()
+                proc.wait()
 
     stop = False
 
