@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 import websockets
 
+from agentmesh.v1 import stream_service_pb2 as ss
 from tests.mesh import BACKENDS, Mesh, chat, mesh_on, sse_events
 
 ECHO = {"rules": [], "default": {"text": "Hello there, you said {user}. Have a nice day."}}
@@ -158,3 +159,18 @@ async def test_second_turn_on_a_busy_session_is_refused(mesh: Mesh) -> None:
         assert rest[-1]["type"] == "done", "the running turn is not disturbed"
         messages = (await http.get(f"/api/sessions/{start['sessionId']}/messages")).json()["messages"]
         assert [m["content"] for m in messages if m["role"] == "user"] == ["one"]
+
+
+async def test_cancel_releases_a_session_whose_turn_died(mesh: Mesh) -> None:
+    """A turn whose process died leaves its buffer open; cancel closes it and the session works again."""
+    mesh.mock.set_rules(ECHO)
+    first = await chat(mesh, "general", "before the crash")
+    session = first[0]["sessionId"]
+    assert mesh.clients is not None
+    await mesh.clients.stream.CreateStream(ss.CreateStreamRequest(key=f"session:{session}", owner=mesh.user))
+    async with mesh.http() as http:
+        busy = await http.post("/api/chat", json={"agent": "general", "message": "x", "sessionId": session})
+        assert busy.status_code == 409
+        assert (await http.post(f"/api/sessions/{session}/cancel")).json() == {"cancelled": True}
+    events = await chat(mesh, "general", "after", session_id=session)
+    assert events[-1]["type"] == "done"
