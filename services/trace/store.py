@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
-from sqlalchemy import ColumnElement, Select, and_, delete, func, or_, select, update
+from sqlalchemy import ColumnElement, Select, and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -233,21 +233,26 @@ def _subagent_pb(row: SubagentRow) -> trace_pb2.SubagentSession:
     )
 
 
-def _main_path(session_id: str, head: int) -> Select[tuple[int]]:
-    """The sequences on the chain from `head` back to the root (a recursive CTE)."""
+def _build_main_path() -> Select[tuple[int]]:
+    """The sequences on the chain from `:head` back to the root of session `:sid` (a recursive CTE).
+    Built once with bind parameters: building the expression costs more than running it."""
     m = MessageRow.__table__
     path = (
         select(m.c.sequence, m.c.parent_sequence)
-        .where(m.c.session_id == session_id, m.c.sequence == head)
+        .where(m.c.session_id == bindparam("sid"), m.c.sequence == bindparam("head"))
         .cte("path", recursive=True)
     )
     step = m.alias("step")
     path = path.union_all(
         select(step.c.sequence, step.c.parent_sequence).where(
-            step.c.session_id == session_id, step.c.sequence == path.c.parent_sequence
+            step.c.session_id == bindparam("sid"), step.c.sequence == path.c.parent_sequence
         )
     )
     return select(path.c.sequence)
+
+
+MAIN_PATH = _build_main_path()
+_PATH_COUNT = select(func.count()).select_from(MAIN_PATH.subquery())
 
 
 class TraceStore:
@@ -324,8 +329,7 @@ class TraceStore:
     async def _path_count(self, db: AsyncSession, row: SessionRow) -> int:
         if not row.head_sequence:
             return 0
-        path = _main_path(row.id, row.head_sequence).subquery()
-        return int(await db.scalar(select(func.count()).select_from(path)) or 0)
+        return int(await db.scalar(_PATH_COUNT, {"sid": row.id, "head": row.head_sequence}) or 0)
 
     # ---- agents -----------------------------------------------------------------------------------
 
@@ -596,25 +600,35 @@ class TraceStore:
         async with self._read() as db:
             session = await self._session(db, owner, session_id)
             head = head_sequence or session.head_sequence
-            if head_sequence and not await self._has_sequence(db, session.id, head_sequence):
-                raise InvalidArgument(f"head_sequence {head_sequence} is not in the session")
             where: list[ColumnElement[bool]] = [
                 MessageRow.session_id == session.id,
                 MessageRow.sequence > since_sequence,
             ]
+            params: dict[str, Any] = {}
             if mode != trace_pb2.LIST_MODE_ALL:
                 if not head:
                     return [], 0, 0
-                where.append(MessageRow.sequence.in_(_main_path(session.id, head)))
-            total = int(await db.scalar(select(func.count()).select_from(MessageRow).where(*where)) or 0)
-            rows = await db.scalars(
-                select(MessageRow)
+                where.append(MessageRow.sequence.in_(MAIN_PATH))
+                params = {"sid": session.id, "head": head}
+            # One query: the page, and the total before limit/offset as a window count.
+            total_col = func.count().over().label("total")
+            result = await db.execute(
+                select(MessageRow, total_col)
                 .where(*where)
                 .order_by(MessageRow.sequence)
                 .offset(offset)
-                .limit(limit or DEFAULT_LIMIT)
+                .limit(limit or DEFAULT_LIMIT),
+                params,
             )
-            return [_message_pb(r) for r in rows], head, total
+            rows = result.all()
+            if rows:
+                total = int(rows[0].total)
+            else:  # an empty page: the total still counts (and an unknown head is an error)
+                if head_sequence and not await self._has_sequence(db, session.id, head_sequence):
+                    raise InvalidArgument(f"head_sequence {head_sequence} is not in the session")
+                count = select(func.count()).select_from(MessageRow).where(*where)
+                total = int(await db.scalar(count, params) or 0)
+            return [_message_pb(r.MessageRow) for r in rows], head, total
 
     async def set_head(self, owner: str, session_id: str, head_sequence: int) -> trace_pb2.Session:
         """Switches the trace to the branch ending at `head_sequence` (an existing message)."""
