@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -84,7 +85,9 @@ def _up(args: argparse.Namespace) -> int:
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
 
     def spawn(name: str, cmd: list[str]) -> None:
-        procs.append((name, subprocess.Popen(cmd, env=env, start_new_session=True)))
+        procs.append(
+            (name, subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent))
+        )
 
     def stop_all() -> None:
         """Callers before callees (gateway, orchestrator, runtime, stream, trace, model), each drained
@@ -147,6 +150,12 @@ def _up(args: argparse.Namespace) -> int:
     finally:
         stop_all()
     return 0
+
+
+def _die_with_parent() -> None:
+    """Linux: a child gets SIGTERM when `agentmesh up` itself dies, even by SIGKILL (no orphans)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _wait_http(url: str, timeout_s: float, procs: list[tuple[str, subprocess.Popen[bytes]]]) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import httpx
+import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -201,3 +202,28 @@ async def test_metrics_count_requests_by_route(mesh: Mesh) -> None:
     )
     assert 'agentmesh_http_requests_total{method="POST",route="/api/chat",status="200"} 1.0' in body
     assert "agentmesh_http_open_streams 0.0" in body  # the finished SSE response was counted down
+
+
+async def test_up_killed_leaves_no_orphans(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agentmesh.cli",
+        "up",
+        "--mock-port",
+        str(free_port()),
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    async with asyncio.timeout(60):
+        while b"development API key" not in await proc.stdout.readline():
+            pass
+    children = psutil.Process(proc.pid).children()
+    assert len(children) == 6
+    proc.kill()  # SIGKILL: `up` cannot clean up, the kernel tells the children
+    await proc.wait()
+    _gone, alive = await asyncio.to_thread(psutil.wait_procs, children, timeout=20)
+    assert not alive, [p.cmdline() for p in alive]
