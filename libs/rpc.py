@@ -43,6 +43,7 @@ class ServiceServer:
     grace_s: float = 10.0
     on_stop: list[Callable[[], Any]] = field(default_factory=list)
     port: int = 0
+    stop_grace_s: float = 0.0  # the grace of the stop under way, for on_stop hooks
 
     def __post_init__(self) -> None:
         self.server = grpc.aio.server(options=_CHANNEL_OPTIONS)
@@ -77,14 +78,14 @@ class ServiceServer:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        grace = grace_s if grace_s is not None else self.grace_s
+        grace = self.stop_grace_s = grace_s if grace_s is not None else self.grace_s
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
         for hook in self.on_stop:
             result = hook()
             if asyncio.iscoroutine(result):
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(result, grace + 1)
+                    await asyncio.wait_for(result, grace + 10)
         log.info("stopped", extra={"address": self.target})
 
     async def serve_until_signal(self) -> None:

@@ -239,7 +239,7 @@ class TurnRunner:
         out.error = err
         code = error_code(err)
         log.info("turn failed", extra={"session": spec.session_id, "code": code, "error": err.message})
-        with contextlib.suppress(grpc.aio.AioRpcError, MeshError, asyncio.TimeoutError):
+        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError, MeshError, asyncio.TimeoutError):
             async with asyncio.timeout(self.grace_s):
                 if out.assistant_message is not None:
                     status = tp.MESSAGE_STATUS_CANCELLED if code == "cancelled" else tp.MESSAGE_STATUS_FAILED

@@ -27,7 +27,7 @@ async def build(
         address=address or settings.addresses.orchestrator,
         grace_s=settings.shutdown_grace_s,
     )
-    server.on_stop.append(lambda: chat.drain(settings.shutdown_grace_s))
+    server.on_stop.append(lambda: chat.drain(server.stop_grace_s))
     server.on_stop.append(clients.close)
     return await server.start()
 
