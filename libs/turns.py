@@ -105,7 +105,7 @@ class TurnRunner:
             a2a_task_id=spec.a2a_task_id,
             caller_agent=spec.caller_agent,
             caller_session_id=spec.caller_session_id,
-            model=spec.model,
+            model=spec.model if role == tp.MESSAGE_ROLE_ASSISTANT else "",
         )
 
     async def run(self, spec: TurnSpec, on_event: OnEvent | None = None) -> TurnOutcome:
