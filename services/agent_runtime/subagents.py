@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from google.protobuf import field_mask_pb2, timestamp_pb2
+from google.protobuf import field_mask_pb2
 
 from agentmesh.v1 import events_pb2 as ev
 from agentmesh.v1 import trace_pb2 as tp
@@ -83,12 +83,6 @@ class _Plan:
     error: str = ""
 
 
-def _now() -> timestamp_pb2.Timestamp:
-    ts_ = timestamp_pb2.Timestamp()
-    ts_.GetCurrentTime()
-    return ts_
-
-
 def _plan(ctx: ToolContext, task: Any) -> _Plan:
     cfg = subagent_config(ctx.agent, ctx.settings.subagent)
     if not isinstance(task, dict):
@@ -144,7 +138,7 @@ class SubagentBatch:
     async def _update(self, i: int, paths: list[str], **values: Any) -> None:
         row = tp.SubagentSession(id=self.rows[i].id)
         for key, value in values.items():
-            if isinstance(value, ev.Usage | timestamp_pb2.Timestamp):
+            if isinstance(value, ev.Usage):
                 getattr(row, key).CopyFrom(value)
             elif key == "result_payload":
                 row.result_payload.CopyFrom(events.struct(value))
@@ -262,18 +256,15 @@ class SubagentBatch:
         if plan.error:
             await self._update(
                 i,
-                ["status", "error", "end_time"],
+                ["status", "error"],
                 status=ev.SUBAGENT_STATUS_FAILED,
                 error=plan.error,
-                end_time=_now(),
             )
             out.update(status="failed", error=plan.error)
             return
         try:
             async with slots:
-                await self._update(
-                    i, ["status", "start_time"], status=ev.SUBAGENT_STATUS_RUNNING, start_time=_now()
-                )
+                await self._update(i, ["status"], status=ev.SUBAGENT_STATUS_RUNNING)
                 await self._execute(i, plan, out)
         except asyncio.CancelledError:
             out.update(status="cancelled", error="cancelled")
@@ -281,10 +272,9 @@ class SubagentBatch:
                 await asyncio.shield(
                     self._update(
                         i,
-                        ["status", "error", "end_time"],
+                        ["status", "error"],
                         status=ev.SUBAGENT_STATUS_CANCELLED,
                         error="cancelled",
-                        end_time=_now(),
                     )
                 )
             raise
@@ -323,13 +313,12 @@ class SubagentBatch:
             r = outcome.result
             await self._update(
                 i,
-                ["status", "summary", "result_payload", "token_usage", "model", "end_time"],
+                ["status", "summary", "result_payload", "token_usage", "model"],
                 status=ev.SUBAGENT_STATUS_COMPLETED,
                 summary=r.content,
                 result_payload={"content": r.content, "finishReason": r.finish_reason},
                 token_usage=r.usage,
                 model=r.model,
-                end_time=_now(),
             )
             out.update(status="completed", summary=r.content)
         else:
@@ -337,9 +326,7 @@ class SubagentBatch:
             code = error_code(err)
             status = ev.SUBAGENT_STATUS_CANCELLED if code == "cancelled" else ev.SUBAGENT_STATUS_FAILED
             message = f"{code}: {err.message}"
-            await self._update(
-                i, ["status", "error", "end_time"], status=status, error=message, end_time=_now()
-            )
+            await self._update(i, ["status", "error"], status=status, error=message)
             out.update(status="failed", error=message)
 
 

@@ -255,6 +255,16 @@ MAIN_PATH = _build_main_path()
 _PATH_COUNT = select(func.count()).select_from(MAIN_PATH.subquery())
 
 
+def _mask(paths: Sequence[str], allowed: set[str] | frozenset[str]) -> set[str]:
+    """The update_mask paths, checked against the fields an update may change."""
+    fields = set(paths)
+    if not fields:
+        raise InvalidArgument("update_mask is required")
+    if unknown := fields - allowed:
+        raise InvalidArgument(f"cannot update {', '.join(sorted(unknown))}")
+    return fields
+
+
 class TraceStore:
     """The trace database. SQLite writes are serialised by a per-process lock; PostgreSQL relies on
     row locks (`SELECT ... FOR UPDATE` on the session row when allocating sequences)."""
@@ -543,11 +553,7 @@ class TraceStore:
     ) -> trace_pb2.Message:
         """Changes the fields named in `paths` (content, thinking, metadata, model, usage, status)."""
         _need_owner(owner)
-        fields = set(paths)
-        if not fields:
-            raise InvalidArgument("update_mask is required")
-        if unknown := fields - MESSAGE_FIELDS:
-            raise InvalidArgument(f"cannot update {', '.join(sorted(unknown))}")
+        fields = _mask(paths, MESSAGE_FIELDS)
         async with self._tx() as db:
             row = await db.scalar(
                 select(MessageRow)
@@ -819,11 +825,7 @@ class TraceStore:
         """Changes the fields in `paths`; status moves queued -> running -> completed | failed |
         cancelled (or queued -> failed | cancelled), anything else is FailedPrecondition."""
         _need_owner(owner)
-        fields = set(paths)
-        if not fields:
-            raise InvalidArgument("update_mask is required")
-        if unknown := fields - SUBAGENT_FIELDS:
-            raise InvalidArgument(f"cannot update {', '.join(sorted(unknown))}")
+        fields = _mask(paths, SUBAGENT_FIELDS)
         async with self._tx() as db:
             row = await db.scalar(
                 select(SubagentRow)
