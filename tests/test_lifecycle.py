@@ -103,33 +103,29 @@ async def test_serve_drains_and_exits_on_sigterm(tmp_path: Path) -> None:
     assert any(line.get("msg") == "serving" and line.get("service") == "trace" for line in lines), logs
 
 
+async def _up(env: dict[str, str]) -> tuple[asyncio.subprocess.Process, str, str]:
+    """`agentmesh up` as a user starts it; returns once it printed its URL and key."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentmesh.cli", "up", "--mock-port", str(free_port()),
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    url = key = ""
+    assert proc.stdout is not None
+    async with asyncio.timeout(60):
+        while not key:
+            line = (await proc.stdout.readline()).decode()
+            assert line, "agentmesh up exited before it was ready"
+            if "agentmesh is up at" in line:
+                url = line.split("at", 1)[1].strip()
+            if "development API key" in line:
+                key = line.rsplit(":", 1)[1].strip()
+    return proc, url, key
+
+
 async def test_agentmesh_up_streams_a_reply_and_stops_everything(tmp_path: Path) -> None:
     env = _env(tmp_path)
-    mock_port = free_port()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "agentmesh.cli",
-        "up",
-        "--mock-port",
-        str(mock_port),
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc, url, key = await _up(env)
     try:
-        key = ""
-        url = ""
-        async with asyncio.timeout(60):
-            assert proc.stdout is not None
-            while not key:
-                line = (await proc.stdout.readline()).decode()
-                assert line, "agentmesh up exited before it was ready"
-                if "agentmesh is up at" in line:
-                    url = line.split("at", 1)[1].strip()
-                if "development API key" in line:
-                    key = line.rsplit(":", 1)[1].strip()
         assert url == f"http://127.0.0.1:{env['AGENTMESH_GATEWAY_PORT']}"
         async with httpx.AsyncClient(
             base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30
@@ -205,22 +201,7 @@ async def test_metrics_count_requests_by_route(mesh: Mesh) -> None:
 
 
 async def test_up_killed_leaves_no_orphans(tmp_path: Path) -> None:
-    env = _env(tmp_path)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "agentmesh.cli",
-        "up",
-        "--mock-port",
-        str(free_port()),
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    assert proc.stdout is not None
-    async with asyncio.timeout(60):
-        while b"development API key" not in await proc.stdout.readline():
-            pass
+    proc, _, _ = await _up(_env(tmp_path))
     children = psutil.Process(proc.pid).children()
     assert len(children) == 6
     proc.kill()  # SIGKILL: `up` cannot clean up, the kernel tells the children
