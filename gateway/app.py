@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from gateway.limits import BodyLimitMiddleware
 from gateway.metrics import Metrics, MetricsMiddleware, metrics_endpoint
 from gateway.routes import chat, sessions, streams, ui
 from libs.catalog import load_catalog
@@ -41,6 +42,7 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     app.state.catalog = load_catalog(settings.catalog)
     app.state.auth_cache = {}
     app.state.metrics = Metrics()
+    app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     if clients is not None:
         app.state.clients = clients

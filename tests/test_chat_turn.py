@@ -174,3 +174,20 @@ async def test_cancel_releases_a_session_whose_turn_died(mesh: Mesh) -> None:
         assert (await http.post(f"/api/sessions/{session}/cancel")).json() == {"cancelled": True}
     events = await chat(mesh, "general", "after", session_id=session)
     assert events[-1]["type"] == "done"
+
+
+async def test_long_trace_sends_the_newest_history(mesh: Mesh, monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.agent_runtime import runner
+
+    monkeypatch.setattr(runner, "HISTORY_LIMIT", 3)
+    mesh.mock.set_rules(ECHO)
+    session = None
+    for text in ("one", "two", "three"):
+        events = await chat(mesh, "general", text, session_id=session)
+        session = events[0]["sessionId"]
+    sent = mesh.mock.requests()[-1]["messages"]
+    assert [(m["role"], m["content"]) for m in sent[1:]] == [
+        ("user", "two"),
+        ("assistant", "Hello there, you said two. Have a nice day."),
+        ("user", "three"),
+    ]

@@ -109,3 +109,17 @@ async def test_run_step_limit(mesh: Mesh) -> None:
     events = await chat(mesh, "general", "loop forever")
     assert events[-2]["type"] == "finish" and events[-2]["finishReason"] == "max-steps"
     assert sum(1 for e in events if e["type"] == "tool-input-available") == 8
+
+
+async def test_request_body_limit(mesh: Mesh) -> None:
+    big = json.dumps({"agent": "general", "message": "x" * (1024 * 1024)})
+    async with mesh.http() as http:
+        r = await http.post("/api/chat", content=big, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["reason"] == "RESOURCE_EXHAUSTED"
+
+        async def chunks():  # no content-length: the limit counts what arrives
+            for _ in range(20):
+                yield b"x" * 65536
+
+        r = await http.post("/api/chat", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413

@@ -84,15 +84,17 @@ class AgentRunner:
     async def history(self, req: rt.RunAgentRequest) -> list[dict[str, Any]]:
         if not req.session_id:
             return []
-        resp = await self.clients.trace.ListMessages(
-            ts.ListMessagesRequest(
-                owner=req.owner,
-                session_id=req.session_id,
-                mode=tp.LIST_MODE_MAIN_PATH,
-                head_sequence=req.history_head_sequence,
-                limit=HISTORY_LIMIT,
-            )
+        request = ts.ListMessagesRequest(
+            owner=req.owner,
+            session_id=req.session_id,
+            mode=tp.LIST_MODE_MAIN_PATH,
+            head_sequence=req.history_head_sequence,
+            limit=HISTORY_LIMIT,
         )
+        resp = await self.clients.trace.ListMessages(request)
+        if resp.total > len(resp.messages):  # a long trace: the model gets its newest messages
+            request.offset = resp.total - HISTORY_LIMIT
+            resp = await self.clients.trace.ListMessages(request)
         return history_to_openai(list(resp.messages))
 
     async def run(self, req: rt.RunAgentRequest, sink: EventSink) -> rt.RunResult:
