@@ -60,19 +60,22 @@ async def test_graceful_shutdown_with_a_stream_in_flight(mesh: Mesh) -> None:
     ):
         got = []
         stream = sse_events(resp)
-        async with asyncio.timeout(15):
+        statuses: list[int] = []
+        async with asyncio.timeout(15), grpc.aio.insecure_channel(orchestrator.target) as ch:
+            watch = health_pb2_grpc.HealthStub(ch).Watch(
+                health_pb2.HealthCheckRequest(service=SERVICES["orchestrator"])
+            )
+            statuses.append((await watch.read()).status)
             async for event in stream:
                 got.append(event)
                 if event["type"] == "text-delta":
                     break
             stopping = asyncio.create_task(orchestrator.stop(grace_s=0.5))
-            # NOT_SERVING as soon as shutdown starts.
-            with pytest.raises((grpc.aio.AioRpcError, AssertionError)):
-                status = await health(orchestrator.target, SERVICES["orchestrator"])
-                assert status == health_pb2.HealthCheckResponse.SERVING
+            statuses.append((await watch.read()).status)  # the next status a watcher sees
             async for event in stream:
                 got.append(event)
             await stopping
+    assert statuses == [health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING]
     # The client saw a clean end or a clear error, never a hang.
     assert got[-1]["type"] in ("done", "error"), got[-1]
     if got[-1]["type"] == "error":
