@@ -14,7 +14,7 @@ from openai import AsyncOpenAI
 from libs.config import LLMSettings
 from libs.errors import MeshError
 
-YIELD_EVERY_S = 0.005
+YIELD_EVERY_S = 0.002
 
 
 class ModelError(MeshError):
