@@ -191,3 +191,19 @@ async def test_long_trace_sends_the_newest_history(mesh: Mesh, monkeypatch: pyte
         ("assistant", "Hello there, you said two. Have a nice day."),
         ("user", "three"),
     ]
+
+
+async def test_another_users_session_is_not_found(mesh: Mesh) -> None:
+    mesh.mock.set_rules(ECHO)
+    mine = (await chat(mesh, "general", "private"))[0]["sessionId"]
+    other = await mesh.new_user("oscar")
+    async with mesh.http(api_key=other) as http:
+        r = await http.post("/api/chat", json={"agent": "general", "message": "hi", "sessionId": mine})
+        assert r.status_code == 404 and r.json()["error"]["reason"] == "NOT_FOUND"
+        r = await http.post(f"/api/sessions/{mine}/cancel")
+        assert r.status_code == 404
+        r = await http.get(f"/api/sessions/{mine}/stream")
+        assert r.status_code == 404
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{mine}/messages")).json()["messages"]
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["private"], "nothing was added"
