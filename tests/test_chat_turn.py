@@ -11,6 +11,8 @@ import pytest
 import websockets
 
 from agentmesh.v1 import stream_service_pb2 as ss
+from agentmesh.v1 import trace_pb2 as tp
+from agentmesh.v1 import trace_service_pb2 as ts
 from tests.mesh import BACKENDS, Mesh, chat, mesh_on, sse_events
 
 ECHO = {"rules": [], "default": {"text": "Hello there, you said {user}. Have a nice day."}}
@@ -168,12 +170,23 @@ async def test_cancel_releases_a_session_whose_turn_died(mesh: Mesh) -> None:
     session = first[0]["sessionId"]
     assert mesh.clients is not None
     await mesh.clients.stream.CreateStream(ss.CreateStreamRequest(key=f"session:{session}", owner=mesh.user))
+    pending = tp.Message(session_id=session, role=tp.MESSAGE_ROLE_ASSISTANT, status=tp.MESSAGE_STATUS_PENDING)
+    orphan = (
+        await mesh.clients.trace.AppendMessage(ts.AppendMessageRequest(owner=mesh.user, message=pending))
+    ).message
     async with mesh.http() as http:
         busy = await http.post("/api/chat", json={"agent": "general", "message": "x", "sessionId": session})
         assert busy.status_code == 409
         assert (await http.post(f"/api/sessions/{session}/cancel")).json() == {"cancelled": True}
     events = await chat(mesh, "general", "after", session_id=session)
     assert events[-1]["type"] == "done"
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{session}/messages", params={"mode": "all"})).json()[
+            "messages"
+        ]
+    assert next(m for m in messages if m["id"] == orphan.id)["status"] == "cancelled", (
+        "no placeholder left pending"
+    )
 
 
 async def test_long_trace_sends_the_newest_history(mesh: Mesh, monkeypatch: pytest.MonkeyPatch) -> None:

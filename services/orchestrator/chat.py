@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf import field_mask_pb2
 
 from agentmesh.v1 import events_pb2 as ev
 from agentmesh.v1 import stream_service_pb2 as ss
@@ -168,7 +169,9 @@ class ChatOrchestrator:
     async def cancel(self, owner: str, session_id: str) -> bool:
         """Cancels the running turn of a session owned by `owner` (NOT_FOUND otherwise)."""
         try:
-            await self.clients.trace.GetSession(ts.GetSessionRequest(owner=owner, session_id=session_id))
+            session = (
+                await self.clients.trace.GetSession(ts.GetSessionRequest(owner=owner, session_id=session_id))
+            ).session
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from exc
         try:
@@ -185,7 +188,35 @@ class ChatOrchestrator:
         local = self.running.get(session_id)
         if local is not None and not local.done():
             local.cancel()
+        elif resp.closed:
+            try:
+                await self._settle_head(owner, session)
+            except grpc.aio.AioRpcError as exc:  # the cancel itself succeeded; the rest is tidying
+                log.warning("could not settle the head of %s: %s", session_id, exc.details())
         return resp.closed
+
+    async def _settle_head(self, owner: str, session: tp.Session) -> None:
+        """A turn that died with its process left its placeholder (the head) pending: mark it cancelled.
+        A live turn on another replica marks it the same way, so the two cannot disagree."""
+        if not session.head_sequence:
+            return
+        head = await self.clients.trace.ListMessages(
+            ts.ListMessagesRequest(
+                owner=owner,
+                session_id=session.id,
+                head_sequence=session.head_sequence,
+                since_sequence=session.head_sequence - 1,
+            )
+        )
+        for message in head.messages:
+            if message.role == tp.MESSAGE_ROLE_ASSISTANT and message.status == tp.MESSAGE_STATUS_PENDING:
+                await self.clients.trace.UpdateMessage(
+                    ts.UpdateMessageRequest(
+                        owner=owner,
+                        message=tp.Message(id=message.id, status=tp.MESSAGE_STATUS_CANCELLED),
+                        update_mask=field_mask_pb2.FieldMask(paths=["status"]),
+                    )
+                )
 
     async def drain(self, grace_s: float) -> None:
         """Shutdown: let running turns finish within the grace, then cancel the rest."""
