@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import time
 
-import grpc
 from fastapi import Request
 
 from agentmesh.v1 import trace_service_pb2 as ts
 from libs.clients import Clients
 from libs.config import MeshSettings
-from libs.errors import Unauthenticated, from_rpc_error
+from libs.errors import Unauthenticated, call
 
 _AUTH_CACHE_S = 30.0
 
@@ -35,12 +34,9 @@ async def authenticate(app_state: object, header: str | None) -> str:
     now = time.monotonic()
     if hit and hit[1] > now:
         return hit[0]
-    try:
-        resp = await app_state.clients.trace.AuthenticateApiKey(  # type: ignore[attr-defined]
-            ts.AuthenticateApiKeyRequest(api_key=key)
-        )
-    except grpc.aio.AioRpcError as exc:
-        raise from_rpc_error(exc) from exc
+    resp = await call(
+        app_state.clients.trace.AuthenticateApiKey(ts.AuthenticateApiKeyRequest(api_key=key))  # type: ignore[attr-defined]
+    )
     if len(cache) > 10_000:
         cache.clear()
     cache[key] = (resp.user, now + _AUTH_CACHE_S)

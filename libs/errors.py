@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
 import grpc
@@ -119,6 +119,17 @@ def from_rpc_error(exc: grpc.RpcError) -> MeshError:
     return cls(message or code.name, reason=reason)
 
 
+T = TypeVar("T")
+
+
+async def call(aw: Awaitable[T]) -> T:
+    """Awaits a gRPC call; a failure comes back as the domain error behind it (MeshError)."""
+    try:
+        return await aw
+    except grpc.aio.AioRpcError as exc:
+        raise from_rpc_error(exc) from exc
+
+
 async def _abort(context: grpc.aio.ServicerContext, err: MeshError) -> None:
     await context.abort_with_status(to_status(err))
 
@@ -127,7 +138,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def grpc_errors(fn: F) -> F:
-    """Servicer method decorator: MeshError -> gRPC status; anything else -> INTERNAL without a trace."""
+    """Servicer method decorator: MeshError (or a downstream AioRpcError) -> its gRPC status; anything
+    else -> INTERNAL without a trace."""
     if inspect.isasyncgenfunction(fn):
 
         @functools.wraps(fn)
@@ -139,6 +151,8 @@ def grpc_errors(fn: F) -> F:
                     yield item
             except MeshError as err:
                 await _abort(context, err)
+            except grpc.aio.AioRpcError as exc:  # a downstream service's error keeps its code
+                await _abort(context, from_rpc_error(exc))
             except grpc.aio.AbortError:
                 raise
             except Exception:
@@ -153,6 +167,8 @@ def grpc_errors(fn: F) -> F:
             return await fn(self, request, context)
         except MeshError as err:
             await _abort(context, err)
+        except grpc.aio.AioRpcError as exc:  # a downstream service's error keeps its code
+            await _abort(context, from_rpc_error(exc))
         except grpc.aio.AbortError:
             raise
         except Exception:
@@ -174,6 +190,7 @@ __all__ = [
     "ResourceExhausted",
     "Unauthenticated",
     "Unavailable",
+    "call",
     "from_rpc_error",
     "grpc_errors",
     "to_status",

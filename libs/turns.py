@@ -25,7 +25,7 @@ from agentmesh.v1 import trace_pb2 as tp
 from agentmesh.v1 import trace_service_pb2 as ts
 from libs import events
 from libs.clients import Clients
-from libs.errors import Cancelled, DeadlineExceeded, Internal, MeshError, from_rpc_error
+from libs.errors import Cancelled, DeadlineExceeded, Internal, MeshError, call, from_rpc_error
 
 log = logging.getLogger(__name__)
 OnEvent = Callable[[ev.Event], Awaitable[None] | None]
@@ -114,12 +114,11 @@ class TurnRunner:
         Errors before the user message is saved (unknown session, a turn already streaming) raise.
         """
         out = TurnOutcome()
-        try:
-            await self.clients.stream.CreateStream(
+        await call(
+            self.clients.stream.CreateStream(
                 ss.CreateStreamRequest(key=spec.stream_key, owner=spec.owner, metadata=spec.stream_metadata)
             )
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from exc
+        )
         try:
             user = await self.clients.trace.AppendMessage(
                 ts.AppendMessageRequest(

@@ -21,7 +21,7 @@ from gateway.sse import sse_message
 from libs import events
 from libs.catalog import Catalog, subagent_config
 from libs.clients import Clients
-from libs.errors import FailedPrecondition, InvalidArgument, MeshError, from_rpc_error
+from libs.errors import FailedPrecondition, InvalidArgument, MeshError, call, from_rpc_error
 
 router = APIRouter()
 log = logging.getLogger(__name__)
@@ -50,12 +50,9 @@ def _execute(c: Clients, user: str, body: ChatRequest) -> grpc.aio.UnaryStreamCa
     )
 
 
-async def _first(call: grpc.aio.UnaryStreamCall) -> Any:
+async def _first(rpc: grpc.aio.UnaryStreamCall) -> Any:
     """The first response, so that an early failure becomes an HTTP error, not a broken stream."""
-    try:
-        return await call.read()
-    except grpc.aio.AioRpcError as exc:
-        raise from_rpc_error(exc) from exc
+    return await call(rpc.read())
 
 
 @router.post("/api/chat")
@@ -166,10 +163,7 @@ async def ws(socket: WebSocket) -> None:
             turn = asyncio.create_task(run_turn(body))
         elif kind == "cancel":
             request = orc.CancelChatRequest(owner=user, session_id=str(data.get("sessionId", "")))
-            try:
-                resp = await c.orchestrator.CancelChat(request)
-            except grpc.aio.AioRpcError as exc:
-                raise from_rpc_error(exc) from exc
+            resp = await call(c.orchestrator.CancelChat(request))
             await send({"type": "cancel-result", "cancelled": resp.cancelled})
         else:
             raise InvalidArgument("type must be chat or cancel")

@@ -13,13 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import grpc
-
 from agentmesh.v1 import events_pb2 as ev
 from agentmesh.v1 import trace_pb2 as tp
 from agentmesh.v1 import trace_service_pb2 as ts
 from libs import events
-from libs.errors import InvalidArgument, MeshError, NotFound, from_rpc_error
+from libs.errors import InvalidArgument, MeshError, NotFound, call
 from libs.turns import TurnRunner, TurnSpec, error_code
 from services.agent_runtime.tools import A2A_CALLEE, ToolContext, ToolOutcome, ToolSpec
 
@@ -86,9 +84,9 @@ class LocalCallee:
             "depth": depth,
             "anchorMessageId": ctx.anchor_message_id,
         }
-        try:
-            task = (
-                await ctx.clients.trace.CreateA2ATask(
+        task = (
+            await call(
+                ctx.clients.trace.CreateA2ATask(
                     ts.CreateA2ATaskRequest(
                         owner=ctx.owner,
                         callee_agent=callee.slug,
@@ -98,9 +96,8 @@ class LocalCallee:
                         continue_session_id=continue_from,
                     )
                 )
-            ).task
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from exc
+            )
+        ).task
         try:
             # Stored in the caller's stream BEFORE the callee starts, so a panel can subscribe at once.
             await ctx.sink.emit(
@@ -155,12 +152,11 @@ class LocalCallee:
 
     @staticmethod
     async def _state(ctx: ToolContext, task_id: str, state: int) -> None:
-        try:
-            await ctx.clients.trace.UpdateA2ATask(
+        await call(
+            ctx.clients.trace.UpdateA2ATask(
                 ts.UpdateA2ATaskRequest(owner=ctx.owner, task_id=task_id, state=state)  # type: ignore[arg-type]
             )
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from exc
+        )
 
 
 def resolve_callee(ctx: ToolContext, slug: str) -> Callee:

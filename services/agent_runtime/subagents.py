@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 from google.protobuf import field_mask_pb2
 
 from agentmesh.v1 import events_pb2 as ev
@@ -22,7 +21,7 @@ from agentmesh.v1 import trace_pb2 as tp
 from agentmesh.v1 import trace_service_pb2 as ts
 from libs import events
 from libs.catalog import Agent, subagent_config
-from libs.errors import MeshError, from_rpc_error
+from libs.errors import MeshError, call
 from libs.subagent_batches import build_batches, item_from_row, summarize
 from libs.turns import TurnRunner, TurnSpec, error_code
 from services.agent_runtime.tools import SUBAGENT, ToolContext, ToolOutcome, ToolSpec
@@ -129,12 +128,6 @@ class SubagentBatch:
         self.rows: list[tp.SubagentSession] = []
         self.outputs: list[dict[str, Any]] = []
 
-    async def _rpc(self, coro: Any) -> Any:
-        try:
-            return await coro
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from exc
-
     async def _update(self, i: int, paths: list[str], **values: Any) -> None:
         row = tp.SubagentSession(id=self.rows[i].id)
         for key, value in values.items():
@@ -144,7 +137,7 @@ class SubagentBatch:
                 row.result_payload.CopyFrom(events.struct(value))
             else:
                 setattr(row, key, value)
-        resp = await self._rpc(
+        resp = await call(
             self.ctx.clients.trace.UpdateSubagentSession(
                 ts.UpdateSubagentSessionRequest(
                     owner=self.ctx.owner, subagent=row, update_mask=field_mask_pb2.FieldMask(paths=paths)
@@ -177,7 +170,7 @@ class SubagentBatch:
             )
         )
         for i, plan in enumerate(self.plans):
-            resp = await self._rpc(
+            resp = await call(
                 ctx.clients.trace.CreateSubagentSession(
                     ts.CreateSubagentSessionRequest(
                         owner=ctx.owner,
@@ -236,7 +229,7 @@ class SubagentBatch:
         ctx = self.ctx
         with contextlib.suppress(MeshError, asyncio.TimeoutError):
             async with asyncio.timeout(5):
-                resp = await self._rpc(
+                resp = await call(
                     ctx.clients.trace.ListSubagentSessions(
                         ts.ListSubagentSessionsRequest(
                             owner=ctx.owner,

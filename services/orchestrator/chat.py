@@ -25,7 +25,7 @@ from libs import events
 from libs.catalog import Catalog
 from libs.clients import Clients
 from libs.config import MeshSettings
-from libs.errors import InvalidArgument, MeshError, from_rpc_error
+from libs.errors import InvalidArgument, MeshError, call, from_rpc_error
 from libs.turns import TurnOutcome, TurnRunner, TurnSpec
 
 log = logging.getLogger(__name__)
@@ -62,23 +62,22 @@ class ChatOrchestrator:
         if len(message) > MAX_MESSAGE_CHARS:
             raise InvalidArgument(f"message is longer than {MAX_MESSAGE_CHARS} characters")
         spec_agent = self.catalog.get(agent)
-        try:
-            if session_id:
-                session = (
-                    await self.clients.trace.GetSession(
-                        ts.GetSessionRequest(owner=owner, session_id=session_id)
-                    )
-                ).session
-                if session.kind != tp.SESSION_KIND_CHAT:
-                    raise InvalidArgument("only chat sessions take chat turns")
-            else:
-                session = (
-                    await self.clients.trace.CreateSession(
+        if session_id:
+            session = (
+                await call(
+                    self.clients.trace.GetSession(ts.GetSessionRequest(owner=owner, session_id=session_id))
+                )
+            ).session
+            if session.kind != tp.SESSION_KIND_CHAT:
+                raise InvalidArgument("only chat sessions take chat turns")
+        else:
+            session = (
+                await call(
+                    self.clients.trace.CreateSession(
                         ts.CreateSessionRequest(owner=owner, agent=agent, title=message.strip()[:80])
                     )
-                ).session
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from exc
+                )
+            ).session
         spec = TurnSpec(
             owner=owner,
             session_id=session.id,
@@ -168,12 +167,11 @@ class ChatOrchestrator:
 
     async def cancel(self, owner: str, session_id: str) -> bool:
         """Cancels the running turn of a session owned by `owner` (NOT_FOUND otherwise)."""
-        try:
-            session = (
-                await self.clients.trace.GetSession(ts.GetSessionRequest(owner=owner, session_id=session_id))
-            ).session
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from exc
+        session = (
+            await call(
+                self.clients.trace.GetSession(ts.GetSessionRequest(owner=owner, session_id=session_id))
+            )
+        ).session
         try:
             resp = await self.clients.stream.CloseStream(
                 ss.CloseStreamRequest(
