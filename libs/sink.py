@@ -3,7 +3,7 @@
 `emit(event)` queues an event and returns at once; a writer task appends queued events to the
 stream service in batches (one AppendEvents RPC for everything that queued up while the previous
 one was in flight), so per-delta work on the hot path is a list append. `committed()` yields the
-stored batches, events carrying their offsets, in order; `await sink.emit(e)` when the caller
+stored batches, events carrying their offsets, in order. `await sink.store(e)` when the caller
 must know the event is durable before going on (a2a-task-started before the callee starts).
 """
 
@@ -20,38 +20,40 @@ from libs.clients import Clients
 from libs.errors import Cancelled, MeshError, from_rpc_error
 
 _MAX_BATCH = 256
-
-
-def _consume(fut: asyncio.Future[str]) -> None:
-    """Marks a failed offset future as seen: most emits are fire-and-forget."""
-    if not fut.cancelled():
-        fut.exception()
+_Entry = tuple[events_pb2.Event, "asyncio.Future[str] | None"]  # a future only where someone waits
 
 
 class EventSink:
     def __init__(self, clients: Clients, key: str) -> None:
         self.clients = clients
         self.key = key
-        self._pending: list[tuple[events_pb2.Event, asyncio.Future[str]]] = []
+        self._pending: list[_Entry] = []
         self._wake = asyncio.Event()
+        self._idle = asyncio.Event()  # nothing queued and nothing in flight
+        self._idle.set()
         self._out: asyncio.Queue[list[events_pb2.Event] | None] = asyncio.Queue()
         self._closed = False
         self._failure: MeshError | None = None
         self._writer = asyncio.create_task(self._write_loop(), name=f"sink:{key}")
 
-    def emit(self, event: events_pb2.Event) -> asyncio.Future[str]:
-        """Queues `event`; the future resolves to its offset once stored."""
+    def emit(self, event: events_pb2.Event) -> None:
+        """Queues `event` (dropped once the sink failed or closed: `failure` tells why)."""
+        self._queue(event, None)
+
+    async def store(self, event: events_pb2.Event) -> str:
+        """Queues `event` and waits until it is stored; returns its offset (or raises the failure)."""
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(_consume)
-        if self._failure is not None:
-            fut.set_exception(self._failure)
-            return fut
-        if self._closed:
-            fut.set_exception(RuntimeError("sink closed"))
-            return fut
+        self._queue(event, fut)
+        return await fut
+
+    def _queue(self, event: events_pb2.Event, fut: asyncio.Future[str] | None) -> None:
+        if self._failure is not None or self._closed:
+            if fut is not None:
+                fut.set_exception(self._failure or RuntimeError("sink closed"))
+            return
         self._pending.append((event, fut))
+        self._idle.clear()
         self._wake.set()
-        return fut
 
     @property
     def failure(self) -> MeshError | None:
@@ -76,25 +78,26 @@ class EventSink:
                     return
                 for (event, fut), offset in zip(batch, resp.offsets, strict=True):
                     event.offset = offset
-                    if not fut.done():
+                    if fut is not None and not fut.done():
                         fut.set_result(offset)
                 self._out.put_nowait([event for event, _ in batch])
+            self._idle.set()
             if self._closed:
                 self._out.put_nowait(None)
                 return
 
-    def _fail(self, err: MeshError, batch: list[tuple[events_pb2.Event, asyncio.Future[str]]]) -> None:
+    def _fail(self, err: MeshError, batch: list[_Entry]) -> None:
         self._failure = err
         for _, fut in batch + self._pending:
-            if not fut.done():
+            if fut is not None and not fut.done():
                 fut.set_exception(err)
         self._pending.clear()
+        self._idle.set()
         self._out.put_nowait(None)
 
     async def flush(self) -> None:
         """Waits until everything emitted so far is stored (raises the append error, if any)."""
-        if self._pending:
-            await self._pending[-1][1]
+        await self._idle.wait()
         if self._failure is not None:
             raise self._failure
 
@@ -110,6 +113,7 @@ class EventSink:
     def cancel(self) -> None:
         self._closed = True
         self._writer.cancel()
+        self._idle.set()
         self._out.put_nowait(None)
 
     async def committed(self) -> AsyncIterator[list[events_pb2.Event]]:

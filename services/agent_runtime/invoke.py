@@ -100,7 +100,7 @@ class LocalCallee:
         ).task
         try:
             # Stored in the caller's stream BEFORE the callee starts, so a panel can subscribe at once.
-            await ctx.sink.emit(
+            await ctx.sink.store(
                 ev.Event(
                     a2a_task_started=ev.A2ATaskStarted(
                         task_id=task.id,
