@@ -2,7 +2,8 @@
 
 Each SSE message carries `id: <offset>`, so a browser resumes with `Last-Event-ID` (or `?lastEventId=`)
 and gets exactly the events after it. A subscription ends after the terminal event (`done` or `error`),
-and at once when the client goes away (the gRPC call is cancelled, so the stream service lets go too).
+and at once when the client goes away (sse-starlette cancels the generator, whose `finally` cancels the
+gRPC call, so the stream service lets go too).
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ async def sse_events(
     key: str,
     from_offset: str,
     reader: str,
-    request: Request | None = None,
     idle_timeout_ms: int = 0,
 ) -> AsyncIterator[dict[str, str]]:
     """Yields SSE items for the events of `key` after `from_offset`, replay then live, up to the terminal one.
@@ -65,8 +65,6 @@ async def sse_events(
         try:
             async for response in call:
                 event = response.event
-                if request is not None and await request.is_disconnected():
-                    return
                 yield sse_message(event)
                 if event.offset:
                     last = event.offset
@@ -108,7 +106,7 @@ async def stream_response(
     if info.owner != reader:
         raise NotFound(f"no stream {key}")
     return EventSourceResponse(
-        sse_events(clients, key, resume_offset(request), reader, request),
+        sse_events(clients, key, resume_offset(request), reader),
         ping=settings.stream.heartbeat_s,
         headers={"X-Stream-Resume": "true"},
     )

@@ -15,7 +15,7 @@ from agentmesh.v1 import events_pb2 as ev
 from agentmesh.v1 import trace_pb2 as tp
 from agentmesh.v1 import trace_service_pb2 as ts
 from libs import events
-from libs.catalog import Catalog
+from libs.catalog import Agent, Catalog
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import DeadlineExceeded, InvalidArgument, MeshError
@@ -105,12 +105,11 @@ class AgentRunner:
         timeout_ms = req.timeout_ms or agent.limits.timeout_ms
         try:
             async with asyncio.timeout(timeout_ms / 1000):
-                return await self._loop(req, agent.slug, role, sink)
+                return await self._loop(req, agent, role, sink)
         except TimeoutError as exc:
             raise DeadlineExceeded(f"agent {agent.slug} did not finish within {timeout_ms} ms") from exc
 
-    async def _loop(self, req: rt.RunAgentRequest, slug: str, role: int, sink: EventSink) -> rt.RunResult:
-        agent = self.catalog.get(slug)
+    async def _loop(self, req: rt.RunAgentRequest, agent: Agent, role: int, sink: EventSink) -> rt.RunResult:
         allow = list(req.tool_names) if req.restrict_tools else None
         tools = self.registry.resolve(agent, role, allow)
         schemas = self.registry.schemas(list(tools))
@@ -159,10 +158,7 @@ class AgentRunner:
                 }
             )
             outcomes = await asyncio.gather(
-                *(
-                    self._call_tool(req, agent.slug, role, call, tools, sink, state)
-                    for call in step.tool_calls
-                )
+                *(self._call_tool(req, agent, role, call, tools, sink, state) for call in step.tool_calls)
             )
             stop = False
             for call, (args, outcome) in zip(step.tool_calls, outcomes, strict=True):
@@ -205,7 +201,7 @@ class AgentRunner:
     async def _call_tool(
         self,
         req: rt.RunAgentRequest,
-        slug: str,
+        agent: Agent,
         role: int,
         call: ToolCall,
         tools: dict[str, Any],
@@ -234,7 +230,7 @@ class AgentRunner:
         else:
             ctx = ToolContext(
                 owner=req.owner,
-                agent=self.catalog.get(slug),
+                agent=agent,
                 role=role,
                 session_id=req.session_id,
                 anchor_message_id=req.anchor_message_id,

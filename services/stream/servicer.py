@@ -10,7 +10,7 @@ from agentmesh.v1 import events_pb2 as ev
 from agentmesh.v1 import stream_service_pb2 as pb
 from agentmesh.v1 import stream_service_pb2_grpc
 from libs.errors import InvalidArgument, grpc_errors
-from services.stream.backend import StreamBackend
+from services.stream.backend import StreamBackend, is_terminal
 
 
 class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
@@ -66,7 +66,7 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
         )
         try:
             async for event in events:
-                if request.terminal_only and event.WhichOneof("payload") not in ("done", "error"):
+                if request.terminal_only and not is_terminal(event):
                     continue
                 yield pb.SubscribeStreamResponse(event=event)
         finally:
