@@ -192,10 +192,10 @@ class TurnRunner:
             max_steps=spec.max_steps,
         )
         deadline = (spec.timeout_ms / 1000 + self.grace_s) if spec.timeout_ms else None
-        call = self.clients.runtime.RunAgent(request, timeout=deadline)
+        rpc = self.clients.runtime.RunAgent(request, timeout=deadline)
         result: rt.RunResult | None = None
         try:
-            async for resp in call:
+            async for resp in rpc:
                 for event in resp.events:
                     await _call(on_event, event)
                 if resp.HasField("result"):
@@ -206,7 +206,7 @@ class TurnRunner:
                 err = DeadlineExceeded(f"agent {spec.agent} did not finish within {spec.timeout_ms} ms")
             raise err from exc
         finally:
-            call.cancel()
+            rpc.cancel()
         if result is None:
             raise Internal(f"agent {spec.agent} ended without a result")
         return result

@@ -59,8 +59,8 @@ async def _first(rpc: grpc.aio.UnaryStreamCall) -> Any:
 async def chat(
     body: ChatRequest, request: Request, user: str = Depends(current_user), c: Clients = Depends(clients)
 ) -> EventSourceResponse:
-    call = _execute(c, user, body)
-    first = await _first(call)
+    rpc = _execute(c, user, body)
+    first = await _first(rpc)
 
     async def stream() -> AsyncIterator[dict[str, str]]:
         try:
@@ -68,12 +68,12 @@ async def chat(
             while response is not grpc.aio.EOF:
                 for event in response.events:
                     yield sse_message(event)
-                response = await call.read()
+                response = await rpc.read()
         except grpc.aio.AioRpcError as exc:
             err = from_rpc_error(exc)
             yield sse_message(events.error(err.reason.lower(), err.message))
         finally:
-            call.cancel()  # a client that left stops reading; the turn itself goes on
+            rpc.cancel()  # a client that left stops reading; the turn itself goes on
 
     return EventSourceResponse(stream(), ping=settings(request).stream.heartbeat_s)
 
@@ -140,15 +140,15 @@ async def ws(socket: WebSocket) -> None:
             await socket.send_json(data)
 
     async def run_turn(body: ChatRequest) -> None:
-        call = _execute(c, user, body)
+        rpc = _execute(c, user, body)
         try:
-            async for response in call:
+            async for response in rpc:
                 for event in response.events:
                     await send(events.to_dict(event, with_offset=True))
         except grpc.aio.AioRpcError as exc:
             await send(_ws_error(from_rpc_error(exc)))
         finally:
-            call.cancel()
+            rpc.cancel()
 
     async def handle(data: Any) -> None:
         nonlocal turn
