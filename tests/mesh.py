@@ -174,15 +174,17 @@ async def chat(
 async def wait_until(predicate: Any, timeout: float = 10.0, what: str = "condition") -> Any:
     """Polls an async or sync predicate until it returns a truthy value, or fails at the deadline.
     For state that has no event to wait on (rows written by another service)."""
-    async with asyncio.timeout(timeout):
-        while True:
-            value = predicate()
-            if asyncio.iscoroutine(value):
-                value = await value
-            if value:
-                return value
-            await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")  # pragma: no cover
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                value = predicate()
+                if asyncio.iscoroutine(value):
+                    value = await value
+                if value:
+                    return value
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}") from None
 
 
 async def wait_request(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,20 +41,6 @@ class StreamHarness:
 
 
 StreamFactory = Callable[..., Awaitable[StreamHarness]]
-
-
-async def eventually(predicate: Callable[[], Any], timeout_s: float = 5.0, what: str = "condition") -> None:
-    """Polls an (a)synchronous predicate until it is true, or fails after the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])

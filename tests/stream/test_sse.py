@@ -13,7 +13,8 @@ from httpx_sse import aconnect_sse
 from agentmesh.v1 import events_pb2 as ev
 from agentmesh.v1 import stream_service_pb2 as pb
 from libs import events
-from tests.stream.conftest import Gateway, StreamFactory, StreamHarness, eventually
+from tests.mesh import wait_until
+from tests.stream.conftest import Gateway, StreamFactory, StreamHarness
 
 GatewayFactory = Callable[[StreamHarness], Awaitable[Gateway]]
 
@@ -81,7 +82,7 @@ async def test_resume_with_last_event_id(gw: Gateway, unique: str) -> None:
             first.append(sse.id)
             if len(first) == 4:
                 break  # the client drops mid-stream
-    await eventually(lambda: gw.stream.backend.subscribers == 0, 5, "the dropped subscription to end")
+    await wait_until(lambda: gw.stream.backend.subscribers == 0, 5, "the dropped subscription to end")
     offsets += await push(gw.stream, key, 5, start=10)
     offsets.append(await finish(gw.stream, key))
 
@@ -101,8 +102,8 @@ async def test_disconnect_ends_server_subscription(gw: Gateway, unique: str) -> 
     await open_buffer(gw.stream, key)
     async with gw.client.stream("GET", path) as resp:
         assert resp.status_code == 200
-        await eventually(lambda: gw.stream.backend.subscribers == 1, 5, "the subscription to start")
-    await eventually(lambda: gw.stream.backend.subscribers == 0, 5, "the subscription to end on disconnect")
+        await wait_until(lambda: gw.stream.backend.subscribers == 1, 5, "the subscription to start")
+    await wait_until(lambda: gw.stream.backend.subscribers == 0, 5, "the subscription to end on disconnect")
 
 
 @pytest.mark.parametrize("which", [0, 1, 2], ids=["session", "a2a", "subagent"])

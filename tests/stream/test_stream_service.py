@@ -14,7 +14,8 @@ from libs import events
 from services.stream.backend import BATCH, coalesce, validate_key
 from services.stream.memory import MemoryBackend
 from services.stream.redis_backend import RedisBackend
-from tests.stream.conftest import StreamFactory, StreamHarness, eventually
+from tests.mesh import wait_until
+from tests.stream.conftest import StreamFactory, StreamHarness
 
 
 def deltas(*texts: str) -> list[ev.Event]:
@@ -219,7 +220,7 @@ async def test_expiry_after_ttl(stream_factory: StreamFactory, unique: str) -> N
             return h.backend.stats().buffers == 0
         return not (await h.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))).exists
 
-    await eventually(gone, 5, "expiry")
+    await wait_until(gone, 5, "expiry")
     assert not (await h.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))).exists
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await collect(h, key)
@@ -251,7 +252,7 @@ async def test_abandoned_open_buffer_expires_and_is_replaced(
         assert isinstance(h.backend, RedisBackend)
         return await h.backend.client.exists(*h.backend._keys(key)) == 0
 
-    await eventually(gone, 2, "abandoned buffer expiry")
+    await wait_until(gone, 2, "abandoned buffer expiry")
     assert not (await h.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))).exists
 
     await create(h, key, owner="bob")  # the next turn is not refused
@@ -357,7 +358,7 @@ async def test_cancelled_subscription_releases(stream: StreamHarness, unique: st
     assert (await call.read()).event.text_delta.text_delta == "a"
     assert stream.backend.subscribers == 1
     call.cancel()
-    await eventually(lambda: stream.backend.subscribers == 0, 5, "subscription released")
+    await wait_until(lambda: stream.backend.subscribers == 0, 5, "subscription released")
 
 
 async def test_stop_ends_subscriptions_promptly(stream_factory: StreamFactory, unique: str) -> None:
