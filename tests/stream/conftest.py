@@ -9,10 +9,9 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from fastapi import Request
 
-import gateway.deps
-from agentmesh.v1 import stream_service_pb2_grpc
+from agentmesh.v1 import stream_service_pb2_grpc, trace_service_pb2_grpc
+from agentmesh.v1 import trace_service_pb2 as ts
 from gateway.app import create_app
 from libs import embedded_http
 from libs.clients import Clients
@@ -22,6 +21,7 @@ from services.stream.backend import StreamBackend
 from services.stream.memory import MemoryBackend
 from services.stream.redis_backend import RedisBackend
 from services.stream.server import build
+from services.trace.server import start_test_server
 
 
 @dataclass
@@ -91,34 +91,51 @@ async def stream(stream_factory: StreamFactory) -> StreamHarness:
 
 @dataclass
 class Gateway:
-    """A real uvicorn serving the gateway app on a loopback port, over a running stream service."""
+    """A real uvicorn serving the gateway app on a loopback port, over a running stream service and a
+    real trace service (for Bearer auth); `client` signs in as alice, `keys` holds alice's and bob's."""
 
     base_url: str
     client: httpx.AsyncClient
     stream: StreamHarness
+    keys: dict[str, str]
+
+
+@pytest.fixture(scope="session")
+async def auth_trace(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[str, dict[str, str]]]:
+    """A trace service (SQLite) with API keys for alice and bob: (its address, keys by user)."""
+    server = await start_test_server("", tmp_path_factory.mktemp("stream-auth"))
+    async with channel(server.target) as ch:
+        stub = trace_service_pb2_grpc.TraceServiceStub(ch)
+        keys = {
+            user: (await stub.CreateApiKey(ts.CreateApiKeyRequest(user=user))).api_key
+            for user in ("alice", "bob")
+        }
+    yield server.target, keys
+    await server.stop(0)
 
 
 @pytest.fixture
-async def gateway_factory() -> AsyncIterator[Callable[[StreamHarness], Awaitable[Gateway]]]:
-    """`await gateway_factory(harness)`: the gateway app (auth overridden: user = X-Test-User or alice)."""
+async def gateway_factory(
+    auth_trace: tuple[str, dict[str, str]],
+) -> AsyncIterator[Callable[[StreamHarness], Awaitable[Gateway]]]:
+    """`await gateway_factory(harness)`: the gateway app over the harness's stream service."""
+    trace_address, keys = auth_trace
     running: list[tuple[embedded_http.EmbeddedServer, Clients, httpx.AsyncClient]] = []
 
     async def make(harness: StreamHarness) -> Gateway:
-        clients = Clients.connect(harness.settings)
-        app = create_app(harness.settings, clients)
-        app.dependency_overrides[gateway.deps.current_user] = _test_user
-        server = await embedded_http.serve(app, timeout_graceful_shutdown=1)
+        settings = harness.settings.model_copy(deep=True)
+        settings.addresses.trace = trace_address
+        clients = Clients.connect(settings)
+        server = await embedded_http.serve(create_app(settings, clients), timeout_graceful_shutdown=1)
         base = f"http://127.0.0.1:{server.port}"
-        client = httpx.AsyncClient(base_url=base, timeout=10.0)
+        client = httpx.AsyncClient(
+            base_url=base, timeout=10.0, headers={"Authorization": f"Bearer {keys['alice']}"}
+        )
         running.append((server, clients, client))
-        return Gateway(base, client, harness)
+        return Gateway(base, client, harness, keys)
 
     yield make
     for server, clients, client in running:
         await client.aclose()
         await server.stop()
         await clients.close()
-
-
-def _test_user(request: Request) -> str:
-    return request.headers.get("x-test-user", "alice")

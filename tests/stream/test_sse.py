@@ -111,7 +111,7 @@ async def test_foreign_reader_is_not_found(gw: Gateway, unique: str, which: int)
     # (The no-buffer answer needs the trace service to prove ownership: tests/test_agent_invoke.py.)
     key, path, params = route(which, unique)
     await open_buffer(gw.stream, key, owner="alice", n=1)
-    resp = await gw.client.get(path, params=params, headers={"X-Test-User": "bob"})
+    resp = await gw.client.get(path, params=params, headers={"Authorization": f"Bearer {gw.keys['bob']}"})
     assert resp.status_code == 404
     assert resp.json()["error"]["reason"] == "NOT_FOUND"
     assert gw.stream.backend.subscribers == 0
