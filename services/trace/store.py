@@ -17,7 +17,7 @@ import secrets
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from sqlalchemy import ColumnElement, Select, and_, bindparam, delete, func, or_, select, update
@@ -265,6 +265,9 @@ def _mask(paths: Sequence[str], allowed: set[str] | frozenset[str]) -> set[str]:
     return fields
 
 
+R = TypeVar("R", MessageRow, SubagentRow)
+
+
 class TraceStore:
     """The trace database. SQLite writes are serialised by a per-process lock; PostgreSQL relies on
     row locks (`SELECT ... FOR UPDATE` on the session row when allocating sequences)."""
@@ -327,6 +330,22 @@ class TraceStore:
         row = await db.scalar(stmt)
         if row is None:
             raise NotFound("session not found")
+        return row
+
+    async def _owned_row(
+        self, db: AsyncSession, model: type[R], row_id: int, owner: str, what: str, *, lock: bool = False
+    ) -> R:
+        """A row of a session `owner` owns (NotFound, like a missing one, for anyone else's)."""
+        stmt = (
+            select(model)
+            .join(SessionRow, SessionRow.id == model.session_id)  # type: ignore[attr-defined]
+            .where(model.id == row_id, self._owned(owner))  # type: ignore[attr-defined]
+        )
+        if lock:
+            stmt = stmt.with_for_update(of=model)
+        row = await db.scalar(stmt)
+        if row is None:
+            raise NotFound(f"{what} not found")
         return row
 
     @staticmethod
@@ -555,13 +574,7 @@ class TraceStore:
         _need_owner(owner)
         fields = _mask(paths, MESSAGE_FIELDS)
         async with self._tx() as db:
-            row = await db.scalar(
-                select(MessageRow)
-                .join(SessionRow, SessionRow.id == MessageRow.session_id)
-                .where(MessageRow.id == message.id, self._owned(owner))
-            )
-            if row is None:
-                raise NotFound("message not found")
+            row = await self._owned_row(db, MessageRow, message.id, owner, "message")
             if "content" in fields:
                 row.content = message.content
             if "thinking" in fields:
@@ -827,14 +840,7 @@ class TraceStore:
         _need_owner(owner)
         fields = _mask(paths, SUBAGENT_FIELDS)
         async with self._tx() as db:
-            row = await db.scalar(
-                select(SubagentRow)
-                .join(SessionRow, SessionRow.id == SubagentRow.session_id)
-                .where(SubagentRow.id == sub.id, self._owned(owner))
-                .with_for_update(of=SubagentRow)
-            )
-            if row is None:
-                raise NotFound("subagent session not found")
+            row = await self._owned_row(db, SubagentRow, sub.id, owner, "subagent session", lock=True)
             now = _now()
             if "status" in fields:
                 new = _name(_SUB_STATUS, sub.status, "status")
@@ -869,13 +875,7 @@ class TraceStore:
         """One row of a session the owner owns (NotFound otherwise)."""
         _need_owner(owner)
         async with self._read() as db:
-            row = await db.scalar(
-                select(SubagentRow)
-                .join(SessionRow, SessionRow.id == SubagentRow.session_id)
-                .where(SubagentRow.id == subagent_id, self._owned(owner))
-            )
-            if row is None:
-                raise NotFound("subagent session not found")
+            row = await self._owned_row(db, SubagentRow, subagent_id, owner, "subagent session")
             return _subagent_pb(row)
 
     async def list_subagents(
