@@ -7,8 +7,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 BUF := node_modules/.bin/buf
-PROTOS := $(wildcard protos/agentmesh/v1/*.proto)
-GEN_STAMP := agentmesh/v1/.stamp
+PROTOS := $(shell find protos -name '*.proto' | sort)
+GEN_STAMP := agentmesh/.generated
 CHROMIUM := /usr/bin/chromium
 
 .PHONY: help
@@ -27,8 +27,10 @@ $(BUF): package.json
 	npm install --no-audit --no-fund --silent
 	touch $@
 
+# Generated code mirrors the proto packages (agentmesh.events.v1 -> agentmesh/events/v1/), so its
+# imports are absolute and need no fixes. Never edited, never committed.
 $(GEN_STAMP): $(PROTOS) $(VENV)/.installed
-	mkdir -p agentmesh/v1
+	rm -rf $(patsubst protos/%,%,$(sort $(dir $(PROTOS))))
 	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
 	touch $@
 
@@ -70,4 +72,4 @@ bench: setup ## Run the benchmarks; writes tests/bench/results/latest.json
 
 .PHONY: clean
 clean: ## Remove the venv and generated code
-	rm -rf $(VENV) agentmesh/v1 node_modules
+	rm -rf $(VENV) $(patsubst protos/%,%,$(sort $(dir $(PROTOS)))) $(GEN_STAMP) node_modules

@@ -44,24 +44,24 @@ def _serve(name: str) -> int:
 
 
 async def _create_key(settings: MeshSettings, user: str) -> str:
-    from agentmesh.v1 import trace_service_pb2 as ts
+    from agentmesh.auth.v1 import auth_service_pb2 as au
     from libs.clients import Clients
 
-    clients = Clients.connect(settings)
+    clients = Clients(settings)
     try:
-        resp = await clients.trace.CreateApiKey(ts.CreateApiKeyRequest(user=user))
+        resp = await clients.auth.CreateApiKey(au.CreateApiKeyRequest(user=user))
         return resp.api_key
     finally:
         await clients.close()
 
 
 async def _key_works(settings: MeshSettings, key: str) -> bool:
-    from agentmesh.v1 import trace_service_pb2 as ts
+    from agentmesh.auth.v1 import auth_service_pb2 as au
     from libs.clients import Clients
 
-    clients = Clients.connect(settings)
+    clients = Clients(settings)
     try:
-        await clients.trace.AuthenticateApiKey(ts.AuthenticateApiKeyRequest(api_key=key))
+        await clients.auth.AuthenticateApiKey(au.AuthenticateApiKeyRequest(api_key=key))
         return True
     except Exception:
         return False
@@ -77,6 +77,9 @@ def _up(args: argparse.Namespace) -> int:
     """Starts the mock model, the four services and the gateway as processes on loopback."""
     settings = load_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    from libs.identity import load_secret
+
+    load_secret(settings.mesh_secret, settings.data_dir)  # every child reads the same mesh secret
     env = dict(os.environ)
     env.setdefault("AGENTMESH_LOG_JSON", "false")
     mock_port = args.mock_port

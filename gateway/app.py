@@ -14,7 +14,6 @@ from fastapi.responses import JSONResponse
 from gateway.limits import BodyLimitMiddleware
 from gateway.metrics import Metrics, MetricsMiddleware, metrics_endpoint
 from gateway.routes import chat, sessions, streams, ui
-from libs.catalog import load_catalog
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import MeshError, from_rpc_error
@@ -22,15 +21,11 @@ from libs.errors import MeshError, from_rpc_error
 log = logging.getLogger(__name__)
 
 
-def error_body(err: MeshError) -> dict[str, object]:
-    return {"error": {"code": err.http_status, "reason": err.reason, "message": err.message}}
-
-
 def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own = clients is None
-        app.state.clients = clients or Clients.connect(settings)
+        app.state.clients = clients or Clients(settings)
         try:
             yield
         finally:
@@ -39,7 +34,6 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
 
     app = FastAPI(title="agentmesh gateway", lifespan=lifespan)
     app.state.settings = settings
-    app.state.catalog = load_catalog(settings.catalog)
     app.state.auth_cache = {}
     app.state.metrics = Metrics()
     app.add_middleware(BodyLimitMiddleware)
@@ -49,12 +43,12 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
 
     @app.exception_handler(MeshError)
     async def mesh_error(_: Request, err: MeshError) -> JSONResponse:
-        return JSONResponse(error_body(err), status_code=err.http_status)
+        return JSONResponse(err.json_body(), status_code=err.http_status)
 
     @app.exception_handler(grpc.aio.AioRpcError)
     async def rpc_error(_: Request, exc: grpc.aio.AioRpcError) -> JSONResponse:
         err = from_rpc_error(exc)
-        return JSONResponse(error_body(err), status_code=err.http_status)
+        return JSONResponse(err.json_body(), status_code=err.http_status)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -1,15 +1,21 @@
-"""Request dependencies of the gateway: the gRPC clients and the authenticated user."""
+"""Request dependencies of the gateway: the gRPC clients and the authenticated user.
+
+The gateway is where a user's API key is checked; from there the user is the acting principal of the
+request's work (libs.identity), and every gRPC call it makes carries that identity, signed.
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from fastapi import Request
 
-from agentmesh.v1 import trace_service_pb2 as ts
+from agentmesh.auth.v1 import auth_service_pb2 as au
+from libs import identity
 from libs.clients import Clients
 from libs.config import MeshSettings
-from libs.errors import Unauthenticated, call
+from libs.errors import Unauthenticated, rpc
 
 _AUTH_CACHE_S = 30.0
 
@@ -22,25 +28,29 @@ def settings(request: Request) -> MeshSettings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
-async def authenticate(app_state: object, header: str | None) -> str:
-    """The user behind `Authorization: Bearer KEY`; raises Unauthenticated (401)."""
+async def authenticate(app_state: Any, header: str | None) -> str:
+    """The user behind `Authorization: Bearer KEY`, made the acting principal; raises Unauthenticated."""
     if not header or not header.lower().startswith("bearer "):
         raise Unauthenticated("missing bearer token: send Authorization: Bearer KEY")
     key = header[7:].strip()
-    if not key:
-        raise Unauthenticated("missing bearer token: send Authorization: Bearer KEY")
-    cache: dict[str, tuple[str, float]] = app_state.auth_cache  # type: ignore[attr-defined]
+    if not key or len(key) > 512:
+        raise Unauthenticated("missing or malformed bearer token: send Authorization: Bearer KEY")
+    cache: dict[str, tuple[str, float]] = app_state.auth_cache
     hit = cache.get(key)
     now = time.monotonic()
     if hit and hit[1] > now:
-        return hit[0]
-    resp = await call(
-        app_state.clients.trace.AuthenticateApiKey(ts.AuthenticateApiKeyRequest(api_key=key))  # type: ignore[attr-defined]
-    )
-    if len(cache) > 10_000:
-        cache.clear()
-    cache[key] = (resp.user, now + _AUTH_CACHE_S)
-    return resp.user
+        user = hit[0]
+    else:
+        with identity.acting_as(""):  # the mesh itself asks who the key belongs to
+            resp = await rpc(
+                app_state.clients.auth.AuthenticateApiKey(au.AuthenticateApiKeyRequest(api_key=key))
+            )
+        if len(cache) > 10_000:
+            cache.clear()
+        cache[key] = (resp.user, now + _AUTH_CACHE_S)
+        user = resp.user
+    identity.set_principal(identity.Principal(user))
+    return user
 
 
 async def current_user(request: Request) -> str:

@@ -6,20 +6,20 @@ import uvicorn
 
 from gateway.app import create_app
 from libs.config import MeshSettings
+from libs.embedded_http import bind
 
 
-def make_server(settings: MeshSettings, port: int | None = None) -> uvicorn.Server:
+def make_server(settings: MeshSettings) -> uvicorn.Server:
     config = uvicorn.Config(
         create_app(settings),
-        host=settings.gateway_host,
-        port=settings.gateway_port if port is None else port,
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
-        ws="websockets-sansio",
+        ws="websockets",
     )
     return uvicorn.Server(config)
 
 
 async def main(settings: MeshSettings) -> None:
-    await make_server(settings).serve()
+    sock = bind(settings.gateway_host, settings.gateway_port)
+    await make_server(settings).serve(sockets=[sock])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -18,20 +19,31 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
-from agentmesh.v1 import stream_service_pb2 as pb
+from agentmesh.stream.v1 import stream_service_pb2 as pb
 from libs import events
 from libs.clients import Clients
 from libs.config import MeshSettings
-from libs.errors import NotFound, from_rpc_error
+from libs.errors import InvalidArgument, NotFound, from_rpc_error
 
 RESUME_RETRIES = 3  # resubscriptions after UNAVAILABLE (a stream replica went away) before giving up
 RESUME_BACKOFF_S = 0.25
 NO_BUFFER = {"active": False, "reason": "no-buffer"}
+_OFFSET = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")  # ASCII digits only: str.isdigit() also takes "²"
+_U64 = 2**64 - 1
 
 
 def resume_offset(request: Request) -> str:
-    """The offset to resume after: the `Last-Event-ID` header, else `?lastEventId=`, else ""."""
-    return (request.headers.get("last-event-id") or request.query_params.get("lastEventId") or "").strip()
+    """The offset to resume after: the `Last-Event-ID` header, else `?lastEventId=`, else "".
+
+    InvalidArgument (a 422 before any subscription) unless it has the shape of an offset of either
+    backend: 1-20 ASCII digits, optionally `-` and 1-20 more, each part at most 2^64-1.
+    """
+    offset = (request.headers.get("last-event-id") or request.query_params.get("lastEventId") or "").strip()
+    if offset and (not _OFFSET.fullmatch(offset) or any(int(part) > _U64 for part in offset.split("-"))):
+        raise InvalidArgument(
+            f"invalid Last-Event-ID offset {offset[:40]!r}: expected an event id like 1700000000000-0"
+        )
+    return offset
 
 
 def sse_message(event: Any) -> dict[str, str]:
@@ -43,11 +55,7 @@ def sse_message(event: Any) -> dict[str, str]:
 
 
 async def sse_events(
-    clients: Clients,
-    key: str,
-    from_offset: str,
-    reader: str,
-    idle_timeout_ms: int = 0,
+    clients: Clients, key: str, from_offset: str, idle_timeout_ms: int = 0
 ) -> AsyncIterator[dict[str, str]]:
     """Yields SSE items for the events of `key` after `from_offset`, replay then live, up to the terminal one.
 
@@ -58,9 +66,7 @@ async def sse_events(
     retries = RESUME_RETRIES
     while True:
         call = clients.stream.SubscribeStream(
-            pb.SubscribeStreamRequest(
-                key=key, from_offset=last, reader=reader, idle_timeout_ms=idle_timeout_ms
-            ),
+            pb.SubscribeStreamRequest(key=key, from_offset=last, idle_timeout_ms=idle_timeout_ms),
         )
         try:
             async for response in call:
@@ -77,8 +83,7 @@ async def sse_events(
                 await asyncio.sleep(RESUME_BACKOFF_S * (RESUME_RETRIES - retries + 1))
                 retries -= 1
                 continue
-            err = from_rpc_error(exc)
-            yield sse_message(events.error(err.reason.lower(), err.message))
+            yield sse_message(events.error(from_rpc_error(exc)))
             return
         finally:
             call.cancel()
@@ -89,24 +94,21 @@ async def stream_response(
     clients: Clients,
     settings: MeshSettings,
     key: str,
-    reader: str,
     owns: Callable[[], Awaitable[bool]] | None = None,
 ) -> Response:
-    """The SSE response for one buffer the reader owns.
+    """The SSE response for one buffer of the calling user (the stream service checks the identity).
 
-    With no buffer: `{"active": false, "reason": "no-buffer"}` when `owns()` confirms the reader owns
+    With no buffer: `{"active": false, "reason": "no-buffer"}` when `owns()` confirms the user owns
     the resource behind the key, else 404, so an id of somebody else's reads exactly like a missing one.
-    NotFound (404) too when the buffer belongs to someone else.
     """
+    from_offset = resume_offset(request)
     info = await clients.stream.GetStreamInfo(pb.GetStreamInfoRequest(key=key))
     if not info.exists:
         if owns is not None and await owns():
             return JSONResponse(NO_BUFFER)
         raise NotFound(f"no stream {key}")
-    if info.owner != reader:
-        raise NotFound(f"no stream {key}")
     return EventSourceResponse(
-        sse_events(clients, key, resume_offset(request), reader),
+        sse_events(clients, key, from_offset),
         ping=settings.stream.heartbeat_s,
         headers={"X-Stream-Resume": "true"},
     )

@@ -1,49 +1,65 @@
-"""gRPC clients of the mesh services: one channel per target, every RPC with a deadline."""
+"""gRPC clients of the mesh services: one channel per target, opened on first use, every RPC with a
+deadline and the acting principal's identity (libs.rpc.channel)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from functools import cached_property
 
 import grpc
 
-from agentmesh.v1 import (
-    agent_runtime_service_pb2_grpc,
-    orchestrator_service_pb2_grpc,
-    stream_service_pb2_grpc,
-    trace_service_pb2_grpc,
-)
+from agentmesh.agents.v1 import agent_service_pb2_grpc
+from agentmesh.auth.v1 import auth_service_pb2_grpc
+from agentmesh.orchestrator.v1 import orchestrator_service_pb2_grpc
+from agentmesh.runtime.v1 import runtime_service_pb2_grpc
+from agentmesh.stream.v1 import stream_service_pb2_grpc
+from agentmesh.trace.v1 import trace_service_pb2_grpc
 from libs.config import MeshSettings
+from libs.identity import Signer, signer_for
 from libs.rpc import channel
 
 
-@dataclass
 class Clients:
-    """Stubs for the four services. Build with `Clients.connect(settings)`; close with `close()`."""
+    """Stubs of every service. Channels open lazily from `settings.addresses` as they are at first use
+    (a test may bind its servers on port 0 first, then fill in the addresses); close with `close()`."""
 
-    trace: trace_service_pb2_grpc.TraceServiceStub
-    stream: stream_service_pb2_grpc.StreamServiceStub
-    orchestrator: orchestrator_service_pb2_grpc.OrchestratorServiceStub
-    runtime: agent_runtime_service_pb2_grpc.AgentRuntimeServiceStub
-    channels: list[grpc.aio.Channel] = field(default_factory=list)
+    def __init__(self, settings: MeshSettings, signer: Signer | None = None) -> None:
+        self.settings = settings
+        self.signer = signer or signer_for(settings)
+        self._channels: dict[str, grpc.aio.Channel] = {}
 
-    @classmethod
-    def connect(cls, settings: MeshSettings) -> Clients:
-        cache: dict[str, grpc.aio.Channel] = {}
+    def channel(self, target: str) -> grpc.aio.Channel:
+        if target not in self._channels:
+            s = self.settings
+            self._channels[target] = channel(target, self.signer, s.rpc_timeout_s, s.stream_rpc_timeout_s)
+        return self._channels[target]
 
-        def ch(target: str) -> grpc.aio.Channel:
-            if target not in cache:
-                cache[target] = channel(target, settings.rpc_timeout_s, settings.stream_rpc_timeout_s)
-            return cache[target]
+    @cached_property
+    def trace(self) -> trace_service_pb2_grpc.TraceServiceStub:
+        return trace_service_pb2_grpc.TraceServiceStub(self.channel(self.settings.addresses.trace))
 
-        a = settings.addresses
-        return cls(
-            trace=trace_service_pb2_grpc.TraceServiceStub(ch(a.trace)),
-            stream=stream_service_pb2_grpc.StreamServiceStub(ch(a.stream)),
-            orchestrator=orchestrator_service_pb2_grpc.OrchestratorServiceStub(ch(a.orchestrator)),
-            runtime=agent_runtime_service_pb2_grpc.AgentRuntimeServiceStub(ch(a.agent_runtime)),
-            channels=list(cache.values()),
-        )
+    @cached_property
+    def agents(self) -> agent_service_pb2_grpc.AgentServiceStub:
+        return agent_service_pb2_grpc.AgentServiceStub(self.channel(self.settings.addresses.trace))
+
+    @cached_property
+    def auth(self) -> auth_service_pb2_grpc.AuthServiceStub:
+        return auth_service_pb2_grpc.AuthServiceStub(self.channel(self.settings.addresses.trace))
+
+    @cached_property
+    def stream(self) -> stream_service_pb2_grpc.StreamServiceStub:
+        return stream_service_pb2_grpc.StreamServiceStub(self.channel(self.settings.addresses.stream))
+
+    @cached_property
+    def orchestrator(self) -> orchestrator_service_pb2_grpc.OrchestratorServiceStub:
+        target = self.settings.addresses.orchestrator
+        return orchestrator_service_pb2_grpc.OrchestratorServiceStub(self.channel(target))
+
+    @cached_property
+    def runtime(self) -> runtime_service_pb2_grpc.AgentRuntimeServiceStub:
+        target = self.settings.addresses.agent_runtime
+        return runtime_service_pb2_grpc.AgentRuntimeServiceStub(self.channel(target))
 
     async def close(self) -> None:
-        for ch in self.channels:
+        channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
             await ch.close()

@@ -63,7 +63,8 @@ class MeshSettings(BaseSettings):
     data_dir: Path = Path(".agentmesh")
     database_url: str = ""  # empty: SQLite file in data_dir
     redis_url: str = "redis://127.0.0.1:6379/0"
-    catalog: Path = Path(__file__).resolve().parent / "demo_catalog.yaml"
+    mesh_secret: str = ""  # HMAC key of caller identities; empty: <data_dir>/mesh_secret (created once)
+    catalog: Path = Path(__file__).resolve().parent.parent / "services" / "trace" / "demo_catalog.yaml"
     addresses: Addresses = Field(default_factory=Addresses)
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8080

@@ -1,7 +1,7 @@
 """uvicorn in the caller's event loop, on a port it binds itself (0: a free one), ready when started.
 
 Used where an HTTP app runs inside another program's loop: the scripted model server and the test
-harnesses. The gateway process itself runs plain uvicorn (gateway/server.py).
+harnesses. The gateway process runs plain uvicorn on a socket from `bind` (gateway/server.py).
 """
 
 from __future__ import annotations
@@ -40,16 +40,24 @@ class EmbeddedServer(uvicorn.Server):
         self.task = None
 
 
-async def serve(app: Any, host: str = "127.0.0.1", port: int = 0, **config: Any) -> EmbeddedServer:
-    """Starts `app` in the running loop and returns once it accepts connections."""
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (0: a free port), with SO_REUSEADDR and SO_REUSEPORT like
+    gRPC servers, so a port a parent process reserved the same way can be taken over."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError:
         sock.close()
         raise
+    return sock
+
+
+async def serve(app: Any, host: str = "127.0.0.1", port: int = 0, **config: Any) -> EmbeddedServer:
+    """Starts `app` in the running loop and returns once it accepts connections."""
+    sock = bind(host, port)
     options: dict[str, Any] = {"log_config": None, "access_log": False, "timeout_graceful_shutdown": 2}
     options.update(config)
     server = EmbeddedServer(uvicorn.Config(app, **options))

@@ -1,8 +1,10 @@
-"""One table of domain errors: each maps to an HTTP status, a gRPC status code and a REASON.
+"""One table of errors: each REASON maps to a gRPC status, an HTTP status and the `error` event code.
 
-Services raise `MeshError` subclasses from domain code; `grpc_errors` turns them into a gRPC
-status carrying `google.rpc.ErrorInfo(reason, domain)`; clients turn an `AioRpcError` back into
-the same class with `from_rpc_error`, so the gateway answers HTTP with the table's code.
+Domain code raises a `MeshError` subclass. `grpc_errors` (a servicer decorator) aborts the RPC with
+its gRPC status carrying `google.rpc.ErrorInfo(reason, domain)`; a client turns the failed RPC back
+into the same class with `from_rpc_error` (by reason, so ModelError stays ModelError across hops);
+the gateway answers HTTP with the table's status and `{"error": {code, reason, message}}`; a run
+that fails ends its buffer with `StreamError(code=...)` from the same row.
 """
 
 from __future__ import annotations
@@ -11,86 +13,231 @@ import functools
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from agentmesh.events.v1 import events_pb2 as ev
+
 DOMAIN = "agentmesh.dev"
 log = logging.getLogger(__name__)
+S = grpc.StatusCode
+
+
+class Row(NamedTuple):
+    """How one REASON travels: as a gRPC status, an HTTP status and an `error` event code."""
+
+    grpc: grpc.StatusCode
+    http: int
+    code: int  # agentmesh.events.v1.ErrorCode
+
+
+TABLE: dict[str, Row] = {
+    "INVALID_ARGUMENT": Row(S.INVALID_ARGUMENT, 422, ev.ERROR_CODE_INVALID_ARGUMENT),
+    "NOT_FOUND": Row(S.NOT_FOUND, 404, ev.ERROR_CODE_NOT_FOUND),
+    "ALREADY_EXISTS": Row(S.ALREADY_EXISTS, 409, ev.ERROR_CODE_ALREADY_EXISTS),
+    "FAILED_PRECONDITION": Row(S.FAILED_PRECONDITION, 409, ev.ERROR_CODE_FAILED_PRECONDITION),
+    "VERSION_MISMATCH": Row(S.ABORTED, 412, ev.ERROR_CODE_FAILED_PRECONDITION),
+    "RESOURCE_EXHAUSTED": Row(S.RESOURCE_EXHAUSTED, 413, ev.ERROR_CODE_RESOURCE_EXHAUSTED),
+    "UNAUTHENTICATED": Row(S.UNAUTHENTICATED, 401, ev.ERROR_CODE_UNAUTHENTICATED),
+    "PERMISSION_DENIED": Row(S.PERMISSION_DENIED, 403, ev.ERROR_CODE_PERMISSION_DENIED),
+    "DEPTH_EXCEEDED": Row(S.FAILED_PRECONDITION, 422, ev.ERROR_CODE_DEPTH_EXCEEDED),
+    "DEADLINE_EXCEEDED": Row(S.DEADLINE_EXCEEDED, 504, ev.ERROR_CODE_TIMEOUT),
+    "MODEL_TIMEOUT": Row(S.DEADLINE_EXCEEDED, 504, ev.ERROR_CODE_TIMEOUT),
+    "MODEL_ERROR": Row(S.UNAVAILABLE, 502, ev.ERROR_CODE_MODEL_ERROR),
+    "UNAVAILABLE": Row(S.UNAVAILABLE, 503, ev.ERROR_CODE_UNAVAILABLE),
+    "SHUTDOWN": Row(S.UNAVAILABLE, 503, ev.ERROR_CODE_SHUTDOWN),
+    "INTERRUPTED": Row(S.ABORTED, 503, ev.ERROR_CODE_INTERRUPTED),
+    "IDLE_TIMEOUT": Row(S.DEADLINE_EXCEEDED, 504, ev.ERROR_CODE_IDLE_TIMEOUT),
+    "CANCELLED": Row(S.CANCELLED, 499, ev.ERROR_CODE_CANCELLED),
+    "INTERNAL": Row(S.INTERNAL, 500, ev.ERROR_CODE_INTERNAL),
+}
+_CODE_NAME = ev.ErrorCode.DESCRIPTOR
+
+
+def code_name(code: int) -> str:
+    """The browser form of an ErrorCode: ERROR_CODE_MODEL_ERROR -> "model_error"."""
+    value = _CODE_NAME.values_by_number.get(code)
+    if value is None or code == 0:
+        return "internal"
+    return value.name.removeprefix("ERROR_CODE_").lower()
+
+
+def code_from_name(name: str) -> int:
+    """The inverse of code_name ("model_error" -> ERROR_CODE_MODEL_ERROR); INTERNAL when unknown."""
+    value = _CODE_NAME.values_by_name.get("ERROR_CODE_" + name.upper())
+    return value.number if value is not None else ev.ERROR_CODE_INTERNAL
 
 
 class MeshError(Exception):
-    """Base of every error the mesh reports to a caller."""
+    """Base of every error the mesh reports to a caller; `reason` picks its row of TABLE."""
 
-    http_status: ClassVar[int] = 500
-    grpc_code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
     reason: ClassVar[str] = "INTERNAL"
 
     def __init__(self, message: str, *, reason: str | None = None) -> None:
         super().__init__(message)
         self.message = message
-        if reason:
+        if reason and reason in TABLE:
             self.reason = reason  # type: ignore[misc]
+
+    @property
+    def row(self) -> Row:
+        return TABLE[self.reason]
+
+    @property
+    def http_status(self) -> int:
+        return self.row.http
+
+    @property
+    def grpc_code(self) -> grpc.StatusCode:
+        return self.row.grpc
+
+    @property
+    def code(self) -> int:
+        """The ErrorCode of the `error` event (and of a failed tool call)."""
+        return self.row.code
+
+    @property
+    def code_name(self) -> str:
+        return code_name(self.code)
+
+    def to_event(self) -> ev.StreamError:
+        return ev.StreamError(code=self.code, message=self.message)  # type: ignore[arg-type]
+
+    def json_body(self) -> dict[str, Any]:
+        """The gateway's HTTP error body."""
+        return {"error": {"code": self.http_status, "reason": self.reason, "message": self.message}}
 
 
 class InvalidArgument(MeshError):
-    http_status, grpc_code, reason = 422, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"
+    reason = "INVALID_ARGUMENT"
 
 
 class NotFound(MeshError):
-    http_status, grpc_code, reason = 404, grpc.StatusCode.NOT_FOUND, "NOT_FOUND"
+    reason = "NOT_FOUND"
 
 
 class AlreadyExists(MeshError):
-    http_status, grpc_code, reason = 409, grpc.StatusCode.ALREADY_EXISTS, "ALREADY_EXISTS"
+    reason = "ALREADY_EXISTS"
 
 
 class FailedPrecondition(MeshError):
-    http_status, grpc_code, reason = 409, grpc.StatusCode.FAILED_PRECONDITION, "FAILED_PRECONDITION"
+    reason = "FAILED_PRECONDITION"
+
+
+class VersionMismatch(MeshError):
+    """An optimistic-concurrency write against a stale version (HTTP 412)."""
+
+    reason = "VERSION_MISMATCH"
 
 
 class ResourceExhausted(MeshError):
-    http_status, grpc_code, reason = 413, grpc.StatusCode.RESOURCE_EXHAUSTED, "RESOURCE_EXHAUSTED"
+    reason = "RESOURCE_EXHAUSTED"
 
 
 class Unauthenticated(MeshError):
-    http_status, grpc_code, reason = 401, grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED"
+    reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(MeshError):
+    reason = "PERMISSION_DENIED"
+
+
+class DepthExceeded(MeshError):
+    reason = "DEPTH_EXCEEDED"
 
 
 class DeadlineExceeded(MeshError):
-    http_status, grpc_code, reason = 504, grpc.StatusCode.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED"
+    reason = "DEADLINE_EXCEEDED"
+
+
+class ModelError(MeshError):
+    """The model endpoint failed (HTTP error, cut connection, bad stream)."""
+
+    reason = "MODEL_ERROR"
+
+
+class ModelTimeout(MeshError):
+    """The model request timed out."""
+
+    reason = "MODEL_TIMEOUT"
 
 
 class Unavailable(MeshError):
-    http_status, grpc_code, reason = 503, grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE"
+    reason = "UNAVAILABLE"
+
+
+class Shutdown(MeshError):
+    reason = "SHUTDOWN"
+
+
+class Interrupted(MeshError):
+    """The process that ran a turn died; a surviving service settled what it left."""
+
+    reason = "INTERRUPTED"
+
+
+class IdleTimeout(MeshError):
+    reason = "IDLE_TIMEOUT"
 
 
 class Cancelled(MeshError):
-    http_status, grpc_code, reason = 499, grpc.StatusCode.CANCELLED, "CANCELLED"
+    reason = "CANCELLED"
 
 
 class Internal(MeshError):
-    pass
+    reason = "INTERNAL"
 
 
-_BY_CODE: dict[grpc.StatusCode, type[MeshError]] = {
-    cls.grpc_code: cls
+_BY_REASON: dict[str, type[MeshError]] = {
+    cls.reason: cls
     for cls in (
         InvalidArgument,
         NotFound,
         AlreadyExists,
         FailedPrecondition,
+        VersionMismatch,
         ResourceExhausted,
         Unauthenticated,
+        PermissionDenied,
+        DepthExceeded,
         DeadlineExceeded,
+        ModelError,
+        ModelTimeout,
         Unavailable,
+        Shutdown,
+        Interrupted,
+        IdleTimeout,
         Cancelled,
         Internal,
     )
 }
+_BY_GRPC: dict[grpc.StatusCode, type[MeshError]] = {
+    S.INVALID_ARGUMENT: InvalidArgument,
+    S.OUT_OF_RANGE: InvalidArgument,
+    S.NOT_FOUND: NotFound,
+    S.ALREADY_EXISTS: AlreadyExists,
+    S.FAILED_PRECONDITION: FailedPrecondition,
+    S.ABORTED: FailedPrecondition,
+    S.RESOURCE_EXHAUSTED: ResourceExhausted,
+    S.UNAUTHENTICATED: Unauthenticated,
+    S.PERMISSION_DENIED: PermissionDenied,
+    S.DEADLINE_EXCEEDED: DeadlineExceeded,
+    S.UNAVAILABLE: Unavailable,
+    S.CANCELLED: Cancelled,
+}
+_BY_CODE: dict[int, type[MeshError]] = {}
+for _reason, _row in TABLE.items():
+    _BY_CODE.setdefault(_row.code, _BY_REASON[_reason])
+_BY_CODE[ev.ERROR_CODE_TIMEOUT] = DeadlineExceeded
+
+
+def from_event(error: ev.StreamError) -> MeshError:
+    """The error behind an `error` event."""
+    return _BY_CODE.get(error.code, Internal)(error.message or code_name(error.code))
 
 
 def to_status(err: MeshError) -> grpc.Status:
@@ -102,11 +249,11 @@ def to_status(err: MeshError) -> grpc.Status:
 
 
 def from_rpc_error(exc: grpc.RpcError) -> MeshError:
-    """The domain error behind a failed RPC (reason kept when the server sent one)."""
+    """The domain error behind a failed RPC: by the ErrorInfo reason our services send, else by the
+    gRPC status code."""
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     message = exc.details() if hasattr(exc, "details") else str(exc)
-    cls = _BY_CODE.get(code, Internal)
-    reason = None
+    reason = ""
     try:
         status = rpc_status.from_call(exc)  # type: ignore[arg-type]
     except Exception:  # pragma: no cover - malformed trailers
@@ -114,20 +261,30 @@ def from_rpc_error(exc: grpc.RpcError) -> MeshError:
     if status is not None:
         for detail in status.details:
             info = error_details_pb2.ErrorInfo()
-            if detail.Unpack(info):
+            if detail.Unpack(info) and info.domain == DOMAIN:
                 reason = info.reason
-    return cls(message or code.name, reason=reason)
+    cls = _BY_REASON.get(reason) or _BY_GRPC.get(code, Internal)
+    return cls(message or code.name)
 
 
 T = TypeVar("T")
 
 
-async def call(aw: Awaitable[T]) -> T:
+async def rpc(aw: Awaitable[T]) -> T:
     """Awaits a gRPC call; a failure comes back as the domain error behind it (MeshError)."""
     try:
         return await aw
     except grpc.aio.AioRpcError as exc:
         raise from_rpc_error(exc) from exc
+
+
+def as_mesh_error(exc: BaseException) -> MeshError:
+    """Any failure of a downstream call as a MeshError (an AioRpcError keeps its reason)."""
+    if isinstance(exc, MeshError):
+        return exc
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return from_rpc_error(exc)
+    return Internal(f"{type(exc).__name__}: {exc}")
 
 
 async def _abort(context: grpc.aio.ServicerContext, err: MeshError) -> None:
@@ -151,7 +308,7 @@ def grpc_errors(fn: F) -> F:
                     yield item
             except MeshError as err:
                 await _abort(context, err)
-            except grpc.aio.AioRpcError as exc:  # a downstream service's error keeps its code
+            except grpc.aio.AioRpcError as exc:  # a downstream service's error keeps its reason
                 await _abort(context, from_rpc_error(exc))
             except grpc.aio.AbortError:
                 raise
@@ -167,7 +324,7 @@ def grpc_errors(fn: F) -> F:
             return await fn(self, request, context)
         except MeshError as err:
             await _abort(context, err)
-        except grpc.aio.AioRpcError as exc:  # a downstream service's error keeps its code
+        except grpc.aio.AioRpcError as exc:  # a downstream service's error keeps its reason
             await _abort(context, from_rpc_error(exc))
         except grpc.aio.AbortError:
             raise
@@ -176,22 +333,3 @@ def grpc_errors(fn: F) -> F:
             await _abort(context, Internal("internal error"))
 
     return wrapper  # type: ignore[return-value]
-
-
-__all__ = [
-    "AlreadyExists",
-    "Cancelled",
-    "DeadlineExceeded",
-    "FailedPrecondition",
-    "Internal",
-    "InvalidArgument",
-    "MeshError",
-    "NotFound",
-    "ResourceExhausted",
-    "Unauthenticated",
-    "Unavailable",
-    "call",
-    "from_rpc_error",
-    "grpc_errors",
-    "to_status",
-]

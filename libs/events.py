@@ -1,12 +1,17 @@
-"""The event vocabulary: builders for the protobuf `Event` oneof and its browser JSON form."""
+"""The event vocabulary: builders for the protobuf `Event` oneof, its browser JSON form, and the
+subagent cards (seed 3's SubagentBatch), built from stored rows by one function for the live card,
+the anchor's `metadata.subagents` and the history restore alike."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from google.protobuf import struct_pb2
 
-from agentmesh.v1 import events_pb2 as ev
+from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.trace.v1 import trace_pb2 as tp
+from libs.errors import MeshError
 from libs.protojson import to_json
 
 TERMINAL = ("done", "error")
@@ -15,6 +20,10 @@ TERMINAL = ("done", "error")
 def kind(event: ev.Event) -> str:
     """The oneof field set: "text_delta", "a2a_task_started", ...; "" when empty."""
     return event.WhichOneof("payload") or ""
+
+
+def is_terminal(event: ev.Event) -> bool:
+    return kind(event) in TERMINAL
 
 
 def type_name(event: ev.Event) -> str:
@@ -71,9 +80,70 @@ def reasoning_delta(text: str) -> ev.Event:
     return ev.Event(reasoning_delta=ev.ReasoningDelta(reasoning_delta=text))
 
 
-def error(code: str, message: str) -> ev.Event:
-    return ev.Event(error=ev.Error(code=code, message=message))
+def error(err: MeshError) -> ev.Event:
+    return ev.Event(error=err.to_event())
 
 
 def done() -> ev.Event:
-    return ev.Event(done=ev.Done())
+    return ev.Event(done=ev.StreamDone())
+
+
+# ---- subagent cards -------------------------------------------------------------------------------
+
+
+def item_from_row(row: tp.SubagentSession) -> ev.SubagentItem:
+    """The card of one subagent row."""
+    return ev.SubagentItem(
+        id=row.id,
+        name=row.name,
+        source_type=row.source_type,
+        status=row.status,
+        goal=row.goal,
+        summary=row.summary,
+        error=row.error,
+        token_usage=row.token_usage,
+        sort_order=row.sort_order,
+        child_trace_id=row.child_trace_id,
+        model=row.model,
+    )
+
+
+def summarize(statuses: Iterable[int]) -> ev.SubagentSummary:
+    s = ev.SubagentSummary()
+    for status in statuses:
+        s.total += 1
+        if status == ev.SUBAGENT_STATUS_COMPLETED:
+            s.completed += 1
+        elif status in (ev.SUBAGENT_STATUS_QUEUED, ev.SUBAGENT_STATUS_RUNNING):
+            s.running += 1
+        elif status == ev.SUBAGENT_STATUS_CANCELLED:
+            s.cancelled += 1
+        else:
+            s.failed += 1
+    return s
+
+
+def build_batches(rows: Iterable[tp.SubagentSession]) -> list[ev.SubagentBatch]:
+    """The rows of one anchor -> one batch per delegate tool call, in creation order."""
+    groups: dict[str, list[tp.SubagentSession]] = {}
+    for row in sorted(rows, key=lambda r: (r.create_time.ToNanoseconds(), r.sort_order)):
+        groups.setdefault(row.parent_tool_call_id or f"row-{row.id}", []).append(row)
+    batches = []
+    for members in groups.values():
+        members.sort(key=lambda r: r.sort_order)
+        first = members[0]
+        batches.append(
+            ev.SubagentBatch(
+                parent_message_id=first.parent_message_id,
+                title=first.batch_title,
+                tool_call_id=first.parent_tool_call_id,
+                items=[item_from_row(r) for r in members],
+                summary=summarize(r.status for r in members),
+            )
+        )
+    return batches
+
+
+def batches_json(rows: Iterable[tp.SubagentSession]) -> list[dict[str, Any]]:
+    """`metadata.subagents` of an anchor: its batches as browser JSON."""
+    return [to_json(b) for b in build_batches(rows)]

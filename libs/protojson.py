@@ -1,6 +1,7 @@
 """Protobuf messages as the browser-facing JSON: lowerCamelCase keys, int64 as numbers,
 enums as short lowercase names (SUBAGENT_STATUS_QUEUED -> "queued", TASK_STATE_INPUT_REQUIRED ->
-"input-required"), Struct/Value as plain JSON, timestamps as RFC 3339 strings."""
+"input-required"; error codes keep `_`: ERROR_CODE_MODEL_ERROR -> "model_error"), Struct/Value as
+plain JSON, timestamps as RFC 3339 strings. One serialiser for every message shape."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ _WKT_JSON = {
     "google.protobuf.FieldMask",
 }
 _enum_prefix_cache: dict[str, str] = {}
+_SNAKE_ENUMS = {"agentmesh.events.v1.ErrorCode"}  # codes callers compare as identifiers
 
 
 def _enum_prefix(enum: EnumDescriptor) -> str:
@@ -32,14 +34,17 @@ def enum_to_str(enum: EnumDescriptor, number: int) -> str:
     value = enum.values_by_number.get(number)
     if value is None or number == 0:
         return ""
-    name = value.name.removeprefix(_enum_prefix(enum))
-    return name.lower().replace("_", "-")
+    name = value.name.removeprefix(_enum_prefix(enum)).lower()
+    return name if enum.full_name in _SNAKE_ENUMS else name.replace("_", "-")
 
 
 def str_to_enum(enum: EnumDescriptor, text: str) -> int:
     """The inverse of enum_to_str; raises KeyError for an unknown name."""
     name = _enum_prefix(enum) + text.upper().replace("-", "_")
-    return enum.values_by_name[name].number
+    value = enum.values_by_name.get(name)
+    if value is None or value.number == 0:
+        raise KeyError(text)
+    return value.number
 
 
 def _value(field: FieldDescriptor, value: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import signal
 from collections.abc import Callable, Sequence
@@ -14,14 +15,32 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from libs import identity
+from libs.errors import Unauthenticated, to_status
+from libs.identity import Signer
+
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-_CHANNEL_OPTIONS = [
+_SIZES = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 30_000),
+]
+# Keepalive that clients and servers agree on: clients ping every 30 s (also when idle), servers
+# accept pings 10 s apart, so idle channels stay up without GOAWAY too_many_pings.
+KEEPALIVE_MS = 30_000
+_CHANNEL_OPTIONS = [
+    *_SIZES,
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+    ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+_SERVER_OPTIONS = [
+    *_SIZES,
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 
 
@@ -33,12 +52,20 @@ class Registration:
     servicer: Any
     name: str
 
+    @classmethod
+    def of(
+        cls, pb2: Any, service: str, add: Callable[[Any, grpc.aio.Server], None], servicer: Any
+    ) -> Registration:
+        """`pb2` is the generated *_pb2 module that declares `service`."""
+        return cls(add, servicer, pb2.DESCRIPTOR.services_by_name[service].full_name)
+
 
 @dataclass
 class ServiceServer:
     """A grpc.aio server with health and reflection; `stop` drains in-flight RPCs within a grace."""
 
     registrations: Sequence[Registration]
+    signer: Signer
     address: str = "127.0.0.1:0"
     grace_s: float = 10.0
     on_stop: list[Callable[[], Any]] = field(default_factory=list)
@@ -46,7 +73,9 @@ class ServiceServer:
     stop_grace_s: float = 0.0  # the grace of the stop under way, for on_stop hooks
 
     def __post_init__(self) -> None:
-        self.server = grpc.aio.server(options=_CHANNEL_OPTIONS)
+        self.server = grpc.aio.server(
+            options=_SERVER_OPTIONS, interceptors=[IdentityInterceptor(self.signer)]
+        )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [reflection.SERVICE_NAME, health.SERVICE_NAME]
@@ -99,57 +128,133 @@ class ServiceServer:
         await self.stop()
 
 
-class _Deadline:
-    """Sets `timeout` on a call that has none."""
+class _Outgoing:
+    """Every outgoing call gets a deadline (when it has none) and the acting principal's identity."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, signer: Signer) -> None:
         self.timeout_s = timeout_s
+        self.signer = signer
 
     def _with(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        if details.timeout is not None:
-            return details
+        principal = identity.current() or identity.MESH
+        metadata = grpc.aio.Metadata(*(details.metadata or ()))
+        metadata[identity.HEADER] = self.signer.mint(principal.user)
         return grpc.aio.ClientCallDetails(
             method=details.method,
-            timeout=self.timeout_s,
-            metadata=details.metadata,
+            timeout=self.timeout_s if details.timeout is None else details.timeout,
+            metadata=metadata,
             credentials=details.credentials,
             wait_for_ready=details.wait_for_ready,
         )
 
 
 # grpc.aio files an interceptor under the first kind it is an instance of, so one class per kind.
-class _UnaryUnaryDeadline(_Deadline, grpc.aio.UnaryUnaryClientInterceptor):
+class _UnaryUnaryOut(_Outgoing, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
         return await continuation(self._with(client_call_details), request)
 
 
-class _UnaryStreamDeadline(_Deadline, grpc.aio.UnaryStreamClientInterceptor):
+class _UnaryStreamOut(_Outgoing, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
         return await continuation(self._with(client_call_details), request)
 
 
-class _StreamUnaryDeadline(_Deadline, grpc.aio.StreamUnaryClientInterceptor):
+class _StreamUnaryOut(_Outgoing, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
         return await continuation(self._with(client_call_details), request_iterator)
 
 
-class _StreamStreamDeadline(_Deadline, grpc.aio.StreamStreamClientInterceptor):
+class _StreamStreamOut(_Outgoing, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
         return await continuation(self._with(client_call_details), request_iterator)
 
 
-def channel(target: str, unary_timeout_s: float = 10.0, stream_timeout_s: float = 3600.0) -> grpc.aio.Channel:
-    """An insecure loopback/cluster channel whose RPCs always carry a deadline."""
+def channel(
+    target: str, signer: Signer, unary_timeout_s: float = 10.0, stream_timeout_s: float = 3600.0
+) -> grpc.aio.Channel:
+    """An insecure loopback/cluster channel whose RPCs always carry a deadline and the caller's identity.
+    A `dns:///name:port` target with several addresses is balanced round robin."""
     return grpc.aio.insecure_channel(
         target,
-        options=_CHANNEL_OPTIONS,
+        options=[*_CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")],
         interceptors=[
-            _UnaryUnaryDeadline(unary_timeout_s),
-            _UnaryStreamDeadline(stream_timeout_s),
-            _StreamUnaryDeadline(unary_timeout_s),
-            _StreamStreamDeadline(stream_timeout_s),
+            _UnaryUnaryOut(unary_timeout_s, signer),
+            _UnaryStreamOut(stream_timeout_s, signer),
+            _StreamUnaryOut(unary_timeout_s, signer),
+            _StreamStreamOut(stream_timeout_s, signer),
         ],
     )
+
+
+class IdentityInterceptor(grpc.aio.ServerInterceptor):
+    """Verifies the caller's identity token on every RPC (health and reflection excepted) and makes the
+    principal the handler's; a missing, forged or expired token ends the call UNAUTHENTICATED."""
+
+    OPEN = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+    def __init__(self, signer: Signer) -> None:
+        self.signer = signer
+
+    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(self.OPEN):
+            return handler
+        token = dict(handler_call_details.invocation_metadata or ()).get(identity.HEADER)
+        try:
+            principal = self.signer.verify(token)
+        except Unauthenticated as err:
+            return _rewrap(handler, _refuse(err))
+        return _rewrap(handler, _as(principal))
+
+
+def _refuse(err: Unauthenticated) -> Callable[[Any, bool], Any]:
+    def wrap(behavior: Any, streaming_response: bool) -> Any:
+        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
+            await context.abort_with_status(to_status(err))
+
+        return refuse
+
+    return wrap
+
+
+def _as(principal: identity.Principal) -> Callable[[Any, bool], Any]:
+    def wrap(behavior: Any, streaming_response: bool) -> Any:
+        if streaming_response and inspect.isasyncgenfunction(behavior):
+
+            async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                identity.set_principal(principal)
+                async for item in behavior(request, context):
+                    yield item
+
+            return stream
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            identity.set_principal(principal)
+            return await behavior(request, context)
+
+        return unary
+
+    return wrap
+
+
+def _rewrap(handler: grpc.RpcMethodHandler, wrap: Callable[[Any, bool], Any]) -> grpc.RpcMethodHandler:
+    """The same handler with its behavior wrapped (each RPC runs in its own task, so the principal set
+    by the wrapper is that call's alone)."""
+    kinds = (
+        ("unary_unary", grpc.unary_unary_rpc_method_handler, False),
+        ("unary_stream", grpc.unary_stream_rpc_method_handler, True),
+        ("stream_unary", grpc.stream_unary_rpc_method_handler, False),
+        ("stream_stream", grpc.stream_stream_rpc_method_handler, True),
+    )
+    for attr, make, streaming in kinds:
+        behavior = getattr(handler, attr)
+        if behavior is not None:
+            return make(
+                wrap(behavior, streaming),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+    return handler
 
 
 async def wait_serving(target: str, timeout_s: float = 20.0, service: str = "") -> None:

@@ -8,9 +8,14 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import pytest
+
+if TYPE_CHECKING:
+    from libs.config import MeshSettings
+    from libs.identity import Signer
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PG_ADMIN_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -70,3 +75,22 @@ def redis_url() -> str:
 def unique() -> str:
     """A short unique token for names, owners and keys of one test."""
     return uuid.uuid4().hex[:12]
+
+
+TEST_SECRET = "agentmesh-test-mesh-secret-0123456789"
+
+
+def test_settings(**values: object) -> MeshSettings:
+    """Settings for services a test starts in its own process: the test mesh secret, loopback."""
+    from libs.config import MeshSettings
+
+    values.setdefault("mesh_secret", TEST_SECRET)
+    return MeshSettings(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def signer() -> Signer:
+    """Signs identities the test services accept (`with identity.acting_as(user): ...` then call)."""
+    from libs.identity import Signer
+
+    return Signer(TEST_SECRET.encode())

@@ -17,23 +17,42 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 
+from agentmesh.auth.v1 import auth_service_pb2 as au
 from agentmesh.mock_llm import DEMO_RULES, MockLLM
-from agentmesh.v1 import trace_service_pb2 as ts
 from gateway.app import create_app
-from libs import embedded_http
+from libs import embedded_http, identity
 from libs.clients import Clients
 from libs.config import Addresses, LLMSettings, MeshSettings, StreamSettings
+from libs.identity import Signer
 from libs.rpc import ServiceServer
 from services.agent_runtime import server as runtime_server
 from services.orchestrator import server as orchestrator_server
 from services.stream import server as stream_server
 from services.trace import server as trace_server
 
+ANY_PORT = "127.0.0.1:0"
+TEST_CATALOG = Path(__file__).parent / "catalogs" / "mesh.yaml"  # agents whose prompts the test rules match
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+
+class Ports:
+    """Ports for processes started by a test, reserved until the test ends: each is bound here with
+    SO_REUSEPORT (and never listened on), so no other program can take it, while the process that
+    serves on it binds it too (gRPC, the gateway and the model server all set SO_REUSEPORT)."""
+
+    def __init__(self) -> None:
+        self._held: list[socket.socket] = []
+
+    def take(self) -> int:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("127.0.0.1", 0))
+        self._held.append(sock)
+        return int(sock.getsockname()[1])
+
+    def release(self) -> None:
+        for sock in self._held:
+            sock.close()
+        self._held.clear()
 
 
 @dataclass
@@ -47,6 +66,11 @@ class Mesh:
     api_key: str = ""
     user: str = ""
 
+    @property
+    def signer(self) -> Signer:
+        assert self.clients is not None
+        return self.clients.signer
+
     def http(self, api_key: str | None = None, timeout: float = 30.0) -> httpx.AsyncClient:
         key = self.api_key if api_key is None else api_key
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -54,7 +78,8 @@ class Mesh:
 
     async def new_user(self, name: str) -> str:
         assert self.clients is not None
-        resp = await self.clients.trace.CreateApiKey(ts.CreateApiKeyRequest(user=name))
+        with identity.acting_as(""):
+            resp = await self.clients.auth.CreateApiKey(au.CreateApiKeyRequest(user=name))
         return resp.api_key
 
     async def stop(self) -> None:
@@ -90,16 +115,13 @@ async def start_mesh(
     timing = {"ttft_ms": 0.0, "tokens_per_second": 0.0}
     mock = MockLLM(rules, **timing) if rules is not None else MockLLM.from_file(DEMO_RULES, **timing)
     await mock.start()
-    addresses = Addresses(
-        orchestrator=f"127.0.0.1:{free_port()}",
-        agent_runtime=f"127.0.0.1:{free_port()}",
-        trace=f"127.0.0.1:{free_port()}",
-        stream=f"127.0.0.1:{free_port()}",
-    )
     values: dict[str, Any] = {
         "data_dir": tmp,
         "database_url": database_url,
-        "addresses": addresses,
+        "mesh_secret": f"test-secret-{uuid.uuid4().hex}",
+        "addresses": Addresses(
+            orchestrator=ANY_PORT, agent_runtime=ANY_PORT, trace=ANY_PORT, stream=ANY_PORT
+        ),
         "llm": LLMSettings(base_url=mock.base_url, api_key="test", request_timeout_s=llm_timeout_s),
         "stream": StreamSettings(
             backend=stream_backend, heartbeat_s=5, redis_prefix=f"test-{uuid.uuid4().hex}:"
@@ -113,17 +135,23 @@ async def start_mesh(
         values["catalog"] = catalog
     values.update(overrides)
     settings = MeshSettings(**values)
+    signer = identity.signer_for(settings)
     mesh = Mesh(settings=settings, mock=mock)
     try:
-        mesh.servers["trace"] = await trace_server.build(settings)
-        stream = await stream_server.build(settings)
-        if not stream.port:
-            await stream.start()
-        mesh.servers["stream"] = stream
-        mesh.servers["agent-runtime"] = await runtime_server.build(settings)
-        mesh.servers["orchestrator"] = await orchestrator_server.build(settings)
-        mesh.clients = Clients.connect(settings)
-        mesh.gateway = await embedded_http.serve(create_app(settings), ws="websockets-sansio")
+        # Each server binds port 0; the addresses are filled in as they come up, before any RPC
+        # (clients open their channels on first use).
+        a = settings.addresses
+        mesh.servers["trace"] = await trace_server.build(settings, ANY_PORT, signer)
+        a.trace = mesh.servers["trace"].target
+        stream = await stream_server.build(settings, ANY_PORT, signer=signer)
+        mesh.servers["stream"] = await stream.start()
+        a.stream = stream.target
+        mesh.servers["agent-runtime"] = await runtime_server.build(settings, ANY_PORT, signer)
+        a.agent_runtime = mesh.servers["agent-runtime"].target
+        mesh.servers["orchestrator"] = await orchestrator_server.build(settings, ANY_PORT, signer)
+        a.orchestrator = mesh.servers["orchestrator"].target
+        mesh.clients = Clients(settings, signer)
+        mesh.gateway = await embedded_http.serve(create_app(settings), ws="websockets")
         mesh.url = f"http://127.0.0.1:{mesh.gateway.port}"
         mesh.user = "alice"
         mesh.api_key = await mesh.new_user("alice")
@@ -220,16 +248,16 @@ async def mesh_on(request: Any, tmp: Path, **kwargs: Any) -> Mesh:
     return await start_mesh(tmp, **kwargs)
 
 
-def process_env(data_dir: Path, **extra: str) -> dict[str, str]:
-    """Environment for mesh processes (`agentmesh up` / `serve`) on free loopback ports."""
+def process_env(data_dir: Path, ports: Ports, **extra: str) -> dict[str, str]:
+    """Environment for mesh processes (`agentmesh up` / `serve`) on loopback ports reserved in `ports`."""
     env = dict(os.environ)
     env.update(
         AGENTMESH_DATA_DIR=str(data_dir),
-        AGENTMESH_ADDRESSES__TRACE=f"127.0.0.1:{free_port()}",
-        AGENTMESH_ADDRESSES__STREAM=f"127.0.0.1:{free_port()}",
-        AGENTMESH_ADDRESSES__AGENT_RUNTIME=f"127.0.0.1:{free_port()}",
-        AGENTMESH_ADDRESSES__ORCHESTRATOR=f"127.0.0.1:{free_port()}",
-        AGENTMESH_GATEWAY_PORT=str(free_port()),
+        AGENTMESH_ADDRESSES__TRACE=f"127.0.0.1:{ports.take()}",
+        AGENTMESH_ADDRESSES__STREAM=f"127.0.0.1:{ports.take()}",
+        AGENTMESH_ADDRESSES__AGENT_RUNTIME=f"127.0.0.1:{ports.take()}",
+        AGENTMESH_ADDRESSES__ORCHESTRATOR=f"127.0.0.1:{ports.take()}",
+        AGENTMESH_GATEWAY_PORT=str(ports.take()),
         **extra,
     )
     return env

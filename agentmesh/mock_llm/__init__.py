@@ -9,13 +9,12 @@ import os
 import signal
 from pathlib import Path
 
-import libs
 from agentmesh.mock_llm.rules import RulesError, RuleSet, parse_rules
 from agentmesh.mock_llm.server import MockLLM
 from libs.config import MeshSettings
 from libs.log import setup_logging
 
-DEMO_RULES = Path(libs.__file__).resolve().parent / "demo_rules.yaml"
+DEMO_RULES = Path(__file__).resolve().parent / "demo_rules.yaml"
 
 __all__ = ["DEMO_RULES", "MockLLM", "RuleSet", "RulesError", "main", "parse_rules"]
 

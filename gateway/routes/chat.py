@@ -15,13 +15,14 @@ from fastapi import APIRouter, Depends, Request, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sse_starlette.sse import EventSourceResponse
 
-from agentmesh.v1 import orchestrator_service_pb2 as orc
+from agentmesh.agents.v1 import agent_service_pb2 as ag
+from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from gateway.deps import authenticate, clients, current_user, settings
 from gateway.sse import sse_message
 from libs import events
-from libs.catalog import Catalog, subagent_config
 from libs.clients import Clients
-from libs.errors import FailedPrecondition, InvalidArgument, MeshError, call, from_rpc_error
+from libs.errors import FailedPrecondition, InvalidArgument, MeshError, from_rpc_error, rpc
+from libs.protojson import to_json
 
 router = APIRouter()
 log = logging.getLogger(__name__)
@@ -42,25 +43,23 @@ class ChatRequest(BaseModel):
         return value
 
 
-def _execute(c: Clients, user: str, body: ChatRequest) -> grpc.aio.UnaryStreamCall:
+def _execute(c: Clients, body: ChatRequest) -> grpc.aio.UnaryStreamCall:
     return c.orchestrator.ExecuteChat(
-        orc.ExecuteChatRequest(
-            owner=user, agent=body.agent, message=body.message, session_id=body.session_id or ""
-        )
+        orc.ExecuteChatRequest(agent=body.agent, message=body.message, session_id=body.session_id or "")
     )
 
 
-async def _first(rpc: grpc.aio.UnaryStreamCall) -> Any:
+async def _first(call: grpc.aio.UnaryStreamCall) -> Any:
     """The first response, so that an early failure becomes an HTTP error, not a broken stream."""
-    return await call(rpc.read())
+    return await rpc(call.read())
 
 
 @router.post("/api/chat")
 async def chat(
     body: ChatRequest, request: Request, user: str = Depends(current_user), c: Clients = Depends(clients)
 ) -> EventSourceResponse:
-    rpc = _execute(c, user, body)
-    first = await _first(rpc)
+    call = _execute(c, body)
+    first = await _first(call)
 
     async def stream() -> AsyncIterator[dict[str, str]]:
         try:
@@ -68,12 +67,11 @@ async def chat(
             while response is not grpc.aio.EOF:
                 for event in response.events:
                     yield sse_message(event)
-                response = await rpc.read()
+                response = await call.read()
         except grpc.aio.AioRpcError as exc:
-            err = from_rpc_error(exc)
-            yield sse_message(events.error(err.reason.lower(), err.message))
+            yield sse_message(events.error(from_rpc_error(exc)))
         finally:
-            rpc.cancel()  # a client that left stops reading; the turn itself goes on
+            call.cancel()  # a client that left stops reading; the turn itself goes on
 
     return EventSourceResponse(stream(), ping=settings(request).stream.heartbeat_s)
 
@@ -82,39 +80,20 @@ async def chat(
 async def cancel(
     session_id: str, user: str = Depends(current_user), c: Clients = Depends(clients)
 ) -> dict[str, bool]:
-    resp = await c.orchestrator.CancelChat(orc.CancelChatRequest(owner=user, session_id=session_id))
+    resp = await rpc(c.orchestrator.CancelChat(orc.CancelChatRequest(session_id=session_id)))
     return {"cancelled": resp.cancelled}
 
 
 @router.get("/api/agents")
-async def agents(request: Request, user: str = Depends(current_user)) -> dict[str, Any]:
-    """The catalog, with each agent's agent-invoke limits and its effective subagent config."""
-    catalog: Catalog = request.app.state.catalog
-    defaults = settings(request).subagent
-    out = []
-    for a in catalog.agents:
-        sub = subagent_config(a, defaults)
-        out.append(
-            {
-                "slug": a.slug,
-                "name": a.name,
-                "description": a.description,
-                "model": a.model,
-                "tools": a.tools,
-                "invoke": a.invoke.model_dump(by_alias=True),
-                "subagents": {
-                    "enabled": sub.enabled,
-                    "maxConcurrent": sub.max_concurrent,
-                    "allowedPresetAgentIds": sub.allowed_preset_agent_ids,
-                    "allowedToolNames": sub.allowed_tool_names,
-                },
-            }
-        )
-    return {"agents": out}
+async def agents(user: str = Depends(current_user), c: Clients = Depends(clients)) -> dict[str, Any]:
+    """The caller's agents and the built-in ones, each with its agent-invoke limits and its effective
+    subagent config."""
+    resp = await rpc(c.agents.ListAgents(ag.ListAgentsRequest()))
+    return {"agents": [to_json(a) for a in resp.agents]}
 
 
 def _ws_error(err: MeshError) -> dict[str, Any]:
-    return {"type": "error", "code": err.reason.lower(), "message": err.message, "status": err.http_status}
+    return {"type": "error", "code": err.code_name, "message": err.message, "status": err.http_status}
 
 
 @router.websocket("/api/ws")
@@ -125,7 +104,8 @@ async def ws(socket: WebSocket) -> None:
     header = socket.headers.get("authorization")
     token = socket.query_params.get("apiKey") or socket.query_params.get("token")
     try:
-        user = await authenticate(socket.app.state, header or (f"Bearer {token}" if token else None))
+        # The acting user of everything this socket does from here on.
+        await authenticate(socket.app.state, header or (f"Bearer {token}" if token else None))
     except MeshError as err:
         await socket.accept()  # then close with a reason the client can read (a refused handshake has none)
         await socket.close(code=4401, reason=err.message)
@@ -140,15 +120,15 @@ async def ws(socket: WebSocket) -> None:
             await socket.send_json(data)
 
     async def run_turn(body: ChatRequest) -> None:
-        rpc = _execute(c, user, body)
+        call = _execute(c, body)
         try:
-            async for response in rpc:
+            async for response in call:
                 for event in response.events:
                     await send(events.to_dict(event, with_offset=True))
         except grpc.aio.AioRpcError as exc:
             await send(_ws_error(from_rpc_error(exc)))
         finally:
-            rpc.cancel()
+            call.cancel()
 
     async def handle(data: Any) -> None:
         nonlocal turn
@@ -162,8 +142,8 @@ async def ws(socket: WebSocket) -> None:
                 raise InvalidArgument(str(exc.errors()[0]["msg"])) from exc
             turn = asyncio.create_task(run_turn(body))
         elif kind == "cancel":
-            request = orc.CancelChatRequest(owner=user, session_id=str(data.get("sessionId", "")))
-            resp = await call(c.orchestrator.CancelChat(request))
+            request = orc.CancelChatRequest(session_id=str(data.get("sessionId", "")))
+            resp = await rpc(c.orchestrator.CancelChat(request))
             await send({"type": "cancel-result", "cancelled": resp.cancelled})
         else:
             raise InvalidArgument("type must be chat or cancel")

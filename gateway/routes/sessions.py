@@ -1,60 +1,84 @@
-"""Session routes: list, read, delete sessions and read their messages (TraceService underneath)."""
+"""Session routes: list, read, rename and delete sessions, and read their messages (TraceService)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
+from google.protobuf import field_mask_pb2
+from pydantic import BaseModel, ConfigDict, Field
 
-from agentmesh.v1 import trace_pb2
-from agentmesh.v1 import trace_service_pb2 as ts
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
 from gateway.deps import clients, current_user
-from libs import subagent_batches
+from libs.errors import rpc
 from libs.protojson import to_json
 
 router = APIRouter(prefix="/api/sessions", tags=["sessions"])
 
 User = Annotated[str, Depends(current_user)]
-_MODES = {"main_path": trace_pb2.LIST_MODE_MAIN_PATH, "all": trace_pb2.LIST_MODE_ALL}
+MODES = {"main_path": ts.PATH_MODE_MAIN_PATH, "all": ts.PATH_MODE_ALL}
+
+
+class SessionPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    title: str = Field(min_length=1, max_length=500)
 
 
 @router.get("")
 async def list_sessions(
     request: Request,
     user: User,
-    page_size: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
-    page_token: str = "",
+    page_size: Annotated[int, Query(ge=0, le=200)] = 0,
+    page_token: Annotated[str, Query(max_length=1000)] = "",
 ) -> dict[str, Any]:
-    """The caller's sessions, newest first: {"sessions": [...], "nextPageToken": "..."}."""
-    resp = await clients(request).trace.ListSessions(
-        ts.ListSessionsRequest(owner=user, page_size=page_size, page_token=page_token)
+    """The caller's sessions, most recently active first: {"sessions": [...], "nextPageToken": "..."}."""
+    resp = await rpc(
+        clients(request).trace.ListTraces(ts.ListTracesRequest(page_size=page_size, page_token=page_token))
     )
-    return {"sessions": [to_json(s) for s in resp.sessions], "nextPageToken": resp.next_page_token}
+    return {"sessions": [to_json(s) for s in resp.traces], "nextPageToken": resp.next_page_token}
 
 
 @router.get("/{session_id}")
 async def get_session(request: Request, user: User, session_id: str) -> dict[str, Any]:
     """{"session": {...}, "messageCount": n, "mainPathCount": n}."""
-    resp = await clients(request).trace.GetTrace(ts.GetTraceRequest(owner=user, session_id=session_id))
+    resp = await rpc(
+        clients(request).trace.GetTrace(ts.GetTraceRequest(trace_id=session_id, view=ts.TRACE_VIEW_FULL))
+    )
     return {
-        "session": to_json(resp.session),
+        "session": to_json(resp.trace),
         "messageCount": resp.message_count,
         "mainPathCount": resp.main_path_count,
     }
 
 
+@router.patch("/{session_id}")
+async def rename_session(request: Request, user: User, session_id: str, body: SessionPatch) -> dict[str, Any]:
+    """Renames a session: {"title": "..."} -> {"session": {...}}."""
+    resp = await rpc(
+        clients(request).trace.UpdateTrace(
+            ts.UpdateTraceRequest(
+                trace=tp.Trace(id=session_id, title=body.title),
+                update_mask=field_mask_pb2.FieldMask(paths=["title"]),
+            )
+        )
+    )
+    return {"session": to_json(resp.trace)}
+
+
 @router.delete("/{session_id}")
 async def delete_session(request: Request, user: User, session_id: str) -> dict[str, bool]:
     """Deletes the session and everything under it."""
-    await clients(request).trace.DeleteSession(ts.DeleteSessionRequest(owner=user, session_id=session_id))
+    await rpc(clients(request).trace.DeleteTrace(ts.DeleteTraceRequest(trace_id=session_id)))
     return {"deleted": True}
 
 
 @router.delete("")
 async def delete_sessions(request: Request, user: User) -> dict[str, int]:
-    """Deletes all of the caller's sessions: {"deletedCount": n}."""
-    resp = await clients(request).trace.DeleteSessions(ts.DeleteSessionsRequest(owner=user))
-    return {"deletedCount": resp.deleted_count}
+    """Deletes all of the caller's sessions: {"deletedCount": n} (traces of every kind)."""
+    resp = await rpc(clients(request).trace.DeleteTraces(ts.DeleteTracesRequest()))
+    return {"deletedCount": len(resp.deleted_trace_ids)}
 
 
 @router.get("/{session_id}/messages")
@@ -65,29 +89,26 @@ async def list_messages(
     mode: Literal["main_path", "all"] = "main_path",
     head_sequence: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     since_sequence: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
-    limit: Annotated[int, Query(ge=-(2**31), le=2**31 - 1)] = 0,
-    offset: Annotated[int, Query(ge=-(2**31), le=2**31 - 1)] = 0,
+    limit: Annotated[int, Query(ge=0, le=1000)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
 ) -> dict[str, Any]:
-    """{"messages": [...], "headSequence": n, "total": n}; mode main_path (default) or all."""
-    resp = await clients(request).trace.ListMessages(
-        ts.ListMessagesRequest(
-            owner=user,
-            session_id=session_id,
-            mode=_MODES[mode],
-            head_sequence=head_sequence,
-            since_sequence=since_sequence,
-            limit=limit,
-            offset=offset,
+    """{"messages": [...], "headSequence": n, "total": n}; mode main_path (default) or all. Subagent
+    batches are restored from their rows where an assistant message's metadata lacks them."""
+    resp = await rpc(
+        clients(request).trace.ListMessages(
+            ts.ListMessagesRequest(
+                trace_id=session_id,
+                mode=MODES[mode],
+                head_sequence=head_sequence,
+                since_sequence=since_sequence,
+                limit=limit,
+                offset=offset,
+                view=ts.MESSAGE_VIEW_FULL,
+            )
         )
     )
-    messages = [to_json(m) for m in resp.messages]
-    if any(m["role"] == "assistant" and "subagents" not in m.get("metadata", {}) for m in messages):
-        rows = await clients(request).trace.ListSubagentSessions(
-            ts.ListSubagentSessionsRequest(owner=user, session_id=session_id)
-        )
-        subagent_batches.restore(messages, rows.subagents)
     return {
-        "messages": messages,
+        "messages": [to_json(m) for m in resp.messages],
         "headSequence": resp.head_sequence,
         "total": resp.total,
     }

@@ -6,11 +6,12 @@ import grpc
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
-from agentmesh.v1 import trace_service_pb2 as ts
+from agentmesh.trace.v1 import trace_service_pb2 as ts
 from gateway import deps
 from gateway.sse import stream_response
 from libs.clients import Clients
 from libs.config import MeshSettings
+from libs.ids import a2a_key, session_key, subagent_key
 
 router = APIRouter(tags=["streams"])
 
@@ -26,9 +27,9 @@ async def session_stream(
     """Resumes the live turn of a session (SSE, replay then live)."""
 
     async def owns() -> bool:
-        return await _found(clients.trace.GetSession(ts.GetSessionRequest(owner=user, session_id=session_id)))
+        return await _found(clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))
 
-    return await stream_response(request, clients, settings, f"session:{session_id}", user, owns)
+    return await stream_response(request, clients, settings, session_key(session_id), owns)
 
 
 @router.get("/api/agents/a2a/stream")
@@ -42,14 +43,14 @@ async def a2a_stream(
     """The callee's live reply of an agent-invoke call, readable by the caller session's owner."""
 
     async def owns() -> bool:
-        return await _found(clients.trace.GetA2ATask(ts.GetA2ATaskRequest(owner=user, task_id=task_id)))
+        return await _found(clients.trace.GetA2ATask(ts.GetA2ATaskRequest(task_id=task_id)))
 
-    return await stream_response(request, clients, settings, f"a2a:{task_id}", user, owns)
+    return await stream_response(request, clients, settings, a2a_key(task_id), owns)
 
 
 @router.get("/api/subagents/{subagent_id}/stream")
 async def subagent_stream(
-    subagent_id: int,
+    subagent_id: str,
     request: Request,
     user: str = Depends(deps.current_user),
     clients: Clients = Depends(deps.clients),
@@ -58,10 +59,10 @@ async def subagent_stream(
     """The live text of one subagent card (`no-buffer` while it is still queued)."""
 
     async def owns() -> bool:
-        request_ = ts.GetSubagentSessionRequest(owner=user, subagent_id=subagent_id)
+        request_ = ts.GetSubagentSessionRequest(subagent_id=subagent_id)
         return await _found(clients.trace.GetSubagentSession(request_))
 
-    return await stream_response(request, clients, settings, f"subagent:{subagent_id}", user, owns)
+    return await stream_response(request, clients, settings, subagent_key(subagent_id), owns)
 
 
 async def _found(call: grpc.aio.UnaryUnaryCall) -> bool:  # type: ignore[type-arg]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from libs.errors import InvalidArgument
 from services.agent_runtime import invoke, subagents
 from services.agent_runtime.tools import (
     A2A_CALLEE,
@@ -29,7 +30,7 @@ CLARIFY = ToolSpec(
 async def clarify(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     question = str(args.get("question", "")).strip()
     if not question:
-        return ToolOutcome({"ok": False, "error": "question is required"}, ok=False)
+        return ToolOutcome.failed(InvalidArgument("question is required"))
     return ToolOutcome({"ok": True, "question": question}, stop_run=True)
 
 

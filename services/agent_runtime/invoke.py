@@ -2,23 +2,37 @@
 `agent` tool: a list of inputs run in parallel, continue_from a trace).
 
 A callee is anything with `Callee.run`; `LocalCallee` runs an agent of this mesh as a child turn
-over gRPC. A remote mesh or A2A agent is one more implementation of the same interface.
+through the orchestrator. A remote A2A agent is one more implementation of the same interface.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agentmesh.v1 import events_pb2 as ev
-from agentmesh.v1 import trace_pb2 as tp
-from agentmesh.v1 import trace_service_pb2 as ts
+from agentmesh.agents.v1 import agent_pb2 as ap
+from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
+from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
-from libs.errors import InvalidArgument, MeshError, NotFound, call
-from libs.turns import TurnRunner, TurnSpec, error_code
+from libs.errors import (
+    Cancelled,
+    DepthExceeded,
+    Internal,
+    InvalidArgument,
+    MeshError,
+    NotFound,
+    PermissionDenied,
+    rpc,
+)
+from libs.ids import a2a_key
+from services.agent_runtime.children import close_buffer, create_buffer, run_child
 from services.agent_runtime.tools import A2A_CALLEE, ToolContext, ToolOutcome, ToolSpec
 
 log = logging.getLogger(__name__)
@@ -50,8 +64,7 @@ class InvokeResult:
     ok: bool
     task_id: str
     trace_id: str
-    error: str = ""
-    code: str = ""
+    error: MeshError | None = None
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -60,9 +73,9 @@ class InvokeResult:
             "taskId": self.task_id,
             "traceId": self.trace_id,
         }
-        if not self.ok:
-            out["error"] = self.error
-            out["code"] = self.code
+        if self.error is not None:
+            out["error"] = self.error.message
+            out["code"] = self.error.code_name
         return out
 
 
@@ -71,13 +84,13 @@ class Callee(Protocol):
 
 
 class LocalCallee:
-    """An agent of this mesh, run as a child turn on agent-runtime with its own hidden a2a session."""
+    """An agent of this mesh, run as a child turn with its own hidden a2a trace."""
 
-    def __init__(self, slug: str) -> None:
-        self.slug = slug
+    def __init__(self, agent: ap.Agent) -> None:
+        self.agent = agent
 
     async def run(self, ctx: ToolContext, text: str, continue_from: str, depth: int) -> InvokeResult:
-        callee = ctx.catalog.get(self.slug)
+        callee = self.agent
         cfg = ctx.agent.invoke
         caller_context = {
             "toolCallId": ctx.tool_call_id,
@@ -85,21 +98,26 @@ class LocalCallee:
             "anchorMessageId": ctx.anchor_message_id,
         }
         task = (
-            await call(
+            await rpc(
                 ctx.clients.trace.CreateA2ATask(
                     ts.CreateA2ATaskRequest(
-                        owner=ctx.owner,
-                        callee_agent=callee.slug,
-                        caller_agent=ctx.agent.slug,
-                        caller_session_id=ctx.session_id,
-                        caller_context=events.struct(caller_context),
-                        continue_session_id=continue_from,
+                        task=tp.A2ATask(
+                            callee_agent=callee.slug,
+                            caller_agent=ctx.agent.slug,
+                            caller_session_id=ctx.trace_id,
+                            caller_context=events.struct(caller_context),
+                        ),
+                        continue_trace_id=continue_from,
                     )
                 )
             )
         ).task
+        key = a2a_key(task.id)
         try:
-            # Stored in the caller's stream BEFORE the callee starts, so a panel can subscribe at once.
+            # The buffer exists before the caller's stream names the task, so a panel can subscribe
+            # the moment it sees a2a-task-started.
+            metadata = {"agent": callee.slug, "model": callee.model, "kind": "a2a", "taskId": task.id}
+            await create_buffer(ctx, key, metadata)
             await ctx.sink.store(
                 ev.Event(
                     a2a_task_started=ev.A2ATaskStarted(
@@ -107,66 +125,67 @@ class LocalCallee:
                         callee_agent_slug=callee.slug,
                         callee_agent_name=callee.name,
                         tool_call_id=ctx.tool_call_id,
+                        trace_id=task.trace_id,
                     )
                 )
             )
             await self._state(ctx, task.id, tp.TASK_STATE_WORKING)
-            spec = TurnSpec(
-                owner=ctx.owner,
-                session_id=task.session_id,
-                agent=callee.slug,
-                user_text=text,
-                stream_key=f"a2a:{task.id}",
-                role=A2A_CALLEE,
-                depth=depth,
-                source=tp.MESSAGE_SOURCE_A2A,
-                a2a_task_id=task.id,
-                caller_agent=ctx.agent.slug,
-                caller_session_id=ctx.session_id,
-                model=callee.model,
-                max_output_tokens=cfg.max_output_tokens,
-                timeout_ms=min(cfg.timeout_ms, callee.limits.timeout_ms),
-                stream_metadata={
-                    "agent": callee.slug,
-                    "model": callee.model,
-                    "kind": "a2a",
-                    "taskId": task.id,
-                },
+            outcome = await run_child(
+                ctx,
+                orc.RunTurnRequest(
+                    trace_id=task.trace_id,
+                    agent=callee.slug,
+                    user_text=text,
+                    stream_key=key,
+                    stream_created=True,
+                    role=A2A_CALLEE,
+                    depth=depth,
+                    source=tp.MESSAGE_SOURCE_A2A,
+                    a2a_task_id=task.id,
+                    caller_agent=ctx.agent.slug,
+                    caller_session_id=ctx.trace_id,
+                    timeout_ms=min(cfg.timeout_ms, callee.limits.timeout_ms),
+                    overrides=rt.RunOverrides(model=callee.model, max_output_tokens=cfg.max_output_tokens),
+                ),
             )
-            outcome = await TurnRunner(ctx.clients).run(spec)
         except asyncio.CancelledError:
-            await asyncio.shield(self._state(ctx, task.id, tp.TASK_STATE_CANCELED))
+            await asyncio.shield(self._settle(ctx, key, task.id, Cancelled("the call was cancelled")))
             raise
-        except MeshError:
-            await asyncio.shield(self._state(ctx, task.id, tp.TASK_STATE_FAILED))
+        except MeshError as err:
+            await asyncio.shield(self._settle(ctx, key, task.id, err))
             raise
         if outcome.ok:
             assert outcome.result is not None
             await self._state(ctx, task.id, tp.TASK_STATE_COMPLETED)
-            return InvokeResult(outcome.result.content, True, task.id, task.session_id)
-        err = outcome.error or MeshError("the callee failed")
-        code = error_code(err)
-        state = tp.TASK_STATE_CANCELED if code == "cancelled" else tp.TASK_STATE_FAILED
+            return InvokeResult(outcome.result.content, True, task.id, task.trace_id)
+        failure = outcome.error or Internal("the callee failed")
+        state = tp.TASK_STATE_CANCELED if isinstance(failure, Cancelled) else tp.TASK_STATE_FAILED
         await self._state(ctx, task.id, state)
-        return InvokeResult("", False, task.id, task.session_id, error=err.message, code=code)
+        return InvokeResult("", False, task.id, task.trace_id, error=failure)
+
+    async def _settle(self, ctx: ToolContext, key: str, task_id: str, err: MeshError) -> None:
+        """A call that failed around its child turn: the buffer ends with the error, the task with it."""
+        await close_buffer(ctx, key, err)
+        state = tp.TASK_STATE_CANCELED if isinstance(err, Cancelled) else tp.TASK_STATE_FAILED
+        with contextlib.suppress(MeshError):
+            await self._state(ctx, task_id, state)
 
     @staticmethod
     async def _state(ctx: ToolContext, task_id: str, state: int) -> None:
-        await call(
-            ctx.clients.trace.UpdateA2ATask(
-                ts.UpdateA2ATaskRequest(owner=ctx.owner, task_id=task_id, state=state)  # type: ignore[arg-type]
-            )
+        await rpc(
+            ctx.clients.trace.UpdateA2ATask(ts.UpdateA2ATaskRequest(task_id=task_id, state=state))  # type: ignore[arg-type]
         )
 
 
-def resolve_callee(ctx: ToolContext, slug: str) -> Callee:
+async def resolve_callee(ctx: ToolContext, slug: str) -> Callee:
     """Checks the caller may call `slug`; raises before anything is created."""
-    if not ctx.catalog.has(slug):
-        raise NotFound(f"unknown agent {slug!r}")
     allowed = ctx.agent.invoke.allowed_callees
+    agent = await ctx.agents.find(slug)
+    if agent is None:
+        raise NotFound(f"unknown agent {slug!r}")
     if "*" not in allowed and slug not in allowed:
-        raise InvalidArgument(f"agent {ctx.agent.slug!r} may not call {slug!r}")
-    return LocalCallee(slug)
+        raise PermissionDenied(f"agent {ctx.agent.slug!r} may not call {slug!r}")
+    return LocalCallee(agent)
 
 
 async def agent_invoke(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
@@ -178,38 +197,37 @@ async def agent_invoke(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     depth = ctx.depth + 1
     meta: dict[str, Any] = {"agentSlug": slug, "recursionDepth": depth}
 
-    def fail(message: str, code: str) -> ToolOutcome:
+    def fail(err: MeshError) -> ToolOutcome:
         meta["durationMs"] = int((time.monotonic() - started) * 1000)
-        return ToolOutcome({"ok": False, "error": message, "code": code}, ok=False, metadata=meta)
+        return ToolOutcome.failed(err, meta)
 
     if not slug:
-        return fail("agentSlug is required", "invalid_argument")
+        return fail(InvalidArgument("agentSlug is required"))
     inputs = raw if isinstance(raw, list) else [raw]
     if not inputs or not all(isinstance(i, str) and i.strip() for i in inputs):
-        return fail("input must be a non-empty string or a list of non-empty strings", "invalid_argument")
+        return fail(InvalidArgument("input must be a non-empty string or a list of non-empty strings"))
     if len(inputs) > cfg.max_parallel:
-        return fail(f"at most {cfg.max_parallel} inputs may run in parallel", "invalid_argument")
+        return fail(InvalidArgument(f"at most {cfg.max_parallel} inputs may run in parallel"))
     if continue_from and len(inputs) > 1:
-        return fail("continueFrom takes a single input", "invalid_argument")
+        return fail(InvalidArgument("continueFrom takes a single input"))
     if depth > cfg.max_recursion_depth:
-        return fail(
-            f"recursion depth {depth} exceeds the limit of {cfg.max_recursion_depth}", "depth_exceeded"
-        )
+        return fail(DepthExceeded(f"recursion depth {depth} exceeds the limit of {cfg.max_recursion_depth}"))
     try:
-        callee = resolve_callee(ctx, slug)
+        callee = await resolve_callee(ctx, slug)
     except MeshError as err:
-        return fail(err.message, err.reason.lower())
+        return fail(err)
 
     async def one(text: str) -> InvokeResult:
         try:
             return await callee.run(ctx, text, continue_from, depth)
-        except MeshError as err:  # e.g. continueFrom names no trace of this owner
-            return InvokeResult("", False, "", "", error=err.message, code=err.reason.lower())
+        except MeshError as err:  # e.g. continueFrom names no trace of this user
+            return InvokeResult("", False, "", "", error=err)
 
     results = await asyncio.gather(*(one(str(text)) for text in inputs))
     meta["durationMs"] = int((time.monotonic() - started) * 1000)
     if isinstance(raw, list):
         meta["taskIds"] = [r.task_id for r in results]
+        meta["traceIds"] = [r.trace_id for r in results]
         ok = all(r.ok for r in results)
         return ToolOutcome({"ok": ok, "results": [r.as_json() for r in results]}, ok=ok, metadata=meta)
     result = results[0]

@@ -11,20 +11,18 @@ from typing import Any
 import openai
 from openai import AsyncOpenAI
 
+from agentmesh.events.v1 import events_pb2 as ev
 from libs.config import LLMSettings
-from libs.errors import MeshError
+from libs.errors import ModelError, ModelTimeout
 
 YIELD_EVERY_S = 0.002
-
-
-class ModelError(MeshError):
-    """The model endpoint failed (HTTP error, cut connection, bad stream)."""
-
-    http_status, reason = 502, "MODEL_ERROR"
-
-
-class ModelTimeout(ModelError):
-    reason = "MODEL_TIMEOUT"
+FINISH_REASONS = {
+    "stop": ev.FINISH_REASON_STOP,
+    "length": ev.FINISH_REASON_LENGTH,
+    "tool_calls": ev.FINISH_REASON_TOOL_CALLS,
+    "function_call": ev.FINISH_REASON_TOOL_CALLS,
+    "content_filter": ev.FINISH_REASON_CONTENT_FILTER,
+}
 
 
 @dataclass
@@ -41,7 +39,7 @@ class Step:
     content: str = ""
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
-    finish_reason: str = ""
+    finish_reason: int = ev.FINISH_REASON_UNSPECIFIED
     input_tokens: int = 0
     output_tokens: int = 0
     model: str = ""
@@ -109,7 +107,7 @@ class LLM:
                         if tc.function and tc.function.arguments:
                             call.arguments += tc.function.arguments
                     if choice.finish_reason:
-                        out.finish_reason = choice.finish_reason
+                        out.finish_reason = FINISH_REASONS.get(choice.finish_reason, ev.FINISH_REASON_STOP)
                 # A fast model fills the socket buffer: without a pause the loop would parse the
                 # whole reply before the sink's writer ever ran. Let it run at the first delta, then
                 # every few milliseconds (so deltas still travel in batches).

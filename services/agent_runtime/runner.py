@@ -10,17 +10,18 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from agentmesh.v1 import agent_runtime_service_pb2 as rt
-from agentmesh.v1 import events_pb2 as ev
-from agentmesh.v1 import trace_pb2 as tp
-from agentmesh.v1 import trace_service_pb2 as ts
+from agentmesh.agents.v1 import agent_pb2 as ap
+from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
-from libs.catalog import Agent, Catalog
 from libs.clients import Clients
 from libs.config import MeshSettings
-from libs.errors import DeadlineExceeded, InvalidArgument, MeshError
-from libs.sink import EventSink
+from libs.errors import DeadlineExceeded, InvalidArgument, MeshError, PermissionDenied, rpc
+from services.agent_runtime.directory import AgentDirectory
 from services.agent_runtime.llm import LLM, ToolCall
+from services.agent_runtime.sink import EventSink
 from services.agent_runtime.tools import RunState, ToolContext, ToolOutcome, ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -72,56 +73,56 @@ def tool_text(output: Any) -> str:
 
 
 class AgentRunner:
-    def __init__(
-        self, settings: MeshSettings, clients: Clients, catalog: Catalog, llm: LLM, registry: ToolRegistry
-    ) -> None:
+    def __init__(self, settings: MeshSettings, clients: Clients, llm: LLM, registry: ToolRegistry) -> None:
         self.settings = settings
         self.clients = clients
-        self.catalog = catalog
         self.llm = llm
         self.registry = registry
 
     async def history(self, req: rt.RunAgentRequest) -> list[dict[str, Any]]:
-        if not req.session_id:
+        if not req.trace_id:
             return []
         request = ts.ListMessagesRequest(
-            owner=req.owner,
-            session_id=req.session_id,
-            mode=tp.LIST_MODE_MAIN_PATH,
+            trace_id=req.trace_id,
+            mode=ts.PATH_MODE_MAIN_PATH,
             head_sequence=req.history_head_sequence,
             limit=HISTORY_LIMIT,
         )
-        resp = await self.clients.trace.ListMessages(request)
+        resp = await rpc(self.clients.trace.ListMessages(request))
         if resp.total > len(resp.messages):  # a long trace: the model gets its newest messages
             request.offset = resp.total - HISTORY_LIMIT
-            resp = await self.clients.trace.ListMessages(request)
+            resp = await rpc(self.clients.trace.ListMessages(request))
         return history_to_openai(list(resp.messages))
 
     async def run(self, req: rt.RunAgentRequest, sink: EventSink) -> rt.RunResult:
-        agent = self.catalog.get(req.agent)
-        role = req.role or rt.RUN_ROLE_SUPERVISOR
         if req.depth < 0:
             raise InvalidArgument("depth must not be negative")
+        agents = AgentDirectory(self.clients)
+        agent = await agents.get(req.agent)  # read for every run: an edit applies to the next one
+        role = req.role or rt.RUN_ROLE_SUPERVISOR
         timeout_ms = req.timeout_ms or agent.limits.timeout_ms
         try:
             async with asyncio.timeout(timeout_ms / 1000):
-                return await self._loop(req, agent, role, sink)
+                return await self._loop(req, agent, role, sink, agents)
         except TimeoutError as exc:
             raise DeadlineExceeded(f"agent {agent.slug} did not finish within {timeout_ms} ms") from exc
 
-    async def _loop(self, req: rt.RunAgentRequest, agent: Agent, role: int, sink: EventSink) -> rt.RunResult:
-        allow = list(req.tool_names) if req.restrict_tools else None
+    async def _loop(
+        self, req: rt.RunAgentRequest, agent: ap.Agent, role: int, sink: EventSink, agents: AgentDirectory
+    ) -> rt.RunResult:
+        o = req.overrides
+        allow = list(o.tool_names.names) if o.HasField("tool_names") else None
         tools = self.registry.resolve(agent, role, allow)
         schemas = self.registry.schemas(list(tools))
-        model = req.model or agent.model
-        max_tokens = req.max_output_tokens or agent.limits.max_output_tokens
-        max_steps = req.max_steps or agent.limits.max_steps
+        model = o.model or agent.model
+        max_tokens = o.max_output_tokens or agent.limits.max_output_tokens
+        max_steps = o.max_steps or agent.limits.max_steps
         messages: list[dict[str, Any]] = [
-            {"role": "system", "content": req.system_prompt or agent.system_prompt},
+            {"role": "system", "content": o.system_prompt or agent.system_prompt},
             *await self.history(req),
         ]
         state = RunState()
-        content, thinking, finish = "", "", "stop"
+        content, thinking, finish = "", "", int(ev.FINISH_REASON_STOP)
         used_in = used_out = 0
         tool_records: list[dict[str, Any]] = []
         for step_no in range(max_steps):
@@ -158,7 +159,10 @@ class AgentRunner:
                 }
             )
             outcomes = await asyncio.gather(
-                *(self._call_tool(req, agent, role, call, tools, sink, state) for call in step.tool_calls)
+                *(
+                    self._call_tool(req, agent, role, call, tools, sink, state, agents)
+                    for call in step.tool_calls
+                )
             )
             stop = False
             for call, (args, outcome) in zip(step.tool_calls, outcomes, strict=True):
@@ -178,22 +182,22 @@ class AgentRunner:
                 )
                 stop = stop or outcome.stop_run
             if stop:
-                finish = "tool-stop"
+                finish = ev.FINISH_REASON_TOOL_STOP
                 break
         else:
-            finish = "max-steps"
+            finish = ev.FINISH_REASON_MAX_STEPS
         await sink.flush()
         metadata: dict[str, Any] = {}
         if tool_records:
             metadata["toolCalls"] = tool_records
         if state.subagent_batches:
-            metadata["subagents"] = state.subagent_batches
+            metadata["subagents"] = [b for b in state.subagent_batches.values() if b]
         result = rt.RunResult(
             content=content,
             thinking=thinking,
             model=model,
             usage=ev.Usage(input_tokens=used_in, output_tokens=used_out),
-            finish_reason=finish,
+            finish_reason=finish,  # type: ignore[arg-type]
         )
         result.metadata.CopyFrom(events.struct(metadata))
         return result
@@ -201,12 +205,13 @@ class AgentRunner:
     async def _call_tool(
         self,
         req: rt.RunAgentRequest,
-        agent: Agent,
+        agent: ap.Agent,
         role: int,
         call: ToolCall,
         tools: dict[str, Any],
         sink: EventSink,
         state: RunState,
+        agents: AgentDirectory,
     ) -> tuple[Any, ToolOutcome]:
         try:
             args = json.loads(call.arguments or "{}")
@@ -222,30 +227,29 @@ class AgentRunner:
         started = time.monotonic()
         handler = tools.get(call.name)
         if handler is None:
-            outcome = ToolOutcome(
-                {"ok": False, "error": f"tool {call.name!r} is not available to this agent"}, ok=False
+            outcome = ToolOutcome.failed(
+                PermissionDenied(f"tool {call.name!r} is not available to this agent")
             )
         elif not isinstance(args, dict) or "_raw" in args:
-            outcome = ToolOutcome({"ok": False, "error": "tool arguments must be a JSON object"}, ok=False)
+            outcome = ToolOutcome.failed(InvalidArgument("tool arguments must be a JSON object"))
         else:
             ctx = ToolContext(
-                owner=req.owner,
                 agent=agent,
                 role=role,
-                session_id=req.session_id,
+                trace_id=req.trace_id,
                 anchor_message_id=req.anchor_message_id,
                 depth=req.depth,
                 tool_call_id=call.id,
                 sink=sink,
                 clients=self.clients,
                 settings=self.settings,
-                catalog=self.catalog,
+                agents=agents,
                 state=state,
             )
             try:
                 outcome = await handler(ctx, args)
             except MeshError as err:
-                outcome = ToolOutcome({"ok": False, "error": err.message}, ok=False)
+                outcome = ToolOutcome.failed(err)
         outcome.metadata.setdefault("durationMs", int((time.monotonic() - started) * 1000))
         sink.emit(
             ev.Event(

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from agentmesh.v1 import agent_runtime_service_pb2_grpc as rt_grpc
-from libs.catalog import Catalog, load_catalog
+from agentmesh.runtime.v1 import runtime_service_pb2, runtime_service_pb2_grpc
 from libs.clients import Clients
 from libs.config import MeshSettings
+from libs.identity import Signer, signer_for
 from libs.rpc import Registration, ServiceServer
 from services.agent_runtime import builtin_tools
 from services.agent_runtime.llm import LLM
@@ -13,31 +13,30 @@ from services.agent_runtime.runner import AgentRunner
 from services.agent_runtime.servicer import AgentRuntimeServicer
 from services.agent_runtime.tools import ToolRegistry
 
-SERVICE_NAME = "agentmesh.v1.AgentRuntimeService"
 
-
-def build_registry(settings: MeshSettings) -> ToolRegistry:
-    registry = ToolRegistry(settings)
+def build_registry() -> ToolRegistry:
+    registry = ToolRegistry()
     builtin_tools.register_all(registry)
     return registry
 
 
 async def build(
-    settings: MeshSettings, address: str | None = None, catalog: Catalog | None = None
+    settings: MeshSettings, address: str | None = None, signer: Signer | None = None
 ) -> ServiceServer:
-    clients = Clients.connect(settings)
+    signer = signer or signer_for(settings)
+    clients = Clients(settings, signer)
     llm = LLM(settings.llm)
-    runner = AgentRunner(
-        settings, clients, catalog or load_catalog(settings.catalog), llm, build_registry(settings)
-    )
+    runner = AgentRunner(settings, clients, llm, build_registry())
     server = ServiceServer(
         [
-            Registration(
-                rt_grpc.add_AgentRuntimeServiceServicer_to_server,
+            Registration.of(
+                runtime_service_pb2,
+                "AgentRuntimeService",
+                runtime_service_pb2_grpc.add_AgentRuntimeServiceServicer_to_server,
                 AgentRuntimeServicer(runner, clients),
-                SERVICE_NAME,
             )
         ],
+        signer=signer,
         address=address or settings.addresses.agent_runtime,
         grace_s=settings.shutdown_grace_s,
     )

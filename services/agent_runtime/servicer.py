@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from agentmesh.v1 import agent_runtime_service_pb2 as rt
-from agentmesh.v1 import agent_runtime_service_pb2_grpc as rt_grpc
+from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from libs.clients import Clients
 from libs.errors import InvalidArgument, grpc_errors
-from libs.sink import EventSink
 from services.agent_runtime.runner import AgentRunner
+from services.agent_runtime.sink import EventSink
 
 
 class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
@@ -25,8 +25,8 @@ class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
     async def RunAgent(
         self, request: rt.RunAgentRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rt.RunAgentResponse]:
-        if not request.owner or not request.agent or not request.stream_key:
-            raise InvalidArgument("owner, agent and stream_key are required")
+        if not request.agent or not request.stream_key:
+            raise InvalidArgument("agent and stream_key are required")
         sink = EventSink(self.clients, request.stream_key)
 
         async def run() -> rt.RunResult:
@@ -35,10 +35,10 @@ class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
             finally:
                 await sink.aclose()
 
-        task = asyncio.create_task(run(), name=f"run:{request.agent}:{request.session_id}")
+        task = asyncio.create_task(run(), name=f"run:{request.agent}:{request.trace_id}")
         try:
             async for batch in sink.committed():
-                yield rt.RunAgentResponse(events=batch)
+                yield rt.RunAgentResponse(events=rt.EventBatch(events=batch))
             result = await task
             yield rt.RunAgentResponse(result=result)
         finally:

@@ -16,15 +16,18 @@ from typing import Any
 
 from google.protobuf import field_mask_pb2
 
-from agentmesh.v1 import events_pb2 as ev
-from agentmesh.v1 import trace_pb2 as tp
-from agentmesh.v1 import trace_service_pb2 as ts
+from agentmesh.agents.v1 import agent_pb2 as ap
+from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
+from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
-from libs.catalog import Agent, subagent_config
-from libs.errors import MeshError, call
-from libs.subagent_batches import build_batches, item_from_row, summarize
-from libs.turns import TurnRunner, TurnSpec, error_code
-from services.agent_runtime.tools import SUBAGENT, ToolContext, ToolOutcome, ToolSpec
+from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, rpc
+from libs.ids import subagent_key
+from libs.protojson import enum_to_str, to_json
+from services.agent_runtime.children import create_buffer, run_child
+from services.agent_runtime.tools import SUBAGENT, ToolContext, ToolOutcome, ToolSpec, names
 
 _TASK_PROPS: dict[str, Any] = {
     "goal": {"type": "string", "description": "What the subagent must achieve."},
@@ -70,50 +73,52 @@ You are a subagent inside a chat session, working for the parent agent "{parent}
 
 @dataclass
 class _Plan:
-    """One subagent to start: what the call asked, resolved against the catalog and the config."""
+    """One subagent to start: what the call asked, resolved against the agents and the config."""
 
     goal: str
     context: str
-    source_type: str
-    agent: Agent
+    source: int  # ev.SubagentSource
+    agent: ap.Agent
     name: str
     tool_names: list[str] | None
     max_steps: int
-    error: str = ""
 
 
-def _plan(ctx: ToolContext, task: Any) -> _Plan:
-    cfg = subagent_config(ctx.agent, ctx.settings.subagent)
+async def _plan(ctx: ToolContext, task: Any) -> _Plan:
+    """Resolves one task of a delegate call; InvalidArgument (naming the problem) when it cannot run."""
+    cfg = ctx.agent.effective_subagent_config
     if not isinstance(task, dict):
-        return _Plan("", "", "preset", ctx.agent, "subagent", None, 0, error="each task must be an object")
+        raise InvalidArgument("each task must be an object")
     goal = str(task.get("goal") or "").strip()
     context = str(task.get("context") or "")
     slug = str(task.get("agentSlug") or task.get("agentId") or "").strip()
     mode = str(task.get("mode") or ("preset" if slug else "clone"))
     rounds = task.get("maxToolRounds")
     max_steps = int(rounds) + 1 if isinstance(rounds, int) and rounds >= 0 else 0
-    plan = _Plan(goal, context, mode, ctx.agent, f"{ctx.agent.name} (clone)", None, max_steps)
     if not goal:
-        plan.error = "goal is required"
-    elif mode not in ("preset", "clone"):
-        plan.error = f"mode must be preset or clone, not {mode!r}"
+        raise InvalidArgument("goal is required")
+    if mode == "clone":
+        plan = _Plan(
+            goal, context, ev.SUBAGENT_SOURCE_CLONE, ctx.agent, f"{ctx.agent.name} (clone)", None, max_steps
+        )
     elif mode == "preset":
-        if not slug or not ctx.catalog.has(slug):
-            plan.error = f"unknown preset agent {slug!r}"
-        elif cfg.allowed_preset_agent_ids is not None and slug not in cfg.allowed_preset_agent_ids:
-            plan.error = f"preset agent {slug!r} is not allowed for {ctx.agent.slug!r}"
-        else:
-            plan.agent = ctx.catalog.get(slug)
-            plan.name = plan.agent.name
+        allowed = names(cfg, "allowed_preset_agent_ids")
+        agent = await ctx.agents.find(slug) if slug else None
+        if agent is None:
+            raise InvalidArgument(f"unknown preset agent {slug!r}")
+        if allowed is not None and slug not in allowed:
+            raise InvalidArgument(f"preset agent {slug!r} is not allowed for {ctx.agent.slug!r}")
+        plan = _Plan(goal, context, ev.SUBAGENT_SOURCE_PRESET, agent, agent.name, None, max_steps)
+    else:
+        raise InvalidArgument(f"mode must be preset or clone, not {mode!r}")
     asked = task.get("toolNames")
-    names = list(asked) if isinstance(asked, list) else None
-    if cfg.allowed_tool_names is not None:
-        names = [
-            n for n in (names if names is not None else cfg.allowed_tool_names) if n in cfg.allowed_tool_names
-        ]
-    if names is not None:
-        names = [n for n in names if n not in cfg.blocked_tool_names]
-    plan.tool_names = names
+    tools = [str(n) for n in asked] if isinstance(asked, list) else None
+    allowed_tools = names(cfg, "allowed_tool_names")
+    if allowed_tools is not None:
+        tools = [n for n in (tools if tools is not None else allowed_tools) if n in allowed_tools]
+    if tools is not None:
+        tools = [n for n in tools if n not in cfg.blocked_tool_names]
+    plan.tool_names = tools
     return plan
 
 
@@ -124,7 +129,7 @@ class SubagentBatch:
         self.ctx = ctx
         self.plans = plans
         self.title = title
-        self.cfg = subagent_config(ctx.agent, ctx.settings.subagent)
+        self.cfg = ctx.agent.effective_subagent_config
         self.rows: list[tp.SubagentSession] = []
         self.outputs: list[dict[str, Any]] = []
 
@@ -137,10 +142,10 @@ class SubagentBatch:
                 row.result_payload.CopyFrom(events.struct(value))
             else:
                 setattr(row, key, value)
-        resp = await call(
+        resp = await rpc(
             self.ctx.clients.trace.UpdateSubagentSession(
                 ts.UpdateSubagentSessionRequest(
-                    owner=self.ctx.owner, subagent=row, update_mask=field_mask_pb2.FieldMask(paths=paths)
+                    subagent=row, update_mask=field_mask_pb2.FieldMask(paths=paths)
                 )
             )
         )
@@ -151,7 +156,7 @@ class SubagentBatch:
         self.ctx.sink.emit(
             ev.Event(
                 subagent_update=ev.SubagentUpdate(
-                    parent_message_id=self.ctx.anchor_message_id, subagent=item_from_row(self.rows[i])
+                    parent_message_id=self.ctx.anchor_message_id, subagent=events.item_from_row(self.rows[i])
                 )
             )
         )
@@ -169,32 +174,33 @@ class SubagentBatch:
                 )
             )
         )
-        for i, plan in enumerate(self.plans):
-            resp = await call(
-                ctx.clients.trace.CreateSubagentSession(
-                    ts.CreateSubagentSessionRequest(
-                        owner=ctx.owner,
-                        subagent=tp.SubagentSession(
-                            session_id=ctx.session_id,
+        ctx.state.subagent_batches[ctx.tool_call_id] = {}  # holds its place among the turn's batches
+        resp = await rpc(
+            ctx.clients.trace.CreateSubagentSessions(
+                ts.CreateSubagentSessionsRequest(
+                    subagents=[
+                        tp.SubagentSession(
+                            trace_id=ctx.trace_id,
                             parent_message_id=ctx.anchor_message_id,
                             parent_tool_call_id=ctx.tool_call_id,
                             parent_agent=ctx.agent.slug,
-                            source_type=plan.source_type,
-                            preset_agent=plan.agent.slug
-                            if plan.source_type == "preset" and not plan.error
-                            else "",
+                            source_type=plan.source,  # type: ignore[arg-type]
+                            preset_agent=plan.agent.slug if plan.source == ev.SUBAGENT_SOURCE_PRESET else "",
                             name=plan.name,
                             goal=plan.goal,
                             context=plan.context,
-                            model=plan.agent.model if plan.source_type == "preset" else ctx.agent.model,
+                            model=plan.agent.model,
                             tool_names=plan.tool_names or [],
                             sort_order=i,
                             batch_title=self.title,
-                        ),
-                    )
+                        )
+                        for i, plan in enumerate(self.plans)
+                    ]
                 )
             )
-            self.rows.append(resp.subagent)
+        )
+        self.rows = list(resp.subagents)
+        for i in range(len(self.rows)):
             self._emit_update(i)
         slots = asyncio.Semaphore(self.cfg.max_concurrent)
         tasks = [asyncio.create_task(self._one(i, slots)) for i in range(len(self.plans))]
@@ -206,8 +212,10 @@ class SubagentBatch:
             await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
             raise
         finally:
-            await asyncio.shield(self._record())
-        summary = summarize(r.status for r in self.rows)
+            # The anchor's metadata.subagents: the same builder restores it from the rows.
+            batch = events.build_batches(self.rows)
+            ctx.state.subagent_batches[ctx.tool_call_id] = to_json(batch[0]) if batch else {}
+        summary = events.summarize(r.status for r in self.rows)
         ctx.sink.emit(
             ev.Event(
                 subagent_done=ev.SubagentDone(
@@ -220,87 +228,65 @@ class SubagentBatch:
             "subagentIds": [r.id for r in self.rows],
             "parentMessageId": ctx.anchor_message_id,
         }
-        counts = {"total": summary.total, "completed": summary.completed, "failed": summary.failed}
+        counts = {
+            "total": summary.total,
+            "completed": summary.completed,
+            "failed": summary.failed,
+            "cancelled": summary.cancelled,
+        }
         ok = summary.completed > 0
         return ToolOutcome({"ok": ok, "results": self.outputs, "summary": counts}, ok=ok, metadata=meta)
 
-    async def _record(self) -> None:
-        """The anchor's metadata.subagents, rebuilt from the rows (the same builder restores it)."""
-        ctx = self.ctx
-        with contextlib.suppress(MeshError, asyncio.TimeoutError):
-            async with asyncio.timeout(5):
-                resp = await call(
-                    ctx.clients.trace.ListSubagentSessions(
-                        ts.ListSubagentSessionsRequest(
-                            owner=ctx.owner,
-                            session_id=ctx.session_id,
-                            parent_message_id=ctx.anchor_message_id,
-                        )
-                    )
-                )
-                async with ctx.state.batch_lock:
-                    ctx.state.subagent_batches[:] = build_batches(resp.subagents)
-
     async def _one(self, i: int, slots: asyncio.Semaphore) -> None:
         plan = self.plans[i]
-        row = self.rows[i]
-        out: dict[str, Any] = {"id": row.id, "name": plan.name, "goal": plan.goal}
+        out: dict[str, Any] = {"id": self.rows[i].id, "name": plan.name, "goal": plan.goal}
         self.outputs.append(out)
-        if plan.error:
-            await self._update(
-                i,
-                ["status", "error"],
-                status=ev.SUBAGENT_STATUS_FAILED,
-                error=plan.error,
-            )
-            out.update(status="failed", error=plan.error)
-            return
         try:
             async with slots:
-                await self._update(i, ["status"], status=ev.SUBAGENT_STATUS_RUNNING)
                 await self._execute(i, plan, out)
         except asyncio.CancelledError:
             out.update(status="cancelled", error="cancelled")
-            with contextlib.suppress(MeshError):
-                await asyncio.shield(
-                    self._update(
-                        i,
-                        ["status", "error"],
-                        status=ev.SUBAGENT_STATUS_CANCELLED,
-                        error="cancelled",
+            if self.rows[i].status in (ev.SUBAGENT_STATUS_QUEUED, ev.SUBAGENT_STATUS_RUNNING):
+                with contextlib.suppress(MeshError):
+                    await asyncio.shield(
+                        self._update(
+                            i, ["status", "error"], status=ev.SUBAGENT_STATUS_CANCELLED, error="cancelled"
+                        )
                     )
-                )
             raise
 
     async def _execute(self, i: int, plan: _Plan, out: dict[str, Any]) -> None:
         ctx = self.ctx
         row = self.rows[i]
-        base = plan.agent.system_prompt
-        prompt = base + GUIDANCE.format(parent=ctx.agent.name, goal=plan.goal)
-        text = plan.goal if not plan.context else f"{plan.goal}\n\nContext:\n{plan.context}"
-        spec = TurnSpec(
-            owner=ctx.owner,
-            session_id=row.child_session_id,
-            agent=plan.agent.slug,
-            user_text=text,
-            stream_key=f"subagent:{row.id}",
-            role=SUBAGENT,
-            depth=ctx.depth,
-            source=tp.MESSAGE_SOURCE_SUBAGENT,
-            caller_agent=ctx.agent.slug,
-            caller_session_id=ctx.session_id,
-            system_prompt=prompt,
-            tool_names=plan.tool_names,
-            model=plan.agent.model if plan.source_type == "preset" else ctx.agent.model,
-            max_steps=plan.max_steps,
-            timeout_ms=min(self.cfg.timeout_ms, plan.agent.limits.timeout_ms),  # its own, only its own
-            stream_metadata={
-                "agent": plan.agent.slug,
-                "kind": "subagent",
-                "parentMessageId": str(ctx.anchor_message_id),
-            },
+        key = subagent_key(row.id)
+        await create_buffer(
+            ctx,
+            key,
+            {"agent": plan.agent.slug, "kind": "subagent", "parentMessageId": str(ctx.anchor_message_id)},
         )
-        outcome = await TurnRunner(ctx.clients).run(spec)
+        await self._update(i, ["status"], status=ev.SUBAGENT_STATUS_RUNNING)
+        prompt = plan.agent.system_prompt + GUIDANCE.format(parent=ctx.agent.name, goal=plan.goal)
+        text = plan.goal if not plan.context else f"{plan.goal}\n\nContext:\n{plan.context}"
+        overrides = rt.RunOverrides(system_prompt=prompt, model=plan.agent.model, max_steps=plan.max_steps)
+        if plan.tool_names is not None:
+            overrides.tool_names.names.extend(plan.tool_names)
+        outcome = await run_child(
+            ctx,
+            orc.RunTurnRequest(
+                trace_id=row.child_trace_id,
+                agent=plan.agent.slug,
+                user_text=text,
+                stream_key=key,
+                stream_created=True,
+                role=SUBAGENT,
+                depth=ctx.depth,
+                source=tp.MESSAGE_SOURCE_SUBAGENT,
+                caller_agent=ctx.agent.slug,
+                caller_session_id=ctx.trace_id,
+                timeout_ms=min(self.cfg.timeout_ms, plan.agent.limits.timeout_ms),  # its own, only its own
+                overrides=overrides,
+            ),
+        )
         if outcome.ok:
             assert outcome.result is not None
             r = outcome.result
@@ -309,27 +295,37 @@ class SubagentBatch:
                 ["status", "summary", "result_payload", "token_usage", "model"],
                 status=ev.SUBAGENT_STATUS_COMPLETED,
                 summary=r.content,
-                result_payload={"content": r.content, "finishReason": r.finish_reason},
+                result_payload={
+                    "content": r.content,
+                    "finishReason": enum_to_str(ev.FinishReason.DESCRIPTOR, r.finish_reason),
+                },
                 token_usage=r.usage,
                 model=r.model,
             )
             out.update(status="completed", summary=r.content)
         else:
-            err = outcome.error or MeshError("the subagent failed")
-            code = error_code(err)
-            status = ev.SUBAGENT_STATUS_CANCELLED if code == "cancelled" else ev.SUBAGENT_STATUS_FAILED
-            message = f"{code}: {err.message}"
+            err = outcome.error or Internal("the subagent failed")
+            cancelled = isinstance(err, Cancelled)
+            status = ev.SUBAGENT_STATUS_CANCELLED if cancelled else ev.SUBAGENT_STATUS_FAILED
+            message = f"{err.code_name}: {err.message}"
             await self._update(i, ["status", "error"], status=status, error=message)
-            out.update(status="failed", error=message)
+            out.update(status="cancelled" if cancelled else "failed", error=message)
 
 
 async def _delegate(ctx: ToolContext, tasks: list[Any], title: str) -> ToolOutcome:
-    cfg = subagent_config(ctx.agent, ctx.settings.subagent)
-    if not cfg.enabled:
-        return ToolOutcome({"ok": False, "error": "subagents are disabled for this agent"}, ok=False)
+    if not ctx.agent.effective_subagent_config.enabled:
+        return ToolOutcome.failed(InvalidArgument("subagents are disabled for this agent"))
     if not tasks or len(tasks) > MAX_TASKS:
-        return ToolOutcome({"ok": False, "error": f"give between 1 and {MAX_TASKS} tasks"}, ok=False)
-    return await SubagentBatch(ctx, [_plan(ctx, t) for t in tasks], title).run()
+        return ToolOutcome.failed(InvalidArgument(f"give between 1 and {MAX_TASKS} tasks"))
+    plans, problems = [], []
+    for i, task in enumerate(tasks):
+        try:
+            plans.append(await _plan(ctx, task))
+        except MeshError as err:
+            problems.append(f"task {i + 1}: {err.message}" if len(tasks) > 1 else err.message)
+    if problems:  # fail fast: nothing is created for a batch that cannot run as asked
+        return ToolOutcome.failed(InvalidArgument("; ".join(problems)))
+    return await SubagentBatch(ctx, plans, title).run()
 
 
 async def delegate_task(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
@@ -340,5 +336,5 @@ async def delegate_task(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
 async def delegate_parallel(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     tasks = args.get("tasks")
     if not isinstance(tasks, list):
-        return ToolOutcome({"ok": False, "error": "tasks must be a list"}, ok=False)
+        return ToolOutcome.failed(InvalidArgument("tasks must be a list"))
     return await _delegate(ctx, tasks, f"{len(tasks)} parallel subtasks")

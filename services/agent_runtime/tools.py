@@ -10,16 +10,17 @@ tool without a handler is never shown.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentmesh.v1 import agent_runtime_service_pb2 as rt
-from libs.catalog import Agent, Catalog, subagent_config
+from agentmesh.agents.v1 import agent_pb2 as ap
+from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from libs.clients import Clients
 from libs.config import MeshSettings
-from libs.sink import EventSink
+from libs.errors import MeshError
+from services.agent_runtime.directory import AgentDirectory
+from services.agent_runtime.sink import EventSink
 
 SUPERVISOR = rt.RUN_ROLE_SUPERVISOR
 SUBAGENT = rt.RUN_ROLE_SUBAGENT
@@ -37,28 +38,40 @@ class ToolOutcome:
     metadata: dict[str, Any] = field(default_factory=dict)
     stop_run: bool = False
 
+    @classmethod
+    def failed(cls, err: MeshError, metadata: dict[str, Any] | None = None) -> ToolOutcome:
+        """A failed call: the model reads `{ok: false, error, code}` (code from the error table)."""
+        return cls(
+            {"ok": False, "error": err.message, "code": err.code_name}, ok=False, metadata=metadata or {}
+        )
+
 
 @dataclass
 class RunState:
     """What the tools of one run collect for the anchor's metadata."""
 
-    subagent_batches: list[dict[str, Any]] = field(default_factory=list)
-    batch_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    subagent_batches: dict[str, dict[str, Any]] = field(default_factory=dict)  # by delegate call, in order
+
+
+def names(config: Any, field: str) -> list[str] | None:
+    """A name list of a subagent config (a ListValue whose presence matters) as a list; None when absent."""
+    return [v.string_value for v in getattr(config, field).values] if config.HasField(field) else None
 
 
 @dataclass
 class ToolContext:
-    owner: str
-    agent: Agent
+    """What a tool handler knows of the run that called it. The acting user is the call's identity."""
+
+    agent: ap.Agent
     role: int
-    session_id: str
+    trace_id: str
     anchor_message_id: int
     depth: int
     tool_call_id: str
     sink: EventSink
     clients: Clients
     settings: MeshSettings
-    catalog: Catalog
+    agents: AgentDirectory
     state: RunState
 
 
@@ -79,8 +92,7 @@ class ToolSpec:
 
 
 class ToolRegistry:
-    def __init__(self, settings: MeshSettings) -> None:
-        self.settings = settings
+    def __init__(self) -> None:
         self.specs: dict[str, ToolSpec] = {}
         self._handlers: dict[int, dict[str, Handler]] = {role: {} for role in ROLES}
 
@@ -93,22 +105,22 @@ class ToolRegistry:
     def handlers(self, role: int) -> dict[str, Handler]:
         return dict(self._handlers[role])
 
-    def visible(self, agent: Agent, role: int, allow: list[str] | None = None) -> list[str]:
+    def visible(self, agent: ap.Agent, role: int, allow: list[str] | None = None) -> list[str]:
         """Visibility layer: the names whose schemas this run's model may see."""
-        names = [n for n in agent.tools if n in self.specs]
-        cfg = subagent_config(agent, self.settings.subagent)
+        visible = [n for n in agent.tools if n in self.specs]
+        cfg = agent.effective_subagent_config
         if role == SUPERVISOR:
             if not cfg.enabled:
-                names = [n for n in names if n not in DELEGATE_TOOLS]
+                visible = [n for n in visible if n not in DELEGATE_TOOLS]
         elif role == SUBAGENT:
-            names = [n for n in names if n not in cfg.blocked_tool_names]
+            visible = [n for n in visible if n not in cfg.blocked_tool_names]
         elif role == A2A_CALLEE:
-            names = [n for n in names if n not in (*DELEGATE_TOOLS, "clarify")]
+            visible = [n for n in visible if n not in (*DELEGATE_TOOLS, "clarify")]
         if allow is not None:
-            names = [n for n in names if n in allow]
-        return names
+            visible = [n for n in visible if n in allow]
+        return visible
 
-    def resolve(self, agent: Agent, role: int, allow: list[str] | None = None) -> dict[str, Handler]:
+    def resolve(self, agent: ap.Agent, role: int, allow: list[str] | None = None) -> dict[str, Handler]:
         """The tools a run gets: visible AND instantiated for its role."""
         handlers = self._handlers[role]
         return {name: handlers[name] for name in self.visible(agent, role, allow) if name in handlers}

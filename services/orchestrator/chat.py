@@ -17,24 +17,22 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf import field_mask_pb2
 
-from agentmesh.v1 import events_pb2 as ev
-from agentmesh.v1 import stream_service_pb2 as ss
-from agentmesh.v1 import trace_pb2 as tp
-from agentmesh.v1 import trace_service_pb2 as ts
+from agentmesh.agents.v1 import agent_service_pb2 as ag
+from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
+from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
-from libs.catalog import Catalog
 from libs.clients import Clients
 from libs.config import MeshSettings
-from libs.errors import InvalidArgument, MeshError, call, from_rpc_error
-from libs.turns import TurnOutcome, TurnRunner, TurnSpec
+from libs.errors import Cancelled, InvalidArgument, MeshError, from_rpc_error, rpc
+from libs.ids import session_key
+from services.orchestrator.turns import TurnEngine, TurnOutcome
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_CHARS = 100_000
-CANCELLED = "cancelled"
-
-
-def session_key(session_id: str) -> str:
-    return f"session:{session_id}"
 
 
 @dataclass
@@ -43,49 +41,35 @@ class _End:
 
 
 class ChatOrchestrator:
-    def __init__(self, settings: MeshSettings, clients: Clients, catalog: Catalog) -> None:
+    def __init__(self, settings: MeshSettings, clients: Clients) -> None:
         self.settings = settings
         self.clients = clients
-        self.catalog = catalog
-        self.turns = TurnRunner(clients)
+        self.turns = TurnEngine(clients)
         self.running: dict[str, asyncio.Task[TurnOutcome]] = {}
 
-    async def execute(
-        self, owner: str, agent: str, message: str, session_id: str
-    ) -> AsyncIterator[list[ev.Event]]:
-        """Starts the turn and yields its events (with offsets), in batches of what is ready,
-        until the buffer closes."""
-        if not owner:
-            raise InvalidArgument("owner is required")
+    async def execute(self, agent: str, message: str, session_id: str) -> AsyncIterator[list[ev.Event]]:
+        """Starts a chat turn of the calling user and yields its events (with offsets), in batches of
+        what is ready, until the buffer closes."""
         if not message.strip():
             raise InvalidArgument("message must not be empty")
         if len(message) > MAX_MESSAGE_CHARS:
             raise InvalidArgument(f"message is longer than {MAX_MESSAGE_CHARS} characters")
-        spec_agent = self.catalog.get(agent)
+        found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
         if session_id:
-            session = (
-                await call(
-                    self.clients.trace.GetSession(ts.GetSessionRequest(owner=owner, session_id=session_id))
-                )
-            ).session
-            if session.kind != tp.SESSION_KIND_CHAT:
+            session = (await rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))).trace
+            if session.kind != tp.TRACE_KIND_CHAT:
                 raise InvalidArgument("only chat sessions take chat turns")
         else:
-            session = (
-                await call(
-                    self.clients.trace.CreateSession(
-                        ts.CreateSessionRequest(owner=owner, agent=agent, title=message.strip()[:80])
-                    )
-                )
-            ).session
-        spec = TurnSpec(
-            owner=owner,
-            session_id=session.id,
-            agent=spec_agent.slug,
+            trace = tp.Trace(agent=found.slug, kind=tp.TRACE_KIND_CHAT, title=message.strip()[:80])
+            session = (await rpc(self.clients.trace.CreateTrace(ts.CreateTraceRequest(trace=trace)))).trace
+        spec = orc.RunTurnRequest(
+            trace_id=session.id,
+            agent=found.slug,
             user_text=message,
             stream_key=session_key(session.id),
-            model=spec_agent.model,
-            stream_metadata={"agent": spec_agent.slug, "model": spec_agent.model, "kind": "chat"},
+            role=rt.RUN_ROLE_SUPERVISOR,
+            source=tp.MESSAGE_SOURCE_USER,
+            stream_metadata={"agent": found.slug, "model": found.model, "kind": "chat"},
         )
         queue: asyncio.Queue[ev.Event | _End] = asyncio.Queue()
         # The turn outlives this generator when the caller leaves; self.running keeps it.
@@ -112,7 +96,11 @@ class ChatOrchestrator:
                 item = queue.get_nowait()
             yield batch
 
-    async def _turn(self, spec: TurnSpec, queue: asyncio.Queue[ev.Event | _End]) -> TurnOutcome:
+    async def run_turn(self, spec: orc.RunTurnRequest) -> TurnOutcome:
+        """A child turn (agent-invoke callee, subagent), run to its end for the calling runtime."""
+        return await self.turns.run(spec)
+
+    async def _turn(self, spec: orc.RunTurnRequest, queue: asyncio.Queue[ev.Event | _End]) -> TurnOutcome:
         watcher: asyncio.Task[None] | None = None
         current = asyncio.current_task()
         assert current is not None
@@ -132,7 +120,7 @@ class ChatOrchestrator:
             return outcome
         except asyncio.CancelledError:
             if not delivered_terminal:
-                queue.put_nowait(events.error(CANCELLED, "the turn was cancelled"))
+                queue.put_nowait(events.error(Cancelled("the turn was cancelled")))
             queue.put_nowait(_End())
             raise
         except MeshError as err:
@@ -143,12 +131,12 @@ class ChatOrchestrator:
             queue.put_nowait(_End(exc))
             raise
         finally:
-            if self.running.get(spec.session_id) is current:
-                del self.running[spec.session_id]
+            if self.running.get(spec.trace_id) is current:
+                del self.running[spec.trace_id]
             if watcher is not None:
                 watcher.cancel()
 
-    async def _watch(self, spec: TurnSpec, from_offset: str, turn: asyncio.Task[object]) -> None:
+    async def _watch(self, spec: orc.RunTurnRequest, from_offset: str, turn: asyncio.Task[object]) -> None:
         """Cancels `turn` when someone else closes its buffer with code `cancelled`."""
         request = ss.SubscribeStreamRequest(
             key=spec.stream_key,
@@ -160,23 +148,19 @@ class ChatOrchestrator:
             async for resp in self.clients.stream.SubscribeStream(
                 request, timeout=self.settings.turn_timeout_s
             ):
-                if resp.event.HasField("error") and resp.event.error.code == CANCELLED and not turn.done():
+                cancelled = resp.event.HasField("error") and resp.event.error.code == ev.ERROR_CODE_CANCELLED
+                if cancelled and not turn.done():
                     turn.cancel()
                 if events.kind(resp.event) in events.TERMINAL:
                     return
 
-    async def cancel(self, owner: str, session_id: str) -> bool:
-        """Cancels the running turn of a session owned by `owner` (NOT_FOUND otherwise)."""
-        session = (
-            await call(
-                self.clients.trace.GetSession(ts.GetSessionRequest(owner=owner, session_id=session_id))
-            )
-        ).session
+    async def cancel(self, session_id: str) -> bool:
+        """Cancels the running turn of a session of the calling user (NOT_FOUND for anyone else's)."""
+        session = (await rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))).trace
         try:
             resp = await self.clients.stream.CloseStream(
                 ss.CloseStreamRequest(
-                    key=session_key(session_id),
-                    error=ev.Error(code=CANCELLED, message="cancelled by the user"),
+                    key=session_key(session_id), error=Cancelled("cancelled by the user").to_event()
                 )
             )
         except grpc.aio.AioRpcError as exc:
@@ -188,20 +172,19 @@ class ChatOrchestrator:
             local.cancel()
         elif resp.closed:
             try:
-                await self._settle_head(owner, session)
+                await self._settle_head(session)
             except grpc.aio.AioRpcError as exc:  # the cancel itself succeeded; the rest is tidying
                 log.warning("could not settle the head of %s: %s", session_id, exc.details())
         return resp.closed
 
-    async def _settle_head(self, owner: str, session: tp.Session) -> None:
+    async def _settle_head(self, session: tp.Trace) -> None:
         """A turn that died with its process left its placeholder (the head) pending: mark it cancelled.
         A live turn on another replica marks it the same way, so the two cannot disagree."""
         if not session.head_sequence:
             return
         head = await self.clients.trace.ListMessages(
             ts.ListMessagesRequest(
-                owner=owner,
-                session_id=session.id,
+                trace_id=session.id,
                 head_sequence=session.head_sequence,
                 since_sequence=session.head_sequence - 1,
             )
@@ -210,7 +193,6 @@ class ChatOrchestrator:
             if message.role == tp.MESSAGE_ROLE_ASSISTANT and message.status == tp.MESSAGE_STATUS_PENDING:
                 await self.clients.trace.UpdateMessage(
                     ts.UpdateMessageRequest(
-                        owner=owner,
                         message=tp.Message(id=message.id, status=tp.MESSAGE_STATUS_CANCELLED),
                         update_mask=field_mask_pb2.FieldMask(paths=["status"]),
                     )

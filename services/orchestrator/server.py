@@ -1,29 +1,32 @@
-"""The orchestrator process: one chat turn at a time per session, the entry of HTTP and WebSocket."""
+"""The orchestrator process: chat turns (the entry of HTTP and WebSocket) and child turns."""
 
 from __future__ import annotations
 
-from agentmesh.v1 import orchestrator_service_pb2_grpc as orc_grpc
-from libs.catalog import Catalog, load_catalog
+from agentmesh.orchestrator.v1 import orchestrator_service_pb2, orchestrator_service_pb2_grpc
 from libs.clients import Clients
 from libs.config import MeshSettings
+from libs.identity import Signer, signer_for
 from libs.rpc import Registration, ServiceServer
 from services.orchestrator.chat import ChatOrchestrator
 from services.orchestrator.servicer import OrchestratorServicer
 
-SERVICE_NAME = "agentmesh.v1.OrchestratorService"
-
 
 async def build(
-    settings: MeshSettings, address: str | None = None, catalog: Catalog | None = None
+    settings: MeshSettings, address: str | None = None, signer: Signer | None = None
 ) -> ServiceServer:
-    clients = Clients.connect(settings)
-    chat = ChatOrchestrator(settings, clients, catalog or load_catalog(settings.catalog))
+    signer = signer or signer_for(settings)
+    clients = Clients(settings, signer)
+    chat = ChatOrchestrator(settings, clients)
     server = ServiceServer(
         [
-            Registration(
-                orc_grpc.add_OrchestratorServiceServicer_to_server, OrchestratorServicer(chat), SERVICE_NAME
+            Registration.of(
+                orchestrator_service_pb2,
+                "OrchestratorService",
+                orchestrator_service_pb2_grpc.add_OrchestratorServiceServicer_to_server,
+                OrchestratorServicer(chat),
             )
         ],
+        signer=signer,
         address=address or settings.addresses.orchestrator,
         grace_s=settings.shutdown_grace_s,
     )

@@ -1,4 +1,4 @@
-"""OrchestratorService: a thin adapter over ChatOrchestrator."""
+"""OrchestratorService: a thin adapter over ChatOrchestrator and its turn engine."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from agentmesh.v1 import orchestrator_service_pb2 as orc
-from agentmesh.v1 import orchestrator_service_pb2_grpc as orc_grpc
-from libs.errors import grpc_errors
+from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
+from agentmesh.orchestrator.v1 import orchestrator_service_pb2_grpc as orc_grpc
+from libs.errors import Internal, InvalidArgument, grpc_errors
 from services.orchestrator.chat import ChatOrchestrator
 
 
@@ -20,13 +20,29 @@ class OrchestratorServicer(orc_grpc.OrchestratorServiceServicer):
     async def ExecuteChat(
         self, request: orc.ExecuteChatRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[orc.ExecuteChatResponse]:
-        async for batch in self.chat.execute(
-            request.owner, request.agent, request.message, request.session_id
-        ):
+        async for batch in self.chat.execute(request.agent, request.message, request.session_id):
             yield orc.ExecuteChatResponse(events=batch)
 
     @grpc_errors
     async def CancelChat(
         self, request: orc.CancelChatRequest, context: grpc.aio.ServicerContext
     ) -> orc.CancelChatResponse:
-        return orc.CancelChatResponse(cancelled=await self.chat.cancel(request.owner, request.session_id))
+        return orc.CancelChatResponse(cancelled=await self.chat.cancel(request.session_id))
+
+    @grpc_errors
+    async def RunTurn(
+        self, request: orc.RunTurnRequest, context: grpc.aio.ServicerContext
+    ) -> orc.RunTurnResponse:
+        if not request.trace_id or not request.agent or not request.stream_key:
+            raise InvalidArgument("trace_id, agent and stream_key are required")
+        outcome = await self.chat.run_turn(request)
+        resp = orc.RunTurnResponse(
+            user_message_id=outcome.user_message.id if outcome.user_message else 0,
+            assistant_message_id=outcome.assistant_message.id if outcome.assistant_message else 0,
+        )
+        if outcome.ok:
+            assert outcome.result is not None
+            resp.result.CopyFrom(outcome.result)
+        else:
+            resp.error.CopyFrom((outcome.error or Internal("the turn failed")).to_event())
+        return resp

@@ -16,35 +16,22 @@ from collections.abc import AsyncGenerator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from agentmesh.v1 import events_pb2 as ev
+from agentmesh.events.v1 import events_pb2 as ev
 from libs import events
 from libs.config import StreamSettings
-from libs.errors import InvalidArgument, NotFound, Unavailable
+from libs.errors import IdleTimeout, InvalidArgument, NotFound, Shutdown
+from libs.events import is_terminal
+from libs.ids import parse_stream_key
 
-KEY_KINDS = ("session", "a2a", "subagent")
-MAX_KEY_ID = 200
 BATCH = 256  # events a subscriber reads (and holds) at once
-IDLE_TIMEOUT_CODE = "idle_timeout"
 
 T = TypeVar("T")
 
 
 def validate_key(key: str) -> str:
     """Returns the key, or raises InvalidArgument unless it is `session|a2a|subagent:<id>`."""
-    kind, sep, ident = key.partition(":")
-    if not sep or kind not in KEY_KINDS:
-        raise InvalidArgument(
-            f"invalid stream key {key[:80]!r}: expected session:<id>, a2a:<id> or subagent:<id>"
-        )
-    if not ident:
-        raise InvalidArgument(f"invalid stream key {key!r}: empty id")
-    if len(ident) > MAX_KEY_ID:
-        raise InvalidArgument(f"invalid stream key: id longer than {MAX_KEY_ID} characters")
+    parse_stream_key(key)
     return key
-
-
-def is_terminal(event: ev.Event) -> bool:
-    return events.kind(event) in events.TERMINAL
 
 
 def coalesce(batch: Sequence[ev.Event]) -> list[ev.Event]:
@@ -123,18 +110,21 @@ class StreamBackend(abc.ABC):
 
     @abc.abstractmethod
     async def create(self, key: str, owner: str, metadata: dict[str, str] | None = None) -> None:
-        """Creates the buffer, or replaces a closed or abandoned one; FailedPrecondition while one is open."""
+        """Creates the buffer, or replaces a closed or abandoned one of the same owner;
+        FailedPrecondition while one is open or when the key holds another user's buffer."""
 
     @abc.abstractmethod
-    async def append(self, key: str, batch: Sequence[ev.Event]) -> list[str]:
+    async def append(self, key: str, batch: Sequence[ev.Event], writer: str = "") -> list[str]:
         """Appends to an open buffer (refreshing its `open_ttl_s` deadline), returns one offset per event.
 
-        NotFound (no buffer), FailedPrecondition (closed), ResourceExhausted (over max_events).
+        NotFound (no buffer, or a `writer` who is not its owner; "" is the mesh itself),
+        FailedPrecondition (closed), ResourceExhausted (over max_events).
         """
 
     @abc.abstractmethod
-    async def close(self, key: str, terminal: ev.Event) -> tuple[str, bool]:
-        """Appends the terminal event and closes: (its offset, True); (terminal offset, False) if closed."""
+    async def close(self, key: str, terminal: ev.Event, writer: str = "") -> tuple[str, bool]:
+        """Appends the terminal event and closes: (its offset, True); (terminal offset, False) if closed.
+        NotFound as for append."""
 
     @abc.abstractmethod
     async def info(self, key: str) -> StreamInfo:
@@ -177,7 +167,7 @@ class StreamBackend(abc.ABC):
         """Replays the events after `from_offset`, then follows live; the last one is `done` or `error`.
 
         NotFound for an unknown key or a reader who is not the owner. Without any event for the idle
-        timeout it ends with an `error` event (code "idle_timeout", no offset).
+        timeout it ends with an `error` event (code idle_timeout, no offset).
         """
         if idle_timeout_ms < 0:
             raise InvalidArgument("idle_timeout_ms must be >= 0 (0: the server default)")
@@ -185,7 +175,7 @@ class StreamBackend(abc.ABC):
         if not found.exists:
             raise NotFound(f"no stream buffer {key}")
         if self._stopping.is_set():
-            raise Unavailable("stream service is shutting down; resume from the last offset")
+            raise Shutdown("stream service is shutting down; resume from the last offset")
         idle_s = (idle_timeout_ms or self.settings.idle_timeout_ms) / 1000
         cursor = await self._cursor(key, from_offset)
         if cursor is None:
@@ -197,7 +187,7 @@ class StreamBackend(abc.ABC):
             while True:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    yield events.error(IDLE_TIMEOUT_CODE, f"no event on {key} for {idle_s:g}s")
+                    yield events.error(IdleTimeout(f"no event on {key} for {idle_s:g}s"))
                     return
                 batch = await self._guard(cursor.read(BATCH, remaining))
                 if not batch:
@@ -229,4 +219,4 @@ class StreamBackend(abc.ABC):
                 await asyncio.wait(pending, timeout=1.0)
         if task.done() and not task.cancelled():
             return task.result()
-        raise Unavailable("stream service is shutting down; resume from the last offset")
+        raise Shutdown("stream service is shutting down; resume from the last offset")

@@ -14,10 +14,10 @@ import bisect
 import contextlib
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from agentmesh.v1 import events_pb2 as ev
+from agentmesh.events.v1 import events_pb2 as ev
 from libs.config import StreamSettings
 from libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from services.stream.backend import BackendStats, Cursor, StreamBackend, StreamInfo, validate_key
@@ -34,11 +34,11 @@ def format_offset(n: int) -> str:
 
 
 def parse_offset(offset: str) -> int:
-    """ "" -> 0; InvalidArgument unless a non-negative integer."""
+    """ "" -> 0; InvalidArgument unless 1-20 ASCII digits."""
     if not offset:
         return 0
-    if not offset.isdigit():
-        raise InvalidArgument(f"invalid offset {offset[:40]!r}: expected digits")
+    if len(offset) > 20 or not offset.isascii() or not offset.isdigit():
+        raise InvalidArgument(f"invalid offset {offset[:40]!r}: expected up to 20 digits")
     return int(offset)
 
 
@@ -61,8 +61,8 @@ class _Buffer:
         self.offsets.append(n)
         return stored.offset
 
-    def expire_in(self, seconds: float) -> None:
-        self.expires_at = time.monotonic() + seconds
+    def expire_in(self, now: float, seconds: float) -> None:
+        self.expires_at = now + seconds
 
     def notify(self) -> None:
         wakeup, self.wakeup = self.wakeup, asyncio.Event()
@@ -88,8 +88,11 @@ class _MemoryCursor(Cursor):
 class MemoryBackend(StreamBackend):
     """Buffers in a dict; expired ones (closed, or open and abandoned) go lazily on access and by a sweep."""
 
-    def __init__(self, settings: StreamSettings | None = None) -> None:
+    def __init__(
+        self, settings: StreamSettings | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         super().__init__(settings)
+        self.clock = clock  # expiry deadlines; a test passes a clock it moves itself
         self._buffers: dict[str, _Buffer] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -107,14 +110,14 @@ class MemoryBackend(StreamBackend):
 
     def _get(self, key: str) -> _Buffer | None:
         buf = self._buffers.get(key)
-        if buf is not None and buf.expires_at <= time.monotonic():
+        if buf is not None and buf.expires_at <= self.clock():
             del self._buffers[key]
             return None
         return buf
 
     def sweep(self) -> int:
         """Drops expired buffers (closed, or open and abandoned); returns how many."""
-        now = time.monotonic()
+        now = self.clock()
         gone = [k for k, b in self._buffers.items() if b.expires_at <= now]
         for key in gone:
             del self._buffers[key]
@@ -131,23 +134,25 @@ class MemoryBackend(StreamBackend):
         old = self._get(key)  # an abandoned open buffer has expired: None
         if old is not None and not old.closed:
             raise FailedPrecondition(f"a run is already streaming to {key}")
+        if old is not None and old.owner != owner:
+            raise FailedPrecondition(f"{key} holds another user's buffer")
         self._buffers[key] = _Buffer(
             owner=owner,
             metadata=dict(metadata or {}),
-            expires_at=time.monotonic() + self.settings.open_ttl_s,
+            expires_at=self.clock() + self.settings.open_ttl_s,
         )
 
-    def _open(self, key: str) -> _Buffer:
+    def _writable(self, key: str, writer: str) -> _Buffer:
         buf = self._get(validate_key(key))
-        if buf is None:
+        if buf is None or (writer and writer != buf.owner):
             raise NotFound(f"no stream buffer {key}")
-        if buf.closed:
-            raise FailedPrecondition(f"stream {key} is closed")
         return buf
 
-    async def append(self, key: str, batch: Sequence[ev.Event]) -> list[str]:
-        buf = self._open(key)
-        buf.expire_in(self.settings.open_ttl_s)  # its writer is alive
+    async def append(self, key: str, batch: Sequence[ev.Event], writer: str = "") -> list[str]:
+        buf = self._writable(key, writer)
+        if buf.closed:
+            raise FailedPrecondition(f"stream {key} is closed")
+        buf.expire_in(self.clock(), self.settings.open_ttl_s)  # its writer is alive
         if len(buf.events) + len(batch) > self.settings.max_events:
             raise ResourceExhausted(
                 f"stream {key} is full: {len(buf.events)} events, appending {len(batch)} would pass "
@@ -158,15 +163,13 @@ class MemoryBackend(StreamBackend):
             buf.notify()
         return offsets
 
-    async def close(self, key: str, terminal: ev.Event) -> tuple[str, bool]:
-        buf = self._get(validate_key(key))
-        if buf is None:
-            raise NotFound(f"no stream buffer {key}")
+    async def close(self, key: str, terminal: ev.Event, writer: str = "") -> tuple[str, bool]:
+        buf = self._writable(key, writer)
         if buf.closed:
             return buf.events[-1].offset, False
         offset = buf.push(terminal)
         buf.closed = True
-        buf.expire_in(self.settings.ttl_s)
+        buf.expire_in(self.clock(), self.settings.ttl_s)
         buf.notify()
         return offset, True
 

@@ -1,7 +1,8 @@
 """The shared backend: Redis Streams, so any number of stream-service replicas serve the same keys.
 
 Per buffer two keys: `<prefix>stream:<key>` (a Redis Stream; field `e` = the serialized Event; the
-entry id IS the offset) and `<prefix>meta:<key>` (a hash: owner, metadata as JSON, closed, close_offset).
+entry id IS the offset) and `<prefix>meta:<key>` (a hash: owner, metadata as JSON, closed, close_offset,
+and gen: a random token per create, so a subscriber tells its buffer from a later one under the key).
 Create, append and close are Lua scripts, so the checks and the writes are atomic across replicas.
 Replacing a closed buffer trims its stream to zero entries instead of deleting it: Redis keeps the last
 id, so new offsets stay above every old one. Both keys always carry a TTL: create and every append set
@@ -11,31 +12,35 @@ replace it), closing sets it to `ttl_s`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from agentmesh.v1 import events_pb2 as ev
+from agentmesh.events.v1 import events_pb2 as ev
 from libs.config import StreamSettings
 from libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from services.stream.backend import BackendStats, Cursor, StreamBackend, StreamInfo, validate_key
 
 DEFAULT_PREFIX = "agentmesh:"
 BLOCK_MAX_S = 2.0  # one XREAD BLOCK stays below the client's socket timeout (redis-py: 5 s)
-_OFFSET = re.compile(r"^\d+(-\d+)?$")
+_OFFSET = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
+_U64 = 2**64 - 1
 
 _CREATE = """
 local closed = redis.call('HGET', KEYS[1], 'closed')
 if closed == '0' then return 'open' end
+if closed and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 'foreign' end
 redis.call('DEL', KEYS[1])
 if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('XTRIM', KEYS[2], 'MAXLEN', 0)
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'metadata', ARGV[2], 'closed', '0')
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'metadata', ARGV[2], 'closed', '0', 'gen', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 'ok'
 """
@@ -43,12 +48,13 @@ return 'ok'
 _APPEND = """
 local closed = redis.call('HGET', KEYS[1], 'closed')
 if not closed then return {'missing'} end
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[3] then return {'missing'} end
 if closed == '1' then return {'closed'} end
 local n = redis.call('XLEN', KEYS[2])
 local out = {'full', tostring(n)}
-if n + #ARGV - 2 <= tonumber(ARGV[1]) then
+if n + #ARGV - 3 <= tonumber(ARGV[1]) then
   out = {'ok'}
-  for i = 3, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i]) end
+  for i = 4, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i]) end
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
@@ -58,6 +64,7 @@ return out
 _CLOSE = """
 local closed = redis.call('HGET', KEYS[1], 'closed')
 if not closed then return {'missing'} end
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[3] then return {'missing'} end
 if closed == '1' then return {'closed', redis.call('HGET', KEYS[1], 'close_offset')} end
 local id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[1])
 redis.call('HSET', KEYS[1], 'closed', '1', 'close_offset', id)
@@ -77,10 +84,15 @@ def _id_tuple(offset: str) -> tuple[int, int]:
 
 
 def check_offset(offset: str) -> str:
-    if offset and not _OFFSET.match(offset):
+    """The offset when it is empty or an entry id Redis accepts as an exclusive start; InvalidArgument
+    otherwise (Redis itself refuses parts above 2^64-1, and an exclusive start at the largest id, with
+    an error that would surface as INTERNAL)."""
+    if offset and not _OFFSET.fullmatch(offset):
         raise InvalidArgument(
             f"invalid offset {offset[:40]!r}: expected a Redis entry id like 1700000000000-0"
         )
+    if offset and (max(_id_tuple(offset)) > _U64 or offset == f"{_U64}-{_U64}"):
+        raise InvalidArgument(f"invalid offset {offset!r}: out of the range of Redis entry ids")
     return offset
 
 
@@ -91,20 +103,31 @@ def _decode(entry_id: Any, fields: dict[Any, Any]) -> ev.Event:
 
 
 class _RedisCursor(Cursor):
-    """XRANGE (exclusive start) while replaying, then XREAD BLOCK; COUNT bounds every batch."""
+    """XRANGE (exclusive start) while replaying, then XREAD BLOCK; COUNT bounds every batch.
 
-    def __init__(self, client: aioredis.Redis, stream: str, after: str) -> None:
+    It follows one buffer, not its key: entries read after the buffer was replaced (its `gen` changed:
+    an abandoned buffer expired and CreateStream made a new one, maybe another user's) end the reading,
+    and the subscription idles out as it does on a memory buffer nobody writes to any more.
+    """
+
+    def __init__(self, client: aioredis.Redis, stream: str, after: str, meta: str, gen: Any) -> None:
         self.client = client
         self.stream = stream
         self.last = after
         self.live = False
+        self.meta = meta
+        self.gen = gen
+        self.replaced = False
 
     async def read(self, limit: int, timeout_s: float) -> list[ev.Event]:
+        if self.replaced:
+            await asyncio.sleep(timeout_s)
+            return []
         if not self.live:
             start = f"({self.last}" if self.last else "-"
             entries = await self.client.xrange(self.stream, min=start, max="+", count=limit)
             if entries:
-                return self._advance(entries)
+                return await self._checked(entries)
             self.live = True
         reply: Any = await self.client.xread(
             {self.stream: self.last or "0-0"},
@@ -114,6 +137,13 @@ class _RedisCursor(Cursor):
         if not reply:
             return []
         entries = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0]  # RESP2 | RESP3
+        return await self._checked(entries)
+
+    async def _checked(self, entries: list[Any]) -> list[ev.Event]:
+        """The entries, unless they are another buffer's (then none, ever again)."""
+        if await self.client.hget(self.meta, "gen") != self.gen:
+            self.replaced = True
+            return []
         return self._advance(entries)
 
     def _advance(self, entries: list[Any]) -> list[ev.Event]:
@@ -151,15 +181,18 @@ class RedisBackend(StreamBackend):
 
     async def create(self, key: str, owner: str, metadata: dict[str, str] | None = None) -> None:
         result = await self._create(
-            keys=self._keys(validate_key(key)), args=[owner, json.dumps(metadata or {}), self._open_ttl_ms()]
+            keys=self._keys(validate_key(key)),
+            args=[owner, json.dumps(metadata or {}), self._open_ttl_ms(), secrets.token_hex(8)],
         )
         if _s(result) == "open":
             raise FailedPrecondition(f"a run is already streaming to {key}")
+        if _s(result) == "foreign":
+            raise FailedPrecondition(f"{key} holds another user's buffer")
 
-    async def append(self, key: str, batch: Sequence[ev.Event]) -> list[str]:
+    async def append(self, key: str, batch: Sequence[ev.Event], writer: str = "") -> list[str]:
         keys = self._keys(validate_key(key))
         payloads = [e.SerializeToString() for e in batch]
-        args = [self.settings.max_events, self._open_ttl_ms(), *payloads]
+        args = [self.settings.max_events, self._open_ttl_ms(), writer, *payloads]
         reply = [_s(x) for x in await self._append(keys=keys, args=args)]
         status = reply[0]
         if status == "missing":
@@ -173,12 +206,12 @@ class RedisBackend(StreamBackend):
             )
         return reply[1:]
 
-    async def close(self, key: str, terminal: ev.Event) -> tuple[str, bool]:
+    async def close(self, key: str, terminal: ev.Event, writer: str = "") -> tuple[str, bool]:
         ttl_ms = max(1, int(self.settings.ttl_s * 1000))
         reply = [
             _s(x)
             for x in await self._close(
-                keys=self._keys(validate_key(key)), args=[terminal.SerializeToString(), ttl_ms]
+                keys=self._keys(validate_key(key)), args=[terminal.SerializeToString(), ttl_ms, writer]
             )
         ]
         if reply[0] == "missing":
@@ -207,12 +240,12 @@ class RedisBackend(StreamBackend):
     async def _cursor(self, key: str, after: str) -> Cursor | None:
         check_offset(after)
         meta_key, stream_key = self._keys(key)
-        closed, close_offset = await self.client.hmget(meta_key, ["closed", "close_offset"])
+        closed, close_offset, gen = await self.client.hmget(meta_key, ["closed", "close_offset", "gen"])
         if closed is None:
             raise NotFound(f"no stream buffer {key}")
         if _s(closed) == "1" and after and _id_tuple(after) >= _id_tuple(_s(close_offset)):
             return None
-        return _RedisCursor(self.client, stream_key, after)
+        return _RedisCursor(self.client, stream_key, after, meta_key, gen)
 
     def stats(self) -> BackendStats:
         """Subscribers and batch sizes of this process; buffers live in Redis and are not counted here."""

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentmesh.v1 import stream_service_pb2_grpc
+from agentmesh.stream.v1 import stream_service_pb2, stream_service_pb2_grpc
 from libs.config import MeshSettings
+from libs.identity import Signer, signer_for
 from libs.rpc import Registration, ServiceServer
 from services.stream.backend import StreamBackend
 from services.stream.memory import MemoryBackend
 from services.stream.redis_backend import RedisBackend
 from services.stream.servicer import StreamServicer
-
-SERVICE_NAME = "agentmesh.v1.StreamService"
 
 
 def make_backend(settings: MeshSettings) -> StreamBackend:
@@ -40,7 +39,10 @@ class StreamServer(ServiceServer):
 
 
 async def build(
-    settings: MeshSettings, address: str | None = None, backend: StreamBackend | None = None
+    settings: MeshSettings,
+    address: str | None = None,
+    backend: StreamBackend | None = None,
+    signer: Signer | None = None,
 ) -> ServiceServer:
     """An unstarted server. A backend passed in stays the caller's to close; one built here from the
     settings is closed when the server stops."""
@@ -49,7 +51,15 @@ async def build(
     await backend.start()
     servicer = StreamServicer(backend)
     return StreamServer(
-        [Registration(stream_service_pb2_grpc.add_StreamServiceServicer_to_server, servicer, SERVICE_NAME)],
+        [
+            Registration.of(
+                stream_service_pb2,
+                "StreamService",
+                stream_service_pb2_grpc.add_StreamServiceServicer_to_server,
+                servicer,
+            )
+        ],
+        signer=signer or signer_for(settings),
         address=address or settings.addresses.stream,
         grace_s=settings.shutdown_grace_s,
         on_stop=[backend.aclose] if owned else [],

@@ -6,15 +6,23 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from agentmesh.v1 import events_pb2 as ev
-from agentmesh.v1 import stream_service_pb2 as pb
-from agentmesh.v1 import stream_service_pb2_grpc
+from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.stream.v1 import stream_service_pb2 as pb
+from agentmesh.stream.v1 import stream_service_pb2_grpc
+from libs import identity
 from libs.errors import InvalidArgument, grpc_errors
-from services.stream.backend import StreamBackend, is_terminal
+from libs.events import is_terminal
+from services.stream.backend import StreamBackend
+
+
+def _reader() -> str:
+    """The verified caller: a user reads and writes only their own buffers; the mesh itself ("") any."""
+    principal = identity.current()
+    return principal.user if principal is not None else ""
 
 
 class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
-    """Each RPC is one backend call."""
+    """Each RPC is one backend call; the buffer's owner and reader come from the call's identity."""
 
     def __init__(self, backend: StreamBackend) -> None:
         self.backend = backend
@@ -23,14 +31,16 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
     async def CreateStream(
         self, request: pb.CreateStreamRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateStreamResponse:
-        await self.backend.create(request.key, request.owner, dict(request.metadata))
+        await self.backend.create(request.key, identity.current_user(), dict(request.metadata))
         return pb.CreateStreamResponse()
 
     @grpc_errors
     async def AppendEvents(
         self, request: pb.AppendEventsRequest, context: grpc.aio.ServicerContext
     ) -> pb.AppendEventsResponse:
-        return pb.AppendEventsResponse(offsets=await self.backend.append(request.key, request.events))
+        return pb.AppendEventsResponse(
+            offsets=await self.backend.append(request.key, request.events, _reader())
+        )
 
     @grpc_errors
     async def StreamAppendEvents(
@@ -38,7 +48,7 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
     ) -> pb.StreamAppendEventsResponse:
         count, last = 0, ""
         async for message in request:
-            offsets = await self.backend.append(message.key, message.events)
+            offsets = await self.backend.append(message.key, message.events, _reader())
             count += len(offsets)
             last = offsets[-1] if offsets else last
         return pb.StreamAppendEventsResponse(count=count, last_offset=last)
@@ -54,16 +64,14 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
             terminal = ev.Event(error=request.error)
         else:
             raise InvalidArgument("CloseStream needs an outcome: done or error")
-        offset, closed = await self.backend.close(request.key, terminal)
+        offset, closed = await self.backend.close(request.key, terminal, _reader())
         return pb.CloseStreamResponse(offset=offset, closed=closed)
 
     @grpc_errors
     async def SubscribeStream(
         self, request: pb.SubscribeStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.SubscribeStreamResponse]:
-        events = self.backend.subscribe(
-            request.key, request.from_offset, request.reader, request.idle_timeout_ms
-        )
+        events = self.backend.subscribe(request.key, request.from_offset, _reader(), request.idle_timeout_ms)
         try:
             async for event in events:
                 if request.terminal_only and not is_terminal(event):
@@ -76,12 +84,11 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
     async def GetStreamInfo(
         self, request: pb.GetStreamInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetStreamInfoResponse:
-        info = await self.backend.read_info(request.key, request.reader)
+        info = await self.backend.read_info(request.key, _reader())
         return pb.GetStreamInfoResponse(
             exists=info.exists,
             closed=info.closed,
             last_offset=info.last_offset,
-            owner=info.owner,
             metadata=info.metadata,
             length=info.length,
         )

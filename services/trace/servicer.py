@@ -1,168 +1,200 @@
-"""TraceService: a thin gRPC adapter over TraceStore."""
+"""TraceService, AgentService and AuthService: thin gRPC adapters. The acting user comes from the
+call's verified identity (libs.identity), never from the request."""
 
 from __future__ import annotations
 
 from typing import TypeAlias
 
 import grpc
-from google.protobuf import json_format
 
-from agentmesh.v1 import trace_service_pb2 as ts
-from agentmesh.v1 import trace_service_pb2_grpc
-from libs.errors import grpc_errors
-from services.trace.store import TraceStore
+from agentmesh.agents.v1 import agent_service_pb2 as ag
+from agentmesh.agents.v1 import agent_service_pb2_grpc
+from agentmesh.auth.v1 import auth_service_pb2 as au
+from agentmesh.auth.v1 import auth_service_pb2_grpc
+from agentmesh.trace.v1 import trace_service_pb2 as ts
+from agentmesh.trace.v1 import trace_service_pb2_grpc
+from libs.errors import PermissionDenied, grpc_errors
+from libs.identity import current, current_user
+from services.trace.handler import TraceHandler
+from services.trace.store.base import AgentStore, Deleted, KeyStore, MessageQuery
 
 Ctx: TypeAlias = grpc.aio.ServicerContext
 
 
+def _deleted(cls: type, d: Deleted) -> object:
+    return cls(
+        deleted_trace_ids=d.trace_ids, deleted_task_ids=d.task_ids, deleted_subagent_ids=d.subagent_ids
+    )
+
+
 class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, store: TraceStore) -> None:
-        self.store = store
+    def __init__(self, handler: TraceHandler) -> None:
+        self.h = handler
 
     @grpc_errors
-    async def CreateSession(self, request: ts.CreateSessionRequest, context: Ctx) -> ts.CreateSessionResponse:
-        session = await self.store.create_session(
-            request.owner,
-            request.agent,
-            request.kind,
-            request.title,
-            request.visible_in_sidebar,
-            request.session_id,
+    async def CreateTrace(self, request: ts.CreateTraceRequest, context: Ctx) -> ts.CreateTraceResponse:
+        trace = await self.h.traces.create_trace(current_user(), request.trace, request.trace_id)
+        return ts.CreateTraceResponse(trace=trace)
+
+    @grpc_errors
+    async def GetTrace(self, request: ts.GetTraceRequest, context: Ctx) -> ts.GetTraceResponse:
+        owner = current_user()
+        resp = ts.GetTraceResponse(trace=await self.h.traces.get_trace(owner, request.trace_id))
+        if request.view == ts.TRACE_VIEW_FULL:
+            resp.message_count, resp.main_path_count = await self.h.traces.count_messages(
+                owner, request.trace_id
+            )
+        return resp
+
+    @grpc_errors
+    async def ListTraces(self, request: ts.ListTracesRequest, context: Ctx) -> ts.ListTracesResponse:
+        traces, token = await self.h.traces.list_traces(current_user(), request.page_size, request.page_token)
+        return ts.ListTracesResponse(traces=traces, next_page_token=token)
+
+    @grpc_errors
+    async def UpdateTrace(self, request: ts.UpdateTraceRequest, context: Ctx) -> ts.UpdateTraceResponse:
+        paths = list(request.update_mask.paths)
+        return ts.UpdateTraceResponse(
+            trace=await self.h.traces.update_trace(current_user(), request.trace, paths)
         )
-        return ts.CreateSessionResponse(session=session)
 
     @grpc_errors
-    async def GetSession(self, request: ts.GetSessionRequest, context: Ctx) -> ts.GetSessionResponse:
-        return ts.GetSessionResponse(session=await self.store.get_session(request.owner, request.session_id))
+    async def DeleteTrace(self, request: ts.DeleteTraceRequest, context: Ctx) -> ts.DeleteTraceResponse:
+        deleted = await self.h.traces.delete_traces(current_user(), [request.trace_id])
+        return _deleted(ts.DeleteTraceResponse, deleted)  # type: ignore[return-value]
 
     @grpc_errors
-    async def ListSessions(self, request: ts.ListSessionsRequest, context: Ctx) -> ts.ListSessionsResponse:
-        sessions, token = await self.store.list_sessions(request.owner, request.page_size, request.page_token)
-        return ts.ListSessionsResponse(sessions=sessions, next_page_token=token)
+    async def DeleteTraces(self, request: ts.DeleteTracesRequest, context: Ctx) -> ts.DeleteTracesResponse:
+        deleted = await self.h.traces.delete_traces(current_user(), None)
+        return _deleted(ts.DeleteTracesResponse, deleted)  # type: ignore[return-value]
 
     @grpc_errors
-    async def UpdateSession(self, request: ts.UpdateSessionRequest, context: Ctx) -> ts.UpdateSessionResponse:
-        session = await self.store.update_session(
-            request.owner,
-            request.session_id,
-            request.title,
-            request.visible_in_sidebar,
-            list(request.update_mask.paths),
-        )
-        return ts.UpdateSessionResponse(session=session)
-
-    @grpc_errors
-    async def DeleteSession(self, request: ts.DeleteSessionRequest, context: Ctx) -> ts.DeleteSessionResponse:
-        await self.store.delete_session(request.owner, request.session_id)
-        return ts.DeleteSessionResponse()
-
-    @grpc_errors
-    async def DeleteSessions(
-        self, request: ts.DeleteSessionsRequest, context: Ctx
-    ) -> ts.DeleteSessionsResponse:
-        return ts.DeleteSessionsResponse(deleted_count=await self.store.delete_sessions(request.owner))
+    async def SetTraceHead(self, request: ts.SetTraceHeadRequest, context: Ctx) -> ts.SetTraceHeadResponse:
+        trace = await self.h.traces.set_head(current_user(), request.trace_id, request.head_sequence)
+        return ts.SetTraceHeadResponse(trace=trace)
 
     @grpc_errors
     async def AppendMessage(self, request: ts.AppendMessageRequest, context: Ctx) -> ts.AppendMessageResponse:
         parent = request.parent_sequence if request.HasField("parent_sequence") else None
-        message = await self.store.append_message(request.owner, request.message, parent)
+        message = await self.h.traces.append_message(current_user(), request.message, parent)
         return ts.AppendMessageResponse(message=message)
 
     @grpc_errors
     async def UpdateMessage(self, request: ts.UpdateMessageRequest, context: Ctx) -> ts.UpdateMessageResponse:
-        message = await self.store.update_message(
-            request.owner, request.message, list(request.update_mask.paths)
-        )
+        paths = list(request.update_mask.paths)
+        message = await self.h.traces.update_message(current_user(), request.message, paths)
         return ts.UpdateMessageResponse(message=message)
 
     @grpc_errors
-    async def ListMessages(self, request: ts.ListMessagesRequest, context: Ctx) -> ts.ListMessagesResponse:
-        messages, head, total = await self.store.list_messages(
-            request.owner,
-            request.session_id,
-            request.mode,
-            request.head_sequence,
-            request.since_sequence,
-            request.limit,
-            request.offset,
+    async def GetMessage(self, request: ts.GetMessageRequest, context: Ctx) -> ts.GetMessageResponse:
+        return ts.GetMessageResponse(
+            message=await self.h.traces.get_message(current_user(), request.message_id)
         )
-        return ts.ListMessagesResponse(messages=messages, head_sequence=head, total=total)
 
     @grpc_errors
-    async def SetHead(self, request: ts.SetHeadRequest, context: Ctx) -> ts.SetHeadResponse:
-        session = await self.store.set_head(request.owner, request.session_id, request.head_sequence)
-        return ts.SetHeadResponse(session=session)
-
-    @grpc_errors
-    async def GetTrace(self, request: ts.GetTraceRequest, context: Ctx) -> ts.GetTraceResponse:
-        session, count, path_count = await self.store.get_trace(request.owner, request.session_id)
-        return ts.GetTraceResponse(session=session, message_count=count, main_path_count=path_count)
+    async def ListMessages(self, request: ts.ListMessagesRequest, context: Ctx) -> ts.ListMessagesResponse:
+        query = MessageQuery(
+            trace_id=request.trace_id,
+            mode=request.mode,
+            head_sequence=request.head_sequence,
+            since_sequence=request.since_sequence,
+            limit=request.limit,
+            offset=request.offset,
+        )
+        page = await self.h.list_messages(current_user(), query, request.view)
+        return ts.ListMessagesResponse(
+            messages=page.messages, head_sequence=page.head_sequence, total=page.total
+        )
 
     @grpc_errors
     async def CreateA2ATask(self, request: ts.CreateA2ATaskRequest, context: Ctx) -> ts.CreateA2ATaskResponse:
-        task = await self.store.create_a2a_task(
-            request.owner,
-            request.callee_agent,
-            request.caller_agent,
-            request.caller_session_id,
-            json_format.MessageToDict(request.caller_context) if request.HasField("caller_context") else None,
-            request.visible_in_sidebar,
-            request.continue_session_id,
-        )
+        task = await self.h.tasks.create_task(current_user(), request.task, request.continue_trace_id)
         return ts.CreateA2ATaskResponse(task=task)
 
     @grpc_errors
     async def UpdateA2ATask(self, request: ts.UpdateA2ATaskRequest, context: Ctx) -> ts.UpdateA2ATaskResponse:
-        task = await self.store.update_a2a_task(request.owner, request.task_id, request.state)
+        task = await self.h.tasks.update_task_state(current_user(), request.task_id, request.state)
         return ts.UpdateA2ATaskResponse(task=task)
 
     @grpc_errors
     async def GetA2ATask(self, request: ts.GetA2ATaskRequest, context: Ctx) -> ts.GetA2ATaskResponse:
-        return ts.GetA2ATaskResponse(task=await self.store.get_a2a_task(request.owner, request.task_id))
+        return ts.GetA2ATaskResponse(task=await self.h.tasks.get_task(current_user(), request.task_id))
 
     @grpc_errors
     async def ListA2ATasks(self, request: ts.ListA2ATasksRequest, context: Ctx) -> ts.ListA2ATasksResponse:
-        tasks = await self.store.list_a2a_tasks(request.owner, request.caller_session_id)
-        return ts.ListA2ATasksResponse(tasks=tasks)
+        return ts.ListA2ATasksResponse(
+            tasks=await self.h.tasks.list_tasks(current_user(), request.caller_session_id)
+        )
 
     @grpc_errors
-    async def CreateSubagentSession(
-        self, request: ts.CreateSubagentSessionRequest, context: Ctx
-    ) -> ts.CreateSubagentSessionResponse:
-        subagent = await self.store.create_subagent(request.owner, request.subagent)
-        return ts.CreateSubagentSessionResponse(subagent=subagent)
+    async def CreateSubagentSessions(
+        self, request: ts.CreateSubagentSessionsRequest, context: Ctx
+    ) -> ts.CreateSubagentSessionsResponse:
+        rows = await self.h.subagents.create_subagents(current_user(), request.subagents)
+        return ts.CreateSubagentSessionsResponse(subagents=rows)
 
     @grpc_errors
     async def UpdateSubagentSession(
         self, request: ts.UpdateSubagentSessionRequest, context: Ctx
     ) -> ts.UpdateSubagentSessionResponse:
-        subagent = await self.store.update_subagent(
-            request.owner, request.subagent, list(request.update_mask.paths)
-        )
-        return ts.UpdateSubagentSessionResponse(subagent=subagent)
+        paths = list(request.update_mask.paths)
+        row = await self.h.subagents.update_subagent(current_user(), request.subagent, paths)
+        return ts.UpdateSubagentSessionResponse(subagent=row)
 
     @grpc_errors
     async def GetSubagentSession(
         self, request: ts.GetSubagentSessionRequest, context: Ctx
     ) -> ts.GetSubagentSessionResponse:
-        return ts.GetSubagentSessionResponse(
-            subagent=await self.store.get_subagent(request.owner, request.subagent_id)
-        )
+        row = await self.h.subagents.get_subagent(current_user(), request.subagent_id)
+        return ts.GetSubagentSessionResponse(subagent=row)
 
     @grpc_errors
     async def ListSubagentSessions(
         self, request: ts.ListSubagentSessionsRequest, context: Ctx
     ) -> ts.ListSubagentSessionsResponse:
-        rows = await self.store.list_subagents(request.owner, request.session_id, request.parent_message_id)
+        rows = await self.h.subagents.list_subagents(
+            current_user(), request.trace_id, request.parent_message_id
+        )
         return ts.ListSubagentSessionsResponse(subagents=rows)
+
+
+class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
+    def __init__(self, agents: AgentStore) -> None:
+        self.agents = agents
+
+    @grpc_errors
+    async def GetAgent(self, request: ag.GetAgentRequest, context: Ctx) -> ag.GetAgentResponse:
+        return ag.GetAgentResponse(agent=await self.agents.get_agent(current_user(), request.slug))
+
+    @grpc_errors
+    async def ListAgents(self, request: ag.ListAgentsRequest, context: Ctx) -> ag.ListAgentsResponse:
+        return ag.ListAgentsResponse(agents=await self.agents.list_agents(current_user()))
+
+
+def _mesh_only() -> None:
+    """Keys are the mesh's business (the gateway checking one, `agentmesh keys create`), never a user's:
+    a call acting for a user is refused."""
+    principal = current()
+    if principal is None or not principal.is_mesh:
+        raise PermissionDenied("API keys are managed by the mesh itself, not on behalf of a user")
+
+
+class AuthServicer(auth_service_pb2_grpc.AuthServiceServicer):
+    """Called by the mesh itself (the gateway checking a key, `agentmesh keys create`)."""
+
+    def __init__(self, keys: KeyStore) -> None:
+        self.keys = keys
 
     @grpc_errors
     async def AuthenticateApiKey(
-        self, request: ts.AuthenticateApiKeyRequest, context: Ctx
-    ) -> ts.AuthenticateApiKeyResponse:
-        return ts.AuthenticateApiKeyResponse(user=await self.store.authenticate(request.api_key))
+        self, request: au.AuthenticateApiKeyRequest, context: Ctx
+    ) -> au.AuthenticateApiKeyResponse:
+        _mesh_only()
+        return au.AuthenticateApiKeyResponse(user=await self.keys.authenticate(request.api_key))
 
     @grpc_errors
-    async def CreateApiKey(self, request: ts.CreateApiKeyRequest, context: Ctx) -> ts.CreateApiKeyResponse:
-        key = await self.store.create_api_key(request.user)
-        return ts.CreateApiKeyResponse(api_key=key, user=request.user)
+    async def CreateApiKey(self, request: au.CreateApiKeyRequest, context: Ctx) -> au.CreateApiKeyResponse:
+        _mesh_only()
+        return au.CreateApiKeyResponse(
+            api_key=await self.keys.create_api_key(request.user), user=request.user
+        )

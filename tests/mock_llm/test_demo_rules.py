@@ -1,4 +1,4 @@
-"""libs/demo_rules.yaml drives the demo agents of libs/demo_catalog.yaml."""
+"""agentmesh/mock_llm/demo_rules.yaml drives the demo agents of services/trace/demo_catalog.yaml."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import pytest
 import yaml
 
 from agentmesh.mock_llm import DEMO_RULES, MockLLM
+from libs.config import MeshSettings
 
-CATALOG = {
-    a["slug"]: a for a in yaml.safe_load((DEMO_RULES.parent / "demo_catalog.yaml").read_text())["agents"]
-}
+CATALOG = {a["slug"]: a for a in yaml.safe_load(MeshSettings().catalog.read_text())["agents"]}
 TOOLS = [
     {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
     for name in ("agent-invoke", "delegate_task", "delegate_parallel")

@@ -1,7 +1,13 @@
-"""Stream-service fixtures: a real grpc.aio server on a loopback port over a memory or Redis backend."""
+"""Stream-service fixtures: a real grpc.aio server on a loopback port over a memory or Redis backend.
+
+The gateway tests (tests/gateway/test_sse.py) import `gateway_factory` and the fixtures it needs from here.
+Buffers belong to the user who creates them: `with identity.acting_as("alice"): await create(...)`;
+calls outside `acting_as` carry the mesh's own principal, which reads any buffer but creates none.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -9,30 +15,61 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
-from agentmesh.v1 import stream_service_pb2_grpc, trace_service_pb2_grpc
-from agentmesh.v1 import trace_service_pb2 as ts
+from agentmesh.auth.v1 import auth_service_pb2 as au
+from agentmesh.auth.v1 import auth_service_pb2_grpc
+from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.stream.v1 import stream_service_pb2 as pb
+from agentmesh.stream.v1 import stream_service_pb2_grpc
 from gateway.app import create_app
-from libs import embedded_http
+from libs import embedded_http, events, identity
 from libs.clients import Clients
 from libs.config import MeshSettings, StreamSettings
+from libs.identity import Signer
 from libs.rpc import ServiceServer, channel
 from services.stream.backend import StreamBackend
 from services.stream.memory import MemoryBackend
 from services.stream.redis_backend import RedisBackend
 from services.stream.server import build
-from services.trace.server import start_test_server
+from services.trace import server as trace_server
+from tests.conftest import test_settings
+
+USERS = ("alice", "bob")
+
+
+class ManualClock:
+    """A monotonic clock that moves only when told: TTL tests move time instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 @dataclass
 class StreamHarness:
-    """One running stream service: its backend, server and a client stub."""
+    """One running stream service: its backend, server and a client stub (signing the acting user)."""
 
     backend: StreamBackend
     server: ServiceServer
     channel: grpc.aio.Channel
     stub: stream_service_pb2_grpc.StreamServiceStub
     settings: MeshSettings
+    clock: ManualClock | None  # the memory backend's expiry clock (None on Redis: real time)
+
+    @property
+    def redis(self) -> aioredis.Redis | None:
+        return self.backend.client if isinstance(self.backend, RedisBackend) else None
+
+    def redis_keys(self, key: str) -> list[str]:
+        """`<prefix>meta:<key>`, `<prefix>stream:<key>` of a buffer on Redis."""
+        assert isinstance(self.backend, RedisBackend)
+        return [f"{self.backend.prefix}meta:{key}", f"{self.backend.prefix}stream:{key}"]
 
     async def stop(self) -> None:
         await self.channel.close()
@@ -50,23 +87,32 @@ def backend_kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 async def stream_factory(
-    backend_kind: str, request: pytest.FixtureRequest, unique: str
+    backend_kind: str, request: pytest.FixtureRequest, unique: str, signer: Signer
 ) -> AsyncIterator[StreamFactory]:
-    """`await stream_factory(ttl_s=..., max_events=...)`: a started stream service with those settings."""
+    """`await stream_factory(ttl_s=..., max_events=...)`: a started stream service with those settings
+    (the memory backend on a ManualClock)."""
     redis_url = request.getfixturevalue("redis_url") if backend_kind == "redis" else ""
     started: list[StreamHarness] = []
 
     async def make(**stream: Any) -> StreamHarness:
-        settings = MeshSettings(stream=StreamSettings(backend=backend_kind, **stream), shutdown_grace_s=2.0)
+        settings = test_settings(stream=StreamSettings(backend=backend_kind, **stream), shutdown_grace_s=2.0)
         backend: StreamBackend
+        clock = None
         if backend_kind == "redis":
             backend = RedisBackend(redis_url, settings.stream, prefix=f"test:{unique}:{len(started)}:")
         else:
-            backend = MemoryBackend(settings.stream)
-        server = await (await build(settings, "127.0.0.1:0", backend)).start()
+            clock = ManualClock()
+            backend = MemoryBackend(settings.stream, clock=clock)
+        server = await build(settings, "127.0.0.1:0", backend, signer)
+        try:
+            await server.start()
+        except BaseException:
+            await backend.aclose()
+            raise
         settings.addresses.stream = server.target
-        ch = channel(server.target, 5.0, 30.0)
-        harness = StreamHarness(backend, server, ch, stream_service_pb2_grpc.StreamServiceStub(ch), settings)
+        ch = channel(server.target, signer, unary_timeout_s=5.0, stream_timeout_s=30.0)
+        stub = stream_service_pb2_grpc.StreamServiceStub(ch)
+        harness = StreamHarness(backend, server, ch, stub, settings, clock)
         started.append(harness)
         return harness
 
@@ -74,8 +120,6 @@ async def stream_factory(
     for harness in started:
         await harness.stop()
     if backend_kind == "redis":
-        import redis.asyncio as aioredis
-
         client = aioredis.Redis.from_url(redis_url)
         keys = [k async for k in client.scan_iter(f"test:{unique}:*")]
         if keys:
@@ -87,6 +131,48 @@ async def stream_factory(
 async def stream(stream_factory: StreamFactory) -> StreamHarness:
     """A stream service with default settings."""
     return await stream_factory()
+
+
+# ---- calls, as a user or as the mesh -------------------------------------------------------------------
+
+
+def deltas(*texts: str) -> list[ev.Event]:
+    return [events.text_delta(t) for t in texts]
+
+
+async def create(h: StreamHarness, key: str, owner: str = "alice", **metadata: str) -> None:
+    """CreateStream as `owner` (the buffer's owner is the caller)."""
+    with identity.acting_as(owner):
+        await h.stub.CreateStream(pb.CreateStreamRequest(key=key, metadata=metadata or {"agent": "demo"}))
+
+
+async def append(h: StreamHarness, key: str, batch: list[ev.Event]) -> list[str]:
+    """AppendEvents as the mesh (the runtime writes the user's buffer)."""
+    return list((await h.stub.AppendEvents(pb.AppendEventsRequest(key=key, events=batch))).offsets)
+
+
+async def close(h: StreamHarness, key: str) -> pb.CloseStreamResponse:
+    return await h.stub.CloseStream(pb.CloseStreamRequest(key=key, done=ev.StreamDone()))
+
+
+async def info(h: StreamHarness, key: str, reader: str = "") -> pb.GetStreamInfoResponse:
+    """GetStreamInfo as `reader` ("" : the mesh, which sees every buffer)."""
+    with identity.acting_as(reader):
+        return await h.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))
+
+
+async def collect(h: StreamHarness, key: str, reader: str = "", **kw: Any) -> list[ev.Event]:
+    """Every event of a SubscribeStream as `reader` ("" : the mesh), up to its end."""
+    with identity.acting_as(reader):
+        call = h.stub.SubscribeStream(pb.SubscribeStreamRequest(key=key, **kw))
+    return [r.event async for r in call]
+
+
+def as_int(offset: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in offset.split("-"))
+
+
+# ---- the gateway over a stream service ------------------------------------------------------------------
 
 
 @dataclass
@@ -101,23 +187,30 @@ class Gateway:
 
 
 @pytest.fixture(scope="session")
-async def auth_trace(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[str, dict[str, str]]]:
+async def auth_trace(
+    tmp_path_factory: pytest.TempPathFactory, signer: Signer
+) -> AsyncIterator[tuple[str, dict[str, str]]]:
     """A trace service (SQLite) with API keys for alice and bob: (its address, keys by user)."""
-    server = await start_test_server("", tmp_path_factory.mktemp("stream-auth"))
-    async with channel(server.target) as ch:
-        stub = trace_service_pb2_grpc.TraceServiceStub(ch)
-        keys = {
-            user: (await stub.CreateApiKey(ts.CreateApiKeyRequest(user=user))).api_key
-            for user in ("alice", "bob")
-        }
-    yield server.target, keys
-    await server.stop(0)
+    settings = test_settings(data_dir=tmp_path_factory.mktemp("stream-auth"))
+    server = await trace_server.build(settings, "127.0.0.1:0", signer)
+    try:
+        async with channel(server.target, signer) as ch:
+            stub = auth_service_pb2_grpc.AuthServiceStub(ch)
+            keys = {  # the mesh's own principal creates keys (outside acting_as)
+                user: (await stub.CreateApiKey(au.CreateApiKeyRequest(user=user))).api_key for user in USERS
+            }
+        yield server.target, keys
+    finally:
+        await server.stop(0)
+
+
+GatewayFactory = Callable[[StreamHarness], Awaitable[Gateway]]
 
 
 @pytest.fixture
 async def gateway_factory(
-    auth_trace: tuple[str, dict[str, str]],
-) -> AsyncIterator[Callable[[StreamHarness], Awaitable[Gateway]]]:
+    auth_trace: tuple[str, dict[str, str]], signer: Signer
+) -> AsyncIterator[GatewayFactory]:
     """`await gateway_factory(harness)`: the gateway app over the harness's stream service."""
     trace_address, keys = auth_trace
     running: list[tuple[embedded_http.EmbeddedServer, Clients, httpx.AsyncClient]] = []
@@ -125,7 +218,7 @@ async def gateway_factory(
     async def make(harness: StreamHarness) -> Gateway:
         settings = harness.settings.model_copy(deep=True)
         settings.addresses.trace = trace_address
-        clients = Clients.connect(settings)
+        clients = Clients(settings, signer)
         server = await embedded_http.serve(create_app(settings, clients), timeout_graceful_shutdown=1)
         base = f"http://127.0.0.1:{server.port}"
         client = httpx.AsyncClient(

@@ -6,20 +6,21 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 import redis.asyncio as aioredis
 
-from agentmesh.v1 import events_pb2 as ev
-from agentmesh.v1 import stream_service_pb2 as pb
-from agentmesh.v1 import stream_service_pb2_grpc
-from libs import events
+from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.stream.v1 import stream_service_pb2 as pb
+from agentmesh.stream.v1 import stream_service_pb2_grpc
+from libs import events, identity
+from libs.identity import Signer
 from libs.rpc import channel, wait_serving
-from services.stream.redis_backend import DEFAULT_PREFIX
-from tests.mesh import free_port
+from tests.conftest import TEST_SECRET
+from tests.mesh import Ports
 
 pytestmark = pytest.mark.redis
 
@@ -29,8 +30,22 @@ Spawn = Callable[[int], Awaitable[asyncio.subprocess.Process]]
 
 
 @pytest.fixture
-async def spawn(redis_url: str) -> AsyncIterator[Spawn]:
-    """`await spawn(port)`: `python -m services.stream` on that port with the Redis backend, once SERVING."""
+def prefix(unique: str) -> str:
+    """The Redis namespace of this test's replicas."""
+    return f"test:{unique}:"
+
+
+@pytest.fixture
+def ports() -> Iterator[Ports]:
+    ports = Ports()
+    yield ports
+    ports.release()
+
+
+@pytest.fixture
+async def spawn(redis_url: str, prefix: str, tmp_path: Path) -> AsyncIterator[Spawn]:
+    """`await spawn(port)`: `python -m services.stream` on that (reserved) port with the Redis backend and
+    the test mesh secret, once SERVING."""
     procs: list[asyncio.subprocess.Process] = []
 
     async def start(port: int) -> asyncio.subprocess.Process:
@@ -38,7 +53,10 @@ async def spawn(redis_url: str) -> AsyncIterator[Spawn]:
             **os.environ,
             "AGENTMESH_ADDRESSES__STREAM": f"127.0.0.1:{port}",
             "AGENTMESH_STREAM__BACKEND": "redis",
+            "AGENTMESH_STREAM__REDIS_PREFIX": prefix,
             "AGENTMESH_REDIS_URL": redis_url,
+            "AGENTMESH_MESH_SECRET": TEST_SECRET,
+            "AGENTMESH_DATA_DIR": str(tmp_path),
             "AGENTMESH_LOG_LEVEL": "WARNING",
         }
         proc = await asyncio.create_subprocess_exec(
@@ -54,12 +72,20 @@ async def spawn(redis_url: str) -> AsyncIterator[Spawn]:
             proc.send_signal(signal.SIGTERM)
             await asyncio.wait_for(proc.wait(), 10)
     assert all(p.returncode in (0, -signal.SIGKILL) for p in procs)  # SIGTERM drains cleanly
+    client = aioredis.Redis.from_url(redis_url)
+    keys = [k async for k in client.scan_iter(f"{prefix}*")]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
 
 
-async def test_two_replicas_survive_a_killed_writer(spawn: Spawn, redis_url: str, unique: str) -> None:
-    port_a, port_b = free_port(), free_port()
+async def test_two_replicas_survive_a_killed_writer(
+    spawn: Spawn, ports: Ports, signer: Signer, unique: str
+) -> None:
+    port_a, port_b = ports.take(), ports.take()
     proc_a, _ = await asyncio.gather(spawn(port_a), spawn(port_b))
-    ch_a, ch_b = channel(f"127.0.0.1:{port_a}", 5.0, 60.0), channel(f"127.0.0.1:{port_b}", 5.0, 60.0)
+    ch_a = channel(f"127.0.0.1:{port_a}", signer, unary_timeout_s=5.0, stream_timeout_s=60.0)
+    ch_b = channel(f"127.0.0.1:{port_b}", signer, unary_timeout_s=5.0, stream_timeout_s=60.0)
     a, b = stream_service_pb2_grpc.StreamServiceStub(ch_a), stream_service_pb2_grpc.StreamServiceStub(ch_b)
     key = f"a2a:{unique}"
     got: list[ev.Event] = []
@@ -71,13 +97,16 @@ async def test_two_replicas_survive_a_killed_writer(spawn: Spawn, redis_url: str
         return list(resp.offsets)
 
     async def subscriber() -> None:
-        async for response in b.SubscribeStream(pb.SubscribeStreamRequest(key=key, reader="alice")):
+        with identity.acting_as("alice"):  # the owner follows through the other replica
+            call = b.SubscribeStream(pb.SubscribeStreamRequest(key=key))
+        async for response in call:
             got.append(response.event)
             if len(got) in seen:
                 seen[len(got)].set()
 
     try:
-        await a.CreateStream(pb.CreateStreamRequest(key=key, owner="alice"))
+        with identity.acting_as("alice"):
+            await a.CreateStream(pb.CreateStreamRequest(key=key))
         offsets = await append(a, 0, 1)
         task = asyncio.create_task(subscriber())
         await asyncio.wait_for(seen[1].wait(), 10)
@@ -90,21 +119,21 @@ async def test_two_replicas_survive_a_killed_writer(spawn: Spawn, redis_url: str
         await spawn(port_a)
         for start in range(40, 80, 10):
             offsets += await append(a, start, 10)
-        close = await a.CloseStream(pb.CloseStreamRequest(key=key, done=ev.Done()), wait_for_ready=True)
+        close = await a.CloseStream(pb.CloseStreamRequest(key=key, done=ev.StreamDone()), wait_for_ready=True)
         offsets.append(close.offset)
         await asyncio.wait_for(task, 10)
 
         assert [e.offset for e in got] == offsets  # everything, once, in order
         assert [e.reasoning_delta.reasoning_delta for e in got[:-1]] == [str(i) for i in range(80)]
         assert events.kind(got[-1]) == "done"
-        info = await b.GetStreamInfo(pb.GetStreamInfoRequest(key=key))
+        with identity.acting_as("alice"):
+            info = await b.GetStreamInfo(pb.GetStreamInfoRequest(key=key))
         assert (info.exists, info.closed, info.length) == (True, True, 81)
+        with identity.acting_as("bob"):  # ownership is shared state too
+            assert not (await b.GetStreamInfo(pb.GetStreamInfoRequest(key=key))).exists
         with pytest.raises(grpc.aio.AioRpcError) as busy:  # B sees the state A wrote
             await b.AppendEvents(pb.AppendEventsRequest(key=key, events=[events.text_delta("x")]))
         assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     finally:
         await ch_a.close()
         await ch_b.close()
-        client = aioredis.Redis.from_url(redis_url)
-        await client.delete(f"{DEFAULT_PREFIX}meta:{key}", f"{DEFAULT_PREFIX}stream:{key}")
-        await client.aclose()

@@ -1,4 +1,9 @@
-"""StreamService over real gRPC, parametrised over the memory and Redis backends."""
+"""StreamService over real gRPC, parametrised over the memory and Redis backends.
+
+No test sleeps against a TTL: on memory the backend's ManualClock is moved; on Redis the keys' PTTL is
+read (and shortened by the test where an append must be seen to refresh it), and where Redis must really
+expire a buffer the TTL is short and the test polls for it with a deadline (tests.mesh.wait_until).
+"""
 
 from __future__ import annotations
 
@@ -8,61 +13,31 @@ import time
 import grpc
 import pytest
 
-from agentmesh.v1 import events_pb2 as ev
-from agentmesh.v1 import stream_service_pb2 as pb
-from libs import events
-from services.stream.backend import BATCH, coalesce, validate_key
+from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.stream.v1 import stream_service_pb2 as pb
+from libs import events, identity
+from services.stream.backend import BATCH
 from services.stream.memory import MemoryBackend
-from services.stream.redis_backend import RedisBackend
 from tests.mesh import wait_until
-from tests.stream.conftest import StreamFactory, StreamHarness
+from tests.stream.conftest import (
+    StreamFactory,
+    StreamHarness,
+    append,
+    as_int,
+    close,
+    collect,
+    create,
+    deltas,
+    info,
+)
 
 
-def deltas(*texts: str) -> list[ev.Event]:
-    return [events.text_delta(t) for t in texts]
-
-
-async def create(h: StreamHarness, key: str, owner: str = "alice") -> None:
-    await h.stub.CreateStream(pb.CreateStreamRequest(key=key, owner=owner, metadata={"agent": "demo"}))
-
-
-async def append(h: StreamHarness, key: str, batch: list[ev.Event]) -> list[str]:
-    return list((await h.stub.AppendEvents(pb.AppendEventsRequest(key=key, events=batch))).offsets)
-
-
-async def close(h: StreamHarness, key: str) -> pb.CloseStreamResponse:
-    return await h.stub.CloseStream(pb.CloseStreamRequest(key=key, done=ev.Done()))
-
-
-def as_int(offset: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in offset.split("-"))
-
-
-async def collect(h: StreamHarness, key: str, **kw: object) -> list[ev.Event]:
-    call = h.stub.SubscribeStream(pb.SubscribeStreamRequest(key=key, **kw))  # type: ignore[arg-type]
-    return [r.event async for r in call]
-
-
-def test_validate_key() -> None:
-    assert validate_key("a2a:t-1") == "a2a:t-1"
-    for bad in ("foo:1", "session", "session:", "subagent:" + "x" * 201, ""):
-        with pytest.raises(Exception, match="invalid stream key"):
-            validate_key(bad)
-
-
-def test_coalesce_merges_only_consecutive_text_deltas() -> None:
-    batch = [
-        *deltas("a", "b"),
-        events.reasoning_delta("r"),
-        events.reasoning_delta("s"),
-        *deltas("c", "d", "e"),
-    ]
-    for i, e in enumerate(batch):
-        e.offset = f"{i:020d}"
-    out = coalesce(batch)
-    assert [events.kind(e) for e in out] == ["text_delta", "reasoning_delta", "reasoning_delta", "text_delta"]
-    assert (out[0].text_delta.text_delta, out[0].offset) == ("ab", batch[1].offset)
-    assert (out[3].text_delta.text_delta, out[3].offset) == ("cde", batch[6].offset)
+async def _rest(call: grpc.aio.UnaryStreamCall) -> list[ev.Event]:  # type: ignore[type-arg]
+    """The rest of a subscription read with `call.read()` (the two reading styles do not mix)."""
+    out = []
+    while (response := await call.read()) is not grpc.aio.EOF:
+        out.append(response.event)
+    return out
 
 
 async def test_lifecycle_offsets_and_errors(stream: StreamHarness, unique: str) -> None:
@@ -79,40 +54,50 @@ async def test_lifecycle_offsets_and_errors(stream: StreamHarness, unique: str) 
 
     first = await append(stream, key, deltas("a", "b", "c"))
     assert len(first) == 3 and [as_int(o) for o in first] == sorted({as_int(o) for o in first})
-    info = await stream.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))
-    assert (info.exists, info.closed, info.length, info.owner) == (True, False, 3, "alice")
-    assert info.last_offset == first[-1] and dict(info.metadata) == {"agent": "demo"}
+    found = await info(stream, key, reader="alice")
+    assert (found.exists, found.closed, found.length) == (True, False, 3)
+    assert found.last_offset == first[-1] and dict(found.metadata) == {"agent": "demo"}
+    assert await info(stream, key) == found  # the mesh reads the same
 
     closed = await close(stream, key)
     assert closed.closed and as_int(closed.offset) > as_int(first[-1])
     again = await stream.stub.CloseStream(
-        pb.CloseStreamRequest(key=key, error=ev.Error(code="x", message="y"))
+        pb.CloseStreamRequest(key=key, error=ev.StreamError(code=ev.ERROR_CODE_INTERNAL, message="y"))
     )
     assert (again.closed, again.offset) == (False, closed.offset)
     events_ = await collect(stream, key)
-    assert [events.kind(e) for e in events_][-1] == "done"  # the second close changed nothing
+    assert [events.kind(e) for e in events_] == ["text_delta", "done"]  # the second close changed nothing
+    assert events_[-1].offset == closed.offset
 
     with pytest.raises(grpc.aio.AioRpcError) as after_close:
         await append(stream, key, deltas("late"))
     assert after_close.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
-    await create(stream, key, owner="bob")  # a closed buffer is replaced
+    with pytest.raises(grpc.aio.AioRpcError) as taken:
+        await create(stream, key, owner="bob")  # another user cannot take over the key
+    assert taken.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    await create(stream, key)  # its owner replaces the closed buffer
     second = await append(stream, key, deltas("new"))
     assert as_int(second[0]) > as_int(closed.offset)  # offsets never reused
-    replay = await stream.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))
-    assert (replay.length, replay.owner, replay.closed) == (1, "bob", False)
+    replay = await info(stream, key, reader="alice")
+    assert (replay.exists, replay.length, replay.closed) == (True, 1, False)
+    assert not (await info(stream, key, reader="bob")).exists
 
-    unknown = await stream.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=f"a2a:{unique}-none"))
+    unknown = await info(stream, f"a2a:{unique}-none")
     assert not unknown.exists
-    hidden = await stream.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key, reader="mallory"))
+    hidden = await info(stream, key, reader="mallory")
     assert not hidden.exists
 
 
-@pytest.mark.parametrize("key", ["foo:1", "session:", "subagent:" + "x" * 201])
+@pytest.mark.parametrize(
+    "key",
+    ["foo:1", "session", "session:", "subagent:" + "x" * 65, "subagent:" + "x" * 201, "session:a:b", ""],
+)
 async def test_invalid_key(stream: StreamHarness, key: str) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await create(stream, key)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "invalid stream key" in (err.value.details() or "")
 
 
 async def test_close_requires_outcome(stream: StreamHarness, unique: str) -> None:
@@ -120,6 +105,7 @@ async def test_close_requires_outcome(stream: StreamHarness, unique: str) -> Non
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stream.stub.CloseStream(pb.CloseStreamRequest(key=f"session:{unique}"))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert not (await info(stream, f"session:{unique}")).closed
 
 
 async def test_replay_then_live(stream: StreamHarness, unique: str) -> None:
@@ -130,7 +116,9 @@ async def test_replay_then_live(stream: StreamHarness, unique: str) -> None:
     caught_up = asyncio.Event()
 
     async def subscriber() -> None:
-        async for response in stream.stub.SubscribeStream(pb.SubscribeStreamRequest(key=key, reader="alice")):
+        with identity.acting_as("alice"):  # the owner reads
+            call = stream.stub.SubscribeStream(pb.SubscribeStreamRequest(key=key))
+        async for response in call:
             got.append(response.event)
             if len(got) >= 2:  # "012" coalesced + the reasoning delta
                 caught_up.set()
@@ -152,10 +140,18 @@ async def test_replay_then_live(stream: StreamHarness, unique: str) -> None:
     # a subscriber joining after the fact replays the same, and from an offset exactly what follows it
     tail = await collect(stream, key, from_offset=early[3])
     assert "".join(e.text_delta.text_delta for e in tail if events.kind(e) == "text_delta") == "34567"
-    assert (
-        tail[0].offset == live[-2] and tail[-1].offset == live[-1]
-    )  # coalesced: the run keeps its last offset
+    assert tail[0].offset == live[-2]  # coalesced: the run keeps its last offset
+    assert tail[-1].offset == live[-1]
     assert await collect(stream, key, from_offset=live[-1]) == []
+
+
+async def test_terminal_only(stream: StreamHarness, unique: str) -> None:
+    key = f"session:{unique}"
+    await create(stream, key)
+    await append(stream, key, deltas("a", "b"))
+    closed = await close(stream, key)
+    only = await collect(stream, key, terminal_only=True)
+    assert [(events.kind(e), e.offset) for e in only] == [("done", closed.offset)]
 
 
 async def test_client_streaming_append(stream: StreamHarness, unique: str) -> None:
@@ -167,8 +163,8 @@ async def test_client_streaming_append(stream: StreamHarness, unique: str) -> No
             yield pb.StreamAppendEventsRequest(key=key, events=deltas(f"{i}a", f"{i}b"))
 
     resp = await stream.stub.StreamAppendEvents(batches())
-    info = await stream.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))
-    assert (resp.count, resp.last_offset, info.length) == (8, info.last_offset, 8)
+    found = await info(stream, key)
+    assert (resp.count, resp.last_offset, found.length) == (8, found.last_offset, 8)
 
 
 async def test_unknown_key_and_foreign_reader_not_found(stream: StreamHarness, unique: str) -> None:
@@ -180,6 +176,7 @@ async def test_unknown_key_and_foreign_reader_not_found(stream: StreamHarness, u
     await append(stream, f"session:{unique}", deltas("ok"))
     await close(stream, f"session:{unique}")
     assert len(await collect(stream, f"session:{unique}", reader="alice")) == 2
+    assert len(await collect(stream, f"session:{unique}")) == 2  # the mesh reads any buffer
 
 
 async def test_invalid_subscribe_arguments(stream: StreamHarness, unique: str) -> None:
@@ -199,106 +196,189 @@ async def test_size_cap(stream_factory: StreamFactory, unique: str) -> None:
         await append(h, key, deltas("d", "e", "f"))
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "cap of 5" in (err.value.details() or "")
-    info = await h.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))
-    assert (info.length, info.closed) == (3, False)  # unchanged and still open
+    found = await info(h, key)
+    assert (found.length, found.closed) == (3, False)  # unchanged and still open
     await append(h, key, deltas("d", "e"))
     assert (await close(h, key)).closed  # the terminal event always fits
     events_ = await collect(h, key)
     assert "".join(e.text_delta.text_delta for e in events_) == "abcde"
 
 
-async def test_expiry_after_ttl(stream_factory: StreamFactory, unique: str) -> None:
-    h = await stream_factory(ttl_s=0.3)
+async def test_expiry_after_ttl(stream_factory: StreamFactory, backend_kind: str, unique: str) -> None:
+    ttl_s = 0.3 if backend_kind == "memory" else 1.0  # memory: on its ManualClock; Redis: a short real TTL
+    h = await stream_factory(ttl_s=ttl_s)
     key = f"session:{unique}"
     await create(h, key)
     await append(h, key, deltas("a"))
     await close(h, key)
-    assert (await h.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))).exists
+    assert (await info(h, key)).exists
+    if isinstance(h.backend, MemoryBackend):
+        assert h.clock is not None
+        h.clock.advance(ttl_s * 0.9)
+        assert h.backend.sweep() == 0 and h.backend.stats().buffers == 1  # not yet
+        h.clock.advance(ttl_s * 0.2)
+    else:
+        assert h.redis is not None
+        pttl = [await h.redis.pttl(k) for k in h.redis_keys(key)]
+        assert all(0 < ms <= ttl_s * 1000 for ms in pttl), pttl  # closing set the closed TTL on both keys
 
     async def gone() -> bool:
-        if isinstance(h.backend, MemoryBackend):  # removed by the sweep, not only hidden on access
+        if isinstance(h.backend, MemoryBackend):  # removed by the background sweep, not only hidden on access
             return h.backend.stats().buffers == 0
-        return not (await h.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))).exists
+        assert h.redis is not None
+        return await h.redis.exists(*h.redis_keys(key)) == 0
 
     await wait_until(gone, 5, "expiry")
-    assert not (await h.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))).exists
+    assert not (await info(h, key)).exists
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await collect(h, key)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 async def test_open_buffer_does_not_expire(stream_factory: StreamFactory, unique: str) -> None:
-    h = await stream_factory(ttl_s=0.05)
+    ttl_s = 0.05  # only closed buffers expire that fast; an open one has open_ttl_s (3600 s)
+    h = await stream_factory(ttl_s=ttl_s)
     key = f"session:{unique}"
     await create(h, key)
-    sub = asyncio.create_task(collect(h, key, idle_timeout_ms=300))
-    events_ = await asyncio.wait_for(sub, 5)  # waits out several TTLs
-    assert [events.kind(e) for e in events_] == ["error"]
-    assert (await h.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))).exists
+    await append(h, key, deltas("a"))
+    if isinstance(h.backend, MemoryBackend):
+        assert h.clock is not None
+        h.clock.advance(ttl_s * 100)  # many closed TTLs later
+        assert h.backend.sweep() == 0
+    else:
+        assert h.redis is not None
+        pttl = [await h.redis.pttl(k) for k in h.redis_keys(key)]
+        assert all(ttl_s * 100 * 1000 < ms <= 3600 * 1000 for ms in pttl), pttl  # the open TTL, not ttl_s
+    got = await asyncio.wait_for(collect(h, key, idle_timeout_ms=300), 5)
+    assert [events.kind(e) for e in got] == ["text_delta", "error"]
+    assert got[-1].error.code == ev.ERROR_CODE_IDLE_TIMEOUT
+    found = await info(h, key)
+    assert (found.exists, found.closed, found.length) == (True, False, 1)
 
 
 async def test_abandoned_open_buffer_expires_and_is_replaced(
-    stream_factory: StreamFactory, unique: str
+    stream_factory: StreamFactory, backend_kind: str, unique: str
 ) -> None:
-    h = await stream_factory(open_ttl_s=0.3)
+    open_ttl_s = 0.3 if backend_kind == "memory" else 1.0  # memory: on its ManualClock; Redis: real time
+    h = await stream_factory(open_ttl_s=open_ttl_s)
     key = f"session:{unique}"
     await create(h, key)
     old = await append(h, key, deltas("a", "b"))  # ...and its writer dies without closing
-    follower = asyncio.create_task(collect(h, key, idle_timeout_ms=300))
+    with identity.acting_as("alice"):
+        call = h.stub.SubscribeStream(pb.SubscribeStreamRequest(key=key, idle_timeout_ms=300))
+    followed = [(await call.read()).event]  # following before the buffer is abandoned
+    follower = asyncio.create_task(_rest(call))
+    if isinstance(h.backend, MemoryBackend):
+        assert h.clock is not None
+        h.clock.advance(open_ttl_s * 1.1)
+    else:
+        assert h.redis is not None
+        pttl = [await h.redis.pttl(k) for k in h.redis_keys(key)]
+        assert all(0 < ms <= open_ttl_s * 1000 for ms in pttl), pttl  # the append set the open TTL
 
-    async def gone() -> bool:  # waiting out the TTL is what this test is about
-        if isinstance(h.backend, MemoryBackend):  # removed by the sweep, not only hidden on access
+    async def gone() -> bool:
+        if isinstance(h.backend, MemoryBackend):  # removed by the background sweep, not only hidden on access
             return h.backend.stats().buffers == 0
-        assert isinstance(h.backend, RedisBackend)
-        return await h.backend.client.exists(*h.backend._keys(key)) == 0
+        assert h.redis is not None
+        return await h.redis.exists(*h.redis_keys(key)) == 0
 
-    await wait_until(gone, 2, "abandoned buffer expiry")
-    assert not (await h.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))).exists
+    await wait_until(gone, 5, "abandoned buffer expiry")
+    assert not (await info(h, key)).exists
+
+    followed += await asyncio.wait_for(follower, 5)  # the follower of the abandoned buffer did not hang
+    assert [events.kind(e) for e in followed] == ["text_delta", "error"]
+    assert followed[0].text_delta.text_delta == "ab"
+    assert followed[-1].error.code == ev.ERROR_CODE_IDLE_TIMEOUT
 
     await create(h, key, owner="bob")  # the next turn is not refused
     new = await append(h, key, deltas("c"))
     assert as_int(new[0]) > as_int(old[-1])  # offsets never reused across the replacement
-    info = await h.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))
-    assert (info.exists, info.closed, info.length, info.owner) == (True, False, 1, "bob")
+    found = await info(h, key, reader="bob")
+    assert (found.exists, found.closed, found.length) == (True, False, 1)
+    assert not (await info(h, key, reader="alice")).exists  # the new buffer is bob's
 
-    followed = await asyncio.wait_for(follower, 5)  # the follower of the abandoned buffer did not hang
-    assert followed[0].text_delta.text_delta == "ab"
-    assert followed[-1].error.code == "idle_timeout"
+
+async def test_follower_of_an_abandoned_buffer_sees_nothing_of_its_replacement(
+    stream_factory: StreamFactory, backend_kind: str, unique: str
+) -> None:
+    """A subscription follows the buffer it was allowed to read, not whatever later takes its key."""
+    memory = backend_kind == "memory"
+    open_ttl_s = 0.3 if memory else 0.5  # memory: on its ManualClock; Redis: a short real TTL
+    h = await stream_factory(open_ttl_s=open_ttl_s)
+    key = f"session:{unique}"
+    await create(h, key, owner="alice")
+    await append(h, key, deltas("alice's"))  # ...and alice's writer dies without closing
+    with identity.acting_as("alice"):
+        call = h.stub.SubscribeStream(
+            pb.SubscribeStreamRequest(key=key, idle_timeout_ms=500 if memory else 3000)
+        )
+    followed = [(await call.read()).event]
+    follower = asyncio.create_task(_rest(call))
+    if isinstance(h.backend, MemoryBackend):
+        assert h.clock is not None
+        h.clock.advance(open_ttl_s * 1.1)
+        assert h.backend.sweep() == 1
+    else:
+        assert h.redis is not None
+        redis = h.redis
+
+        async def gone() -> bool:
+            return await redis.exists(*h.redis_keys(key)) == 0
+
+        await wait_until(gone, 5, "abandoned buffer expiry")
+
+    await create(h, key, owner="bob")
+    await append(h, key, deltas("bob's secret"))
+    await close(h, key)
+    assert not follower.done()  # alice's subscription was still following when bob wrote
+    followed += await asyncio.wait_for(follower, 10)
+    assert [events.kind(e) for e in followed] == ["text_delta", "error"], followed
+    assert followed[0].text_delta.text_delta == "alice's"
+    assert followed[-1].error.code == ev.ERROR_CODE_IDLE_TIMEOUT
+    assert len(await collect(h, key, reader="bob")) == 2  # bob reads his own
 
 
 async def test_open_buffer_kept_alive_by_appends(stream_factory: StreamFactory, unique: str) -> None:
-    ttl_s = 0.3
-    h = await stream_factory(open_ttl_s=ttl_s)
+    open_ttl_s = 60.0
+    h = await stream_factory(open_ttl_s=open_ttl_s)  # closed TTL: the default 3600 s
     key = f"session:{unique}"
-    redis = h.backend.client if isinstance(h.backend, RedisBackend) else None
-    keys = h.backend._keys(key) if isinstance(h.backend, RedisBackend) else []
-    started = time.monotonic()
     await create(h, key)
-    if redis is not None:
-        assert 0 < await redis.pttl(keys[0]) <= ttl_s * 1000  # an open buffer carries the open TTL
     appended = 0
-    while time.monotonic() - started < 2 * ttl_s:  # appends well within the TTL, for two TTLs
-        await asyncio.sleep(ttl_s / 4)
-        before = [await redis.pttl(k) for k in keys] if redis is not None else []
-        await append(h, key, deltas(str(appended)))
-        appended += 1
-        if redis is not None:
-            after = [await redis.pttl(k) for k in keys]
-            assert all(0 < a <= ttl_s * 1000 for a in after)
-            assert after[0] > before[0]  # the append refreshed the expiry
-            if before[1] > 0:  # the stream key exists from the first append on
-                assert after[1] > before[1]
+    if isinstance(h.backend, MemoryBackend):
+        assert h.clock is not None
+        for _ in range(4):  # an append every 3/4 TTL: three TTLs after the create, still there
+            h.clock.advance(open_ttl_s * 0.75)
+            await append(h, key, deltas(str(appended)))
+            appended += 1
+            assert h.backend.sweep() == 0
+    else:
+        assert h.redis is not None
+        keys = h.redis_keys(key)
+        assert 0 < await h.redis.pttl(keys[0]) <= open_ttl_s * 1000  # an open buffer carries the open TTL
+        short_ms = 5_000
+        for _ in range(4):
+            for k in keys:  # as if most of the TTL had passed (the stream key exists from the first append)
+                await h.redis.pexpire(k, short_ms)
+            await append(h, key, deltas(str(appended)))
+            appended += 1
+            after = [await h.redis.pttl(k) for k in keys]
+            assert all(short_ms < ms <= open_ttl_s * 1000 for ms in after), after  # refreshed by the append
 
     with pytest.raises(grpc.aio.AioRpcError) as busy:
         await create(h, key)
     assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    info = await h.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))
-    assert (info.exists, info.closed, info.length) == (True, False, appended)
+    found = await info(h, key)
+    assert (found.exists, found.closed, found.length) == (True, False, appended)
 
     closed = await close(h, key)  # closing hands the buffer to the closed TTL
     assert closed.closed
-    if redis is not None:
-        assert all(ms > ttl_s * 1000 for ms in [await redis.pttl(k) for k in keys])
+    if isinstance(h.backend, MemoryBackend):
+        assert h.clock is not None
+        h.clock.advance(open_ttl_s * 2)  # past the open TTL, well within the closed one
+        assert h.backend.sweep() == 0 and (await info(h, key)).exists
+    else:
+        assert h.redis is not None
+        assert all(ms > open_ttl_s * 1000 for ms in [await h.redis.pttl(k) for k in h.redis_keys(key)])
 
 
 async def test_idle_timeout_ends_with_error(stream: StreamHarness, unique: str) -> None:
@@ -308,7 +388,7 @@ async def test_idle_timeout_ends_with_error(stream: StreamHarness, unique: str) 
     started = time.monotonic()
     got = await asyncio.wait_for(collect(stream, key, idle_timeout_ms=200), 5)
     assert [events.kind(e) for e in got] == ["text_delta", "error"]
-    assert got[-1].error.code == "idle_timeout" and got[-1].offset == ""
+    assert got[-1].error.code == ev.ERROR_CODE_IDLE_TIMEOUT and got[-1].offset == ""
     assert time.monotonic() - started >= 0.2
     assert stream.backend.subscribers == 0
 

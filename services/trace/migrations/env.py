@@ -1,4 +1,4 @@
-"""Async Alembic environment. The URL comes in programmatically (`services.trace.db.migrate`) or,
+"""Async Alembic environment. The URL comes in programmatically (`services.trace.store.sql.db.migrate`) or,
 from the alembic CLI, as `-x url=...`; a connection passed in `config.attributes` is used as is."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from services.trace.models import Base
+from services.trace.store.sql.models import Base
 
 config = context.config
 target_metadata = Base.metadata
@@ -29,7 +29,7 @@ def _configure(connection: Connection) -> None:
 def _url() -> str:
     url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option("sqlalchemy.url")
     if not url:
-        raise RuntimeError("no database URL: pass -x url=... or use services.trace.db.migrate")
+        raise RuntimeError("no database URL: pass -x url=... or use services.trace.store.sql.db.migrate")
     return url
 
 

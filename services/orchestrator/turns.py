@@ -1,0 +1,325 @@
+"""The turn engine: one turn in one trace, the same for a chat turn, an agent-invoke callee and a
+subagent (seed 3's stable anchor; seed 1's persisted A2A messages).
+
+create the live buffer -> save the user message -> pre-create the assistant placeholder (the
+anchor) -> `start` -> AgentRuntimeService.RunAgent streams the run (its events are already in the
+buffer) -> write content, thinking, model, usage and metadata back onto the placeholder -> `finish`
+-> close the buffer with `done`.
+
+Whatever fails, the buffer ends: the placeholder keeps what was streamed (text, reasoning, tool
+calls) marked failed or cancelled with `metadata.error`, and the buffer closes with an `error` event.
+The message update and the close are attempted separately, so one failing never skips the other;
+when the stream service itself is gone, the direct caller still gets the `error` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from google.protobuf import field_mask_pb2
+
+from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
+from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
+from libs import events
+from libs.clients import Clients
+from libs.errors import Cancelled, DeadlineExceeded, Internal, MeshError, as_mesh_error, from_rpc_error, rpc
+from libs.protojson import to_json
+
+log = logging.getLogger(__name__)
+OnEvent = Callable[[ev.Event], Awaitable[None] | None]
+RESULT_FIELDS = ["content", "thinking", "model", "usage", "metadata", "status"]
+
+
+@dataclass
+class TurnOutcome:
+    user_message: tp.Message | None = None
+    assistant_message: tp.Message | None = None
+    result: rt.RunResult | None = None
+    error: MeshError | None = None
+    written: bool = False  # the result is stored on the placeholder
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.result is not None
+
+
+@dataclass
+class Partial:
+    """What a run has streamed so far, kept so a failed or cancelled turn loses none of it."""
+
+    text: list[str] = field(default_factory=list)
+    thinking: list[str] = field(default_factory=list)
+    calls: dict[str, dict[str, Any]] = field(default_factory=dict)
+    step: int = 0
+    _after_output: bool = False
+
+    def see(self, event: ev.Event) -> None:
+        which = events.kind(event)
+        if which == "text_delta":
+            self.text.append(event.text_delta.text_delta)
+        elif which == "reasoning_delta":
+            self.thinking.append(event.reasoning_delta.reasoning_delta)
+        elif which == "tool_input_available":
+            if self._after_output:  # the first call of the next model step
+                self.step += 1
+                self._after_output = False
+            data = to_json(event.tool_input_available)
+            self.calls[data["toolCallId"]] = {
+                "id": data["toolCallId"],
+                "name": data["toolName"],
+                "input": data.get("input"),
+                "output": {"ok": False, "error": "the turn ended before the tool did"},
+                "ok": False,
+                "step": self.step,
+            }
+        elif which == "tool_output_available":
+            data = to_json(event.tool_output_available)
+            call = self.calls.get(data["toolCallId"])
+            if call is not None:
+                call.update(output=data.get("output"), ok=data["ok"], metadata=data.get("metadata", {}))
+            self._after_output = True
+
+    def message(self, message_id: int, status: int, err: MeshError) -> tp.Message:
+        msg = tp.Message(
+            id=message_id,
+            content="".join(self.text),
+            thinking="".join(self.thinking),
+            status=status,  # type: ignore[arg-type]
+        )
+        metadata: dict[str, Any] = {"error": {"code": err.code_name, "message": err.message}}
+        if self.calls:
+            metadata["toolCalls"] = list(self.calls.values())
+        msg.metadata.update(metadata)
+        return msg
+
+
+class TurnEngine:
+    def __init__(self, clients: Clients, grace_s: float = 5.0) -> None:
+        self.clients = clients
+        self.grace_s = grace_s
+
+    async def _append(self, key: str, event: ev.Event, on_event: OnEvent | None) -> None:
+        resp = await rpc(self.clients.stream.AppendEvents(ss.AppendEventsRequest(key=key, events=[event])))
+        event.offset = resp.offsets[0]
+        await _deliver(on_event, event)
+
+    async def _close(self, key: str, outcome: ev.Event, on_event: OnEvent | None) -> None:
+        """Ends the buffer with `outcome` and delivers it; delivered without an offset when the stream
+        service cannot be reached (the caller must still learn how the turn ended)."""
+        req = ss.CloseStreamRequest(key=key)
+        if outcome.HasField("error"):
+            req.error.CopyFrom(outcome.error)
+        else:
+            req.done.CopyFrom(ev.StreamDone())
+        try:
+            resp = await self.clients.stream.CloseStream(req, timeout=self.grace_s)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("could not close %s: %s", key, exc.details(), extra={"key": key})
+            if outcome.HasField("error"):
+                await _deliver(on_event, outcome)
+            else:
+                await _deliver(on_event, events.error(from_rpc_error(exc)))
+            return
+        if resp.closed:
+            outcome.offset = resp.offset
+            await _deliver(on_event, outcome)
+
+    @staticmethod
+    def _message(spec: orc.RunTurnRequest, role: int, content: str, status: int) -> tp.Message:
+        return tp.Message(
+            trace_id=spec.trace_id,
+            role=role,  # type: ignore[arg-type]
+            content=content,
+            status=status,  # type: ignore[arg-type]
+            source=spec.source or tp.MESSAGE_SOURCE_USER,
+            a2a_task_id=spec.a2a_task_id,
+            caller_agent=spec.caller_agent,
+            caller_session_id=spec.caller_session_id,
+            model=spec.overrides.model if role == tp.MESSAGE_ROLE_ASSISTANT else "",
+        )
+
+    async def run(self, spec: orc.RunTurnRequest, on_event: OnEvent | None = None) -> TurnOutcome:
+        """Runs the turn; returns its outcome (failures are in `outcome.error`); re-raises cancellation.
+
+        Errors before the user message is saved (an unknown trace, a turn already streaming) raise,
+        and the buffer is closed with them when this turn created it.
+        """
+        out = TurnOutcome()
+        partial = Partial()
+        if not spec.stream_created:
+            metadata = dict(spec.stream_metadata)
+            await rpc(
+                self.clients.stream.CreateStream(
+                    ss.CreateStreamRequest(key=spec.stream_key, metadata=metadata)
+                )
+            )
+        try:
+            user = await rpc(
+                self.clients.trace.AppendMessage(
+                    ts.AppendMessageRequest(
+                        message=self._message(
+                            spec, tp.MESSAGE_ROLE_USER, spec.user_text, tp.MESSAGE_STATUS_COMPLETED
+                        )
+                    )
+                )
+            )
+        except MeshError as err:
+            await asyncio.shield(self._fail(spec, out, err, None, partial))  # never leave the buffer open
+            raise
+        except asyncio.CancelledError:
+            await asyncio.shield(self._fail(spec, out, Cancelled("the run was cancelled"), None, partial))
+            raise
+        out.user_message = user.message
+        try:
+            placeholder = await rpc(
+                self.clients.trace.AppendMessage(
+                    ts.AppendMessageRequest(
+                        message=self._message(spec, tp.MESSAGE_ROLE_ASSISTANT, "", tp.MESSAGE_STATUS_PENDING)
+                    )
+                )
+            )
+            out.assistant_message = placeholder.message
+            start = ev.Event(
+                start=ev.TurnStart(
+                    session_id=spec.trace_id,
+                    user_message_id=user.message.id,
+                    assistant_message_id=placeholder.message.id,
+                    agent=spec.agent,
+                )
+            )
+            await self._append(spec.stream_key, start, on_event)
+            out.result = await self._run_agent(spec, user.message, placeholder.message, on_event, partial)
+            await self._write_back(out)
+            finish = ev.Event(
+                finish=ev.TurnFinish(
+                    finish_reason=out.result.finish_reason, usage=out.result.usage, model=out.result.model
+                )
+            )
+            await self._append(spec.stream_key, finish, on_event)
+            await self._close(spec.stream_key, events.done(), on_event)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._fail(spec, out, Cancelled("the run was cancelled"), on_event, partial))
+            raise
+        except (grpc.aio.AioRpcError, MeshError) as exc:
+            await asyncio.shield(self._fail(spec, out, as_mesh_error(exc), on_event, partial))
+        return out
+
+    async def _run_agent(
+        self,
+        spec: orc.RunTurnRequest,
+        user: tp.Message,
+        anchor: tp.Message,
+        on_event: OnEvent | None,
+        partial: Partial,
+    ) -> rt.RunResult:
+        request = rt.RunAgentRequest(
+            agent=spec.agent,
+            role=spec.role,
+            trace_id=spec.trace_id,
+            history_head_sequence=user.sequence,
+            anchor_message_id=anchor.id,
+            stream_key=spec.stream_key,
+            depth=spec.depth,
+            timeout_ms=spec.timeout_ms,
+            overrides=spec.overrides,
+        )
+        deadline = (spec.timeout_ms / 1000 + self.grace_s) if spec.timeout_ms else None
+        call = self.clients.runtime.RunAgent(request, timeout=deadline)
+        result: rt.RunResult | None = None
+        try:
+            async for resp in call:
+                if resp.HasField("events"):
+                    for event in resp.events.events:
+                        partial.see(event)
+                        await _deliver(on_event, event)
+                else:
+                    result = resp.result
+        except grpc.aio.AioRpcError as exc:
+            err = from_rpc_error(exc)
+            if (
+                exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                and spec.timeout_ms
+                and not isinstance(err, DeadlineExceeded)
+            ):
+                err = DeadlineExceeded(f"agent {spec.agent} did not finish within {spec.timeout_ms} ms")
+            raise err from exc
+        finally:
+            call.cancel()
+        if result is None:
+            raise Internal(f"agent {spec.agent} ended without a result")
+        return result
+
+    async def _write_back(self, out: TurnOutcome) -> None:
+        assert out.assistant_message is not None and out.result is not None
+        r = out.result
+        msg = tp.Message(
+            id=out.assistant_message.id,
+            content=r.content,
+            thinking=r.thinking,
+            model=r.model,
+            usage=r.usage,
+            status=tp.MESSAGE_STATUS_COMPLETED,
+        )
+        msg.metadata.CopyFrom(r.metadata)
+        resp = await rpc(
+            self.clients.trace.UpdateMessage(
+                ts.UpdateMessageRequest(
+                    message=msg, update_mask=field_mask_pb2.FieldMask(paths=RESULT_FIELDS)
+                )
+            )
+        )
+        out.assistant_message = resp.message
+        out.written = True
+
+    async def _fail(
+        self,
+        spec: orc.RunTurnRequest,
+        out: TurnOutcome,
+        err: MeshError,
+        on_event: OnEvent | None,
+        partial: Partial,
+    ) -> None:
+        """Settles a failed turn: the placeholder keeps what was streamed, marked failed or cancelled
+        (unless its result was already stored), and the buffer ends with the error. Each step is
+        tried on its own and bounded by the grace; a failing step is logged, never raised."""
+        out.error = err
+        log.info("turn failed", extra={"trace": spec.trace_id, "code": err.code_name, "error": err.message})
+        if out.assistant_message is not None and not out.written:
+            cancelled = isinstance(err, Cancelled)
+            status = tp.MESSAGE_STATUS_CANCELLED if cancelled else tp.MESSAGE_STATUS_FAILED
+            msg = partial.message(out.assistant_message.id, status, err)
+            try:
+                resp = await self.clients.trace.UpdateMessage(
+                    ts.UpdateMessageRequest(
+                        message=msg,
+                        update_mask=field_mask_pb2.FieldMask(
+                            paths=["content", "thinking", "status", "metadata"]
+                        ),
+                    ),
+                    timeout=self.grace_s,
+                )
+                out.assistant_message = resp.message
+            except grpc.aio.AioRpcError as exc:
+                log.warning(
+                    "could not settle the placeholder of a failed turn: %s",
+                    exc.details(),
+                    extra={"trace": spec.trace_id, "message": out.assistant_message.id},
+                )
+        await self._close(spec.stream_key, events.error(err), on_event)
+
+
+async def _deliver(fn: OnEvent | None, event: ev.Event) -> None:
+    if fn is None:
+        return
+    result = fn(event)
+    if result is not None:
+        await result

@@ -1,0 +1,96 @@
+"""The trace domain's rules, independent of storage: limits, update masks, page tokens and the
+allowed status moves."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.trace.v1 import trace_pb2 as tp
+from libs.errors import InvalidArgument
+
+DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 50, 200
+DEFAULT_LIMIT, MAX_LIMIT = 100, 1000
+MAX_PAGE_TOKEN = 512
+
+FINAL_TASK_STATES = frozenset(
+    {tp.TASK_STATE_COMPLETED, tp.TASK_STATE_CANCELED, tp.TASK_STATE_FAILED, tp.TASK_STATE_REJECTED}
+)
+# Subagent status moves (seed 3): queued -> running -> completed | failed | cancelled;
+# queued -> failed | cancelled.
+SUBAGENT_MOVES: dict[int, frozenset[int]] = {
+    ev.SUBAGENT_STATUS_QUEUED: frozenset(
+        {ev.SUBAGENT_STATUS_RUNNING, ev.SUBAGENT_STATUS_FAILED, ev.SUBAGENT_STATUS_CANCELLED}
+    ),
+    ev.SUBAGENT_STATUS_RUNNING: frozenset(
+        {ev.SUBAGENT_STATUS_COMPLETED, ev.SUBAGENT_STATUS_FAILED, ev.SUBAGENT_STATUS_CANCELLED}
+    ),
+    ev.SUBAGENT_STATUS_COMPLETED: frozenset(),
+    ev.SUBAGENT_STATUS_FAILED: frozenset(),
+    ev.SUBAGENT_STATUS_CANCELLED: frozenset(),
+}
+TRACE_FIELDS = frozenset({"title", "visible_in_sidebar"})
+MESSAGE_FIELDS = frozenset({"content", "thinking", "metadata", "model", "usage", "status"})
+SUBAGENT_FIELDS = frozenset(
+    {"status", "model", "tool_names", "summary", "result_payload", "error", "token_usage"}
+)
+
+
+def need_owner(owner: str) -> None:
+    if not owner:
+        raise InvalidArgument("an acting user is required")
+
+
+def check_mask(paths: Sequence[str], allowed: frozenset[str]) -> set[str]:
+    """The update_mask paths, checked against the fields an update may change."""
+    fields = set(paths)
+    if not fields:
+        raise InvalidArgument("update_mask is required")
+    if unknown := fields - allowed:
+        raise InvalidArgument(f"cannot update {', '.join(sorted(unknown))}")
+    return fields
+
+
+def page_size(requested: int) -> int:
+    if requested < 0:
+        raise InvalidArgument("page_size must not be negative")
+    return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+
+
+def check_window(limit: int, offset: int, since_sequence: int, head_sequence: int) -> int:
+    """Validates a message window; returns the effective limit."""
+    if limit < 0 or limit > MAX_LIMIT:
+        raise InvalidArgument(f"limit must be 0-{MAX_LIMIT}")
+    if offset < 0:
+        raise InvalidArgument("offset must not be negative")
+    if since_sequence < 0 or head_sequence < 0:
+        raise InvalidArgument("sequences must not be negative")
+    return limit or DEFAULT_LIMIT
+
+
+def aware(dt: datetime) -> datetime:
+    """SQLite hands timestamps back naive; they are stored in UTC."""
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def encode_page_token(updated_at: datetime, trace_id: str) -> str:
+    raw = json.dumps([aware(updated_at).isoformat(), trace_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_page_token(token: str) -> tuple[datetime, str]:
+    """(updated_at, trace id) of the last row of the previous page; InvalidArgument for anything else."""
+    if len(token) > MAX_PAGE_TOKEN:  # ours are ~150 characters; bounds the decoding work
+        raise InvalidArgument("invalid page_token")
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        stamp, trace_id = json.loads(raw)
+        if not isinstance(stamp, str) or not isinstance(trace_id, str):
+            raise TypeError("wrong types")
+        return aware(datetime.fromisoformat(stamp)), trace_id
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError, OverflowError, RecursionError) as exc:
+        raise InvalidArgument("invalid page_token") from exc

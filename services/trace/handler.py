@@ -1,0 +1,43 @@
+"""The trace domain over its stores: what crosses resources. Everything else is one store call."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from google.protobuf import json_format
+
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
+from libs import events
+from services.trace.store.base import MessagePage, MessageQuery, SubagentStore, TaskStore, TraceStore
+
+
+class TraceHandler:
+    def __init__(self, traces: TraceStore, tasks: TaskStore, subagents: SubagentStore) -> None:
+        self.traces = traces
+        self.tasks = tasks
+        self.subagents = subagents
+
+    async def list_messages(self, owner: str, query: MessageQuery, view: int) -> MessagePage:
+        """A page of messages; in MESSAGE_VIEW_FULL an assistant message whose metadata lacks
+        `subagents` gets its batches rebuilt from the rows anchored to it (seed 3 section 11.1)."""
+        page = await self.traces.list_messages(owner, query)
+        if view == ts.MESSAGE_VIEW_FULL:
+            await self._restore_subagents(owner, query.trace_id, page.messages)
+        return page
+
+    async def _restore_subagents(self, owner: str, trace_id: str, messages: list[tp.Message]) -> None:
+        lacking = [
+            m
+            for m in messages
+            if m.role == tp.MESSAGE_ROLE_ASSISTANT and "subagents" not in m.metadata.fields
+        ]
+        if not lacking:
+            return
+        by_anchor: dict[int, list[tp.SubagentSession]] = defaultdict(list)
+        for row in await self.subagents.list_subagents(owner, trace_id):
+            by_anchor[row.parent_message_id].append(row)
+        for message in lacking:
+            rows = by_anchor.get(message.id)
+            if rows:
+                json_format.ParseDict({"subagents": events.batches_json(rows)}, message.metadata)

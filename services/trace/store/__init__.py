@@ -1,0 +1,1 @@
+"""Storage of the trace service: the interfaces (base) and their implementations (sql)."""

@@ -1,0 +1,170 @@
+"""The trace service's storage interfaces, one per resource, and the value types they share.
+
+Every method takes the acting user (`owner`, from the call's verified identity) first; another
+user's row is answered exactly like a missing one (NotFound, same message, same work). Arguments and
+results are the resource messages of agentmesh.trace.v1 / agentmesh.agents.v1.
+
+`TraceStore` (traces and their messages) is what a federation store implements too: the SQL store
+here, a remote store that reads a peer's trace API, a hybrid store that routes by trace reference.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from agentmesh.agents.v1 import agent_pb2
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
+
+
+@dataclass
+class MessageQuery:
+    """Which messages of a trace to list (seed 2's API)."""
+
+    trace_id: str
+    mode: int = ts.PATH_MODE_MAIN_PATH
+    head_sequence: int = 0
+    since_sequence: int = 0
+    limit: int = 0
+    offset: int = 0
+
+
+@dataclass
+class MessagePage:
+    messages: list[tp.Message]
+    head_sequence: int
+    total: int
+
+
+@dataclass
+class Deleted:
+    """Everything a delete removed, so the caller can drop the live buffers of it too."""
+
+    trace_ids: list[str] = field(default_factory=list)
+    task_ids: list[str] = field(default_factory=list)
+    subagent_ids: list[str] = field(default_factory=list)
+
+
+class TraceStore(abc.ABC):
+    """Traces (sessions) and their messages."""
+
+    @abc.abstractmethod
+    async def create_trace(self, owner: str, trace: tp.Trace, trace_id: str = "") -> tp.Trace:
+        """A new trace of `owner` (the user is created when new); AlreadyExists for a taken id."""
+
+    @abc.abstractmethod
+    async def get_trace(self, owner: str, trace_id: str) -> tp.Trace:
+        """One trace."""
+
+    @abc.abstractmethod
+    async def count_messages(self, owner: str, trace_id: str) -> tuple[int, int]:
+        """(messages in every branch, messages on the main path)."""
+
+    @abc.abstractmethod
+    async def list_traces(self, owner: str, page_size: int, page_token: str) -> tuple[list[tp.Trace], str]:
+        """The owner's sessions, most recently active first, and the next page's token."""
+
+    @abc.abstractmethod
+    async def update_trace(self, owner: str, trace: tp.Trace, paths: Sequence[str]) -> tp.Trace:
+        """Changes title and/or visible_in_sidebar."""
+
+    @abc.abstractmethod
+    async def delete_traces(self, owner: str, trace_ids: Sequence[str] | None) -> Deleted:
+        """Deletes the traces (None: every trace of the owner) and everything under them."""
+
+    @abc.abstractmethod
+    async def set_head(self, owner: str, trace_id: str, head_sequence: int) -> tp.Trace:
+        """Moves the head to an existing message."""
+
+    @abc.abstractmethod
+    async def append_message(
+        self, owner: str, message: tp.Message, parent_sequence: int | None = None
+    ) -> tp.Message:
+        """Stores the next message (sequence = last + 1) after the head (or parent_sequence; 0: a root)
+        and moves the head to it."""
+
+    @abc.abstractmethod
+    async def update_message(self, owner: str, message: tp.Message, paths: Sequence[str]) -> tp.Message:
+        """Changes content, thinking, metadata, model, usage and/or status."""
+
+    @abc.abstractmethod
+    async def get_message(self, owner: str, message_id: int) -> tp.Message:
+        """One message."""
+
+    @abc.abstractmethod
+    async def list_messages(self, owner: str, query: MessageQuery) -> MessagePage:
+        """The main path (or every branch), by sequence, paged."""
+
+
+class TaskStore(abc.ABC):
+    """Agent-invoke tasks (seed 1's a2aTaskSessions)."""
+
+    @abc.abstractmethod
+    async def create_task(self, owner: str, task: tp.A2ATask, continue_trace_id: str = "") -> tp.A2ATask:
+        """A task (submitted) with the callee's hidden trace, new or continued."""
+
+    @abc.abstractmethod
+    async def update_task_state(self, owner: str, task_id: str, state: int) -> tp.A2ATask:
+        """Moves the state; a final state stays (FailedPrecondition)."""
+
+    @abc.abstractmethod
+    async def get_task(self, owner: str, task_id: str) -> tp.A2ATask: ...
+
+    @abc.abstractmethod
+    async def list_tasks(self, owner: str, caller_session_id: str) -> list[tp.A2ATask]:
+        """The tasks a caller session started, oldest first."""
+
+
+class SubagentStore(abc.ABC):
+    """Subagent rows (seed 3 section 5)."""
+
+    @abc.abstractmethod
+    async def create_subagents(
+        self, owner: str, rows: Sequence[tp.SubagentSession]
+    ) -> list[tp.SubagentSession]:
+        """The rows of one batch, each with its hidden trace, in one transaction."""
+
+    @abc.abstractmethod
+    async def update_subagent(
+        self, owner: str, row: tp.SubagentSession, paths: Sequence[str]
+    ) -> tp.SubagentSession:
+        """Changes the fields in `paths`; the status moves only forward."""
+
+    @abc.abstractmethod
+    async def get_subagent(self, owner: str, subagent_id: str) -> tp.SubagentSession: ...
+
+    @abc.abstractmethod
+    async def list_subagents(
+        self, owner: str, trace_id: str, parent_message_id: int = 0
+    ) -> list[tp.SubagentSession]:
+        """One anchor's rows (0: every anchor of the trace), by anchor and sort order."""
+
+
+class AgentStore(abc.ABC):
+    """Agents: the built-in set and users' own."""
+
+    @abc.abstractmethod
+    async def import_builtins(self, agents: Sequence[agent_pb2.Agent]) -> None:
+        """Makes the built-in set equal to `agents` (by slug; a changed one gets a new version)."""
+
+    @abc.abstractmethod
+    async def get_agent(self, owner: str, slug: str) -> agent_pb2.Agent:
+        """The owner's own agent of that slug, else the built-in one; NotFound otherwise."""
+
+    @abc.abstractmethod
+    async def list_agents(self, owner: str) -> list[agent_pb2.Agent]:
+        """The owner's own agents and the built-in ones (an own agent hides a built-in of its slug)."""
+
+
+class KeyStore(abc.ABC):
+    """Users and their hashed API keys."""
+
+    @abc.abstractmethod
+    async def authenticate(self, api_key: str) -> str:
+        """The user behind a key; Unauthenticated for an unknown one."""
+
+    @abc.abstractmethod
+    async def create_api_key(self, user: str) -> str:
+        """A fresh key for `user` (created when new); shown once, only its hash is kept."""

@@ -1,0 +1,37 @@
+"""The SQL implementations of the trace service's stores (SQLite via aiosqlite, PostgreSQL via asyncpg)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from libs.config import SubagentDefaults
+from services.trace.store.sql.agents import SqlAgentStore
+from services.trace.store.sql.common import Database
+from services.trace.store.sql.keys import SqlKeyStore
+from services.trace.store.sql.subagents import SqlSubagentStore
+from services.trace.store.sql.tasks import SqlTaskStore
+from services.trace.store.sql.traces import SqlTraceStore
+
+
+@dataclass
+class SqlStores:
+    """Every store over one database."""
+
+    traces: SqlTraceStore
+    tasks: SqlTaskStore
+    subagents: SqlSubagentStore
+    agents: SqlAgentStore
+    keys: SqlKeyStore
+
+    @classmethod
+    def open(cls, engine: AsyncEngine, defaults: SubagentDefaults | None = None) -> SqlStores:
+        db = Database(engine)
+        return cls(
+            traces=SqlTraceStore(db),
+            tasks=SqlTaskStore(db),
+            subagents=SqlSubagentStore(db),
+            agents=SqlAgentStore(db, defaults),
+            keys=SqlKeyStore(db),
+        )

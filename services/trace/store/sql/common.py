@@ -1,0 +1,261 @@
+"""What the SQL stores share: units of work, owner-checked lookups, and the ORM <-> protobuf mapping
+(`*_pb` build a message from a row; the stores write rows from messages)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from sqlalchemy import ColumnElement, and_, or_, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.trace.v1 import trace_pb2 as tp
+from libs.errors import InvalidArgument, NotFound
+from libs.protojson import enum_to_str, str_to_enum
+from services.trace.domain import aware, need_owner
+from services.trace.store.sql.db import session_factory
+from services.trace.store.sql.models import A2ATaskRow, AgentRow, MessageRow, SessionRow, SubagentRow, User
+
+CHUNK = 500  # ids per IN (...) clause
+
+KIND = tp.TraceKind.DESCRIPTOR
+ROLE = tp.MessageRole.DESCRIPTOR
+SOURCE = tp.MessageSource.DESCRIPTOR
+MSG_STATUS = tp.MessageStatus.DESCRIPTOR
+TASK_STATE = tp.TaskState.DESCRIPTOR
+SUB_STATUS = ev.SubagentStatus.DESCRIPTOR
+SUB_SOURCE = ev.SubagentSource.DESCRIPTOR
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def chunks(ids: Iterable[Any]) -> Iterable[list[Any]]:
+    items = list(ids)
+    for i in range(0, len(items), CHUNK):
+        yield items[i : i + CHUNK]
+
+
+def name_of(enum: Any, number: int, what: str) -> str:
+    """The stored name of a proto enum value; InvalidArgument when unset or unknown."""
+    name = enum_to_str(enum, number)
+    if not name:
+        raise InvalidArgument(f"{what} is required")
+    return name
+
+
+def number_of(enum: Any, name: str) -> Any:
+    """A stored enum name back to its proto number."""
+    return str_to_enum(enum, name)
+
+
+def ts(dt: datetime | None) -> timestamp_pb2.Timestamp | None:
+    if dt is None:
+        return None
+    out = timestamp_pb2.Timestamp()
+    out.FromDatetime(aware(dt))
+    return out
+
+
+def to_struct(data: dict[str, Any] | None) -> struct_pb2.Struct | None:
+    if data is None:
+        return None
+    out = struct_pb2.Struct()
+    out.update(data)
+    return out
+
+
+def from_struct(msg: Any, field: str) -> dict[str, Any] | None:
+    """The JSON of a Struct field, None when unset."""
+    return json_format.MessageToDict(getattr(msg, field)) if msg.HasField(field) else None
+
+
+def usage_json(usage: ev.Usage) -> dict[str, int]:
+    return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}
+
+
+def usage_pb(data: dict[str, Any] | None) -> ev.Usage | None:
+    if data is None:
+        return None
+    return ev.Usage(
+        input_tokens=int(data.get("input_tokens", 0)), output_tokens=int(data.get("output_tokens", 0))
+    )
+
+
+def trace_pb(row: SessionRow, owner: str) -> tp.Trace:
+    return tp.Trace(
+        id=row.id,
+        owner=owner,
+        agent=row.agent,
+        kind=number_of(KIND, row.kind),
+        visible_in_sidebar=bool(row.visible_in_sidebar),
+        head_sequence=row.head_sequence,
+        title=row.title,
+        create_time=ts(row.created_at),
+        update_time=ts(row.updated_at),
+    )
+
+
+def message_pb(row: MessageRow) -> tp.Message:
+    return tp.Message(
+        id=row.id,
+        trace_id=row.session_id,
+        sequence=row.sequence,
+        parent_sequence=row.parent_sequence or 0,
+        role=number_of(ROLE, row.role),
+        content=row.content,
+        thinking=row.thinking,
+        metadata=to_struct(row.meta),
+        model=row.model,
+        usage=ev.Usage(input_tokens=row.input_tokens, output_tokens=row.output_tokens),
+        source=number_of(SOURCE, row.source),
+        a2a_task_id=row.a2a_task_id or "",
+        caller_agent=row.caller_agent.slug if row.caller_agent else "",
+        caller_session_id=row.caller_session_id or "",
+        status=number_of(MSG_STATUS, row.status),
+        create_time=ts(row.created_at),
+    )
+
+
+def task_pb(row: A2ATaskRow, owner: str) -> tp.A2ATask:
+    return tp.A2ATask(
+        id=row.id,
+        trace_id=row.session_id,
+        callee_agent=row.session.agent,
+        caller_agent=row.caller_agent.slug if row.caller_agent else "",
+        caller_session_id=row.caller_session_id or "",
+        caller_context=to_struct(row.caller_context),
+        state=number_of(TASK_STATE, row.state),
+        visible_in_sidebar=bool(row.visible_in_sidebar),
+        owner=owner,
+        create_time=ts(row.created_at),
+        update_time=ts(row.updated_at),
+    )
+
+
+def subagent_pb(row: SubagentRow) -> tp.SubagentSession:
+    return tp.SubagentSession(
+        id=row.public_id,
+        trace_id=row.session_id,
+        parent_message_id=row.parent_message_id,
+        parent_tool_call_id=row.parent_tool_call_id or "",
+        parent_agent=row.parent_agent.slug if row.parent_agent else "",
+        source_type=number_of(SUB_SOURCE, row.source_type),
+        preset_agent=row.preset_agent.slug if row.preset_agent else "",
+        name=row.name,
+        goal=row.goal,
+        context=row.context or "",
+        status=number_of(SUB_STATUS, row.status),
+        model=row.model,
+        tool_names=row.tool_names or [],
+        summary=row.summary or "",
+        result_payload=to_struct(row.result_payload),
+        error=row.error or "",
+        token_usage=usage_pb(row.token_usage),
+        sort_order=row.sort_order,
+        start_time=ts(row.started_at),
+        end_time=ts(row.ended_at),
+        create_time=ts(row.created_at),
+        update_time=ts(row.updated_at),
+        child_trace_id=row.child_session_id or "",
+        batch_title=row.batch_title,
+    )
+
+
+R = TypeVar("R", MessageRow, SubagentRow, A2ATaskRow)
+
+
+class Database:
+    """One engine and its session factory. SQLite writes are serialised by a per-process lock;
+    PostgreSQL relies on row locks."""
+
+    def __init__(self, engine: AsyncEngine, sessionmaker: async_sessionmaker[AsyncSession] | None = None):
+        self.engine = engine
+        self.sm = sessionmaker or session_factory(engine)
+        self.sqlite = engine.dialect.name == "sqlite"
+        self._write_lock = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def tx(self) -> AsyncIterator[AsyncSession]:
+        """One write unit of work."""
+        lock = self._write_lock if self.sqlite else contextlib.nullcontext()
+        async with lock, self.sm.begin() as db:
+            yield db
+
+    @contextlib.asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncSession]:
+        async with self.sm() as db:
+            yield db
+
+    def insert(self, table: Any) -> Any:
+        return (sqlite.insert if self.sqlite else postgresql.insert)(table)
+
+    async def user_id(self, db: AsyncSession, name: str, *, create: bool) -> int | None:
+        uid = await db.scalar(select(User.id).where(User.name == name))
+        if uid is None and create:
+            stmt = self.insert(User).values(name=name, created_at=now())
+            await db.execute(stmt.on_conflict_do_nothing(index_elements=["name"]))
+            uid = await db.scalar(select(User.id).where(User.name == name))
+        return uid
+
+    @staticmethod
+    def owner_uid(owner: str) -> Any:
+        return select(User.id).where(User.name == owner).scalar_subquery()
+
+    @classmethod
+    def owned(cls, owner: str) -> ColumnElement[bool]:
+        return and_(SessionRow.user_id == cls.owner_uid(owner), SessionRow.deleted_at.is_(None))
+
+    async def trace_row(
+        self, db: AsyncSession, owner: str, trace_id: str, *, lock: bool = False
+    ) -> SessionRow:
+        need_owner(owner)
+        if not trace_id:
+            raise InvalidArgument("trace_id is required")
+        stmt = select(SessionRow).where(SessionRow.id == trace_id, self.owned(owner))
+        if lock:
+            stmt = stmt.with_for_update()
+        row = await db.scalar(stmt)
+        if row is None:
+            raise NotFound("trace not found")
+        return row
+
+    async def owned_row(
+        self, db: AsyncSession, model: type[R], where: Any, owner: str, what: str, *, lock: bool = False
+    ) -> R:
+        """A row (matched by `where`) of a trace `owner` owns (NotFound, like a missing one, otherwise)."""
+        need_owner(owner)
+        stmt = (
+            select(model)
+            .join(SessionRow, SessionRow.id == model.session_id)  # type: ignore[attr-defined]
+            .where(where, self.owned(owner))
+        )
+        if lock:
+            stmt = stmt.with_for_update(of=model)
+        row = await db.scalar(stmt)
+        if row is None:
+            raise NotFound(f"{what} not found")
+        return row
+
+    async def agent_row(self, db: AsyncSession, owner: str, slug: str) -> AgentRow | None:
+        """The agent `slug` as `owner` sees it (their own, else the built-in); None for ""."""
+        if not slug:
+            return None
+        rows = (
+            await db.scalars(
+                select(AgentRow).where(
+                    AgentRow.slug == slug,
+                    or_(AgentRow.owner_user_id.is_(None), AgentRow.owner_user_id == self.owner_uid(owner)),
+                )
+            )
+        ).all()
+        if not rows:
+            raise InvalidArgument(f"unknown agent {slug!r}")
+        return max(rows, key=lambda r: r.owner_user_id is not None)

@@ -1,0 +1,65 @@
+"""Engine, session factory and migrations of the trace database (SQLite via aiosqlite or PostgreSQL
+via asyncpg)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import event, text
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+
+HERE = Path(__file__).resolve().parents[2]  # services/trace: alembic.ini and migrations/
+_MIGRATION_LOCK = 0x6167_6D65  # pg advisory lock key: replicas starting together migrate one at a time
+
+
+def create_engine(url: str) -> AsyncEngine:
+    """An async engine; SQLite connections get foreign keys, WAL and a busy timeout."""
+    if url.startswith(("postgres://", "postgresql://")):
+        url = "postgresql+asyncpg://" + url.split("://", 1)[1]
+    if url.startswith("sqlite"):
+        engine = create_async_engine(url)
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, never corrupt
+            cur.execute("PRAGMA busy_timeout=10000")
+            cur.close()
+
+        return engine
+    return create_async_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+def session_factory(engine: AsyncEngine) -> async_sessionmaker:  # type: ignore[type-arg]
+    return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def alembic_config() -> Config:
+    """The Alembic config inside this package: works from any cwd and from an installed package."""
+    return Config(str(HERE / "alembic.ini"))
+
+
+def _run(conn: Connection, action: str, revision: str) -> None:
+    cfg = alembic_config()
+    cfg.attributes["connection"] = conn
+    getattr(command, action)(cfg, revision)
+
+
+async def migrate(engine: AsyncEngine, revision: str = "head") -> None:
+    """`alembic upgrade <revision>` on this engine."""
+    async with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK})
+        await conn.run_sync(_run, "upgrade", revision)
+
+
+async def downgrade(engine: AsyncEngine, revision: str = "base") -> None:
+    """`alembic downgrade <revision>` on this engine."""
+    async with engine.begin() as conn:
+        await conn.run_sync(_run, "downgrade", revision)

@@ -1,0 +1,108 @@
+"""Agent-invoke tasks in SQL (seed 1's a2aTaskSessions), each with its callee's hidden trace."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from agentmesh.trace.v1 import trace_pb2 as tp
+from libs.errors import FailedPrecondition, InvalidArgument
+from services.trace import domain
+from services.trace.store.base import TaskStore
+from services.trace.store.sql.common import (
+    TASK_STATE,
+    Database,
+    from_struct,
+    name_of,
+    now,
+    number_of,
+    task_pb,
+)
+from services.trace.store.sql.models import A2ATaskRow, SessionRow
+
+
+class SqlTaskStore(TaskStore):
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def create_task(self, owner: str, task: tp.A2ATask, continue_trace_id: str = "") -> tp.A2ATask:
+        domain.need_owner(owner)
+        if not task.callee_agent:
+            raise InvalidArgument("callee_agent is required")
+        async with self.db.tx() as db:
+            if task.caller_session_id:
+                uid: int | None = (await self.db.trace_row(db, owner, task.caller_session_id)).user_id
+            else:
+                uid = await self.db.user_id(db, owner, create=True)
+            callee = await self.db.agent_row(db, owner, task.callee_agent)
+            assert callee is not None
+            caller = await self.db.agent_row(db, owner, task.caller_agent)
+            stamp = now()
+            if continue_trace_id:
+                trace = await self.db.trace_row(db, owner, continue_trace_id)
+                if trace.kind != "a2a":
+                    raise FailedPrecondition("continue_trace_id is not the trace of an agent-invoke call")
+                if trace.agent != callee.slug:
+                    raise InvalidArgument(f"trace {continue_trace_id} belongs to agent {trace.agent!r}")
+                trace.updated_at = stamp
+                if task.visible_in_sidebar:
+                    trace.visible_in_sidebar = 1
+            else:
+                trace = SessionRow(
+                    id=str(uuid.uuid4()),
+                    user_id=uid,
+                    agent=callee.slug,
+                    kind="a2a",
+                    visible_in_sidebar=int(task.visible_in_sidebar),
+                    title=f"{caller.slug if caller else 'a2a'} -> {callee.slug}",
+                    created_at=stamp,
+                    updated_at=stamp,
+                )
+                db.add(trace)
+            row = A2ATaskRow(
+                id=str(uuid.uuid4()),
+                session=trace,
+                user_id=uid,
+                caller_agent=caller,
+                caller_session_id=task.caller_session_id or None,
+                caller_context=from_struct(task, "caller_context"),
+                state="submitted",
+                visible_in_sidebar=int(task.visible_in_sidebar),
+                created_at=stamp,
+                updated_at=stamp,
+            )
+            db.add(row)
+            await db.flush()
+            return task_pb(row, owner)
+
+    async def _task(self, db: AsyncSession, owner: str, task_id: str) -> A2ATaskRow:
+        if not task_id:
+            raise InvalidArgument("task_id is required")
+        return await self.db.owned_row(db, A2ATaskRow, A2ATaskRow.id == task_id, owner, "task")
+
+    async def update_task_state(self, owner: str, task_id: str, state: int) -> tp.A2ATask:
+        new = name_of(TASK_STATE, state, "state")
+        async with self.db.tx() as db:
+            row = await self._task(db, owner, task_id)
+            if row.state != new:
+                if number_of(TASK_STATE, row.state) in domain.FINAL_TASK_STATES:
+                    raise FailedPrecondition(f"task is already {row.state}")
+                row.state = new
+                row.updated_at = now()
+            return task_pb(row, owner)
+
+    async def get_task(self, owner: str, task_id: str) -> tp.A2ATask:
+        async with self.db.read() as db:
+            return task_pb(await self._task(db, owner, task_id), owner)
+
+    async def list_tasks(self, owner: str, caller_session_id: str) -> list[tp.A2ATask]:
+        async with self.db.read() as db:
+            await self.db.trace_row(db, owner, caller_session_id)
+            rows = await db.scalars(
+                select(A2ATaskRow)
+                .where(A2ATaskRow.caller_session_id == caller_session_id)
+                .order_by(A2ATaskRow.created_at, A2ATaskRow.id)
+            )
+            return [task_pb(r, owner) for r in rows]

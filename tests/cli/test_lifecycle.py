@@ -1,0 +1,220 @@
+"""Health, graceful shutdown, and `agentmesh up` as a user runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import psutil
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.mesh import Mesh, Ports, process_env, sse_events, start_mesh
+
+SERVICES = {
+    "trace": "agentmesh.trace.v1.TraceService",
+    "stream": "agentmesh.stream.v1.StreamService",
+    "agent-runtime": "agentmesh.runtime.v1.AgentRuntimeService",
+    "orchestrator": "agentmesh.orchestrator.v1.OrchestratorService",
+}
+
+
+@pytest.fixture
+async def mesh(tmp_path: Path) -> AsyncIterator[Mesh]:
+    m = await start_mesh(
+        tmp_path, rules={"rules": [], "default": {"text": "word " * 200, "tokens_per_second": 100}}
+    )
+    yield m
+    await m.stop()
+
+
+async def health(target: str, service: str) -> int:
+    async with grpc.aio.insecure_channel(target) as ch:
+        resp = await health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=2
+        )
+        return int(resp.status)
+
+
+async def test_every_service_reports_serving(mesh: Mesh) -> None:
+    for name, service in SERVICES.items():
+        server = mesh.servers[name]
+        assert await health(server.target, service) == health_pb2.HealthCheckResponse.SERVING
+        assert await health(server.target, "") == health_pb2.HealthCheckResponse.SERVING
+    async with mesh.http() as http:
+        assert (await http.get("/healthz")).json() == {"status": "ok"}
+
+
+async def test_graceful_shutdown_with_a_stream_in_flight(mesh: Mesh) -> None:
+    orchestrator = mesh.servers["orchestrator"]
+    async with (
+        mesh.http(timeout=20) as http,
+        http.stream("POST", "/api/chat", json={"agent": "general", "message": "long one"}) as resp,
+    ):
+        got = []
+        stream = sse_events(resp)
+        statuses: list[int] = []
+        async with asyncio.timeout(15), grpc.aio.insecure_channel(orchestrator.target) as ch:
+            watch = health_pb2_grpc.HealthStub(ch).Watch(
+                health_pb2.HealthCheckRequest(service=SERVICES["orchestrator"])
+            )
+            statuses.append((await watch.read()).status)
+            async for event in stream:
+                got.append(event)
+                if event["type"] == "text-delta":
+                    break
+            stopping = asyncio.create_task(orchestrator.stop(grace_s=0.5))
+            statuses.append((await watch.read()).status)  # the next status a watcher sees
+            async for event in stream:
+                got.append(event)
+            await stopping
+    assert statuses == [health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING]
+    # The client saw a clean end or a clear error, never a hang.
+    assert got[-1]["type"] in ("done", "error"), got[-1]
+    if got[-1]["type"] == "error":
+        assert got[-1]["code"] and got[-1]["message"]
+
+
+@pytest.fixture
+def ports() -> Iterator[Ports]:
+    held = Ports()
+    yield held
+    held.release()
+
+
+def _env(tmp: Path, ports: Ports) -> dict[str, str]:
+    return process_env(tmp, ports, AGENTMESH_SHUTDOWN_GRACE_S="2", AGENTMESH_MOCK_PORT=str(ports.take()))
+
+
+async def test_serve_drains_and_exits_on_sigterm(tmp_path: Path, ports: Ports) -> None:
+    env = _env(tmp_path, ports)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentmesh.cli", "serve", "trace", env=env, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        from libs.rpc import wait_serving
+
+        await wait_serving(env["AGENTMESH_ADDRESSES__TRACE"], timeout_s=30)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 15) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    logs = (await proc.stderr.read()).decode()  # type: ignore[union-attr]
+    lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+    assert any(line.get("msg") == "serving" and line.get("service") == "trace" for line in lines), logs
+
+
+async def _up(env: dict[str, str]) -> tuple[asyncio.subprocess.Process, str, str]:
+    """`agentmesh up` as a user starts it; returns once it printed its URL and key."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentmesh.cli", "up", "--mock-port", env["AGENTMESH_MOCK_PORT"],
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    url = key = ""
+    assert proc.stdout is not None
+    async with asyncio.timeout(60):
+        while not key:
+            line = (await proc.stdout.readline()).decode()
+            assert line, "agentmesh up exited before it was ready"
+            if "agentmesh is up at" in line:
+                url = line.split("at", 1)[1].strip()
+            if "development API key" in line:
+                key = line.rsplit(":", 1)[1].strip()
+    return proc, url, key
+
+
+async def test_agentmesh_up_streams_a_reply_and_stops_everything(tmp_path: Path, ports: Ports) -> None:
+    env = _env(tmp_path, ports)
+    proc, url, key = await _up(env)
+    try:
+        assert url == f"http://127.0.0.1:{env['AGENTMESH_GATEWAY_PORT']}"
+        async with httpx.AsyncClient(
+            base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        ) as http:
+            async with http.stream(
+                "POST", "/api/chat", json={"agent": "general", "message": "hello"}
+            ) as resp:
+                assert resp.status_code == 200
+                events = [e async for e in sse_events(resp)]
+        assert events[0]["type"] == "start" and events[-1]["type"] == "done"
+        assert "You said" in "".join(e.get("textDelta", "") for e in events)
+        # `agentmesh chat` streams the same to a terminal.
+        chat_proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "agentmesh.cli",
+            "chat",
+            "--agent",
+            "coder",
+            "--api-key",
+            key,
+            "--url",
+            url,
+            "fizzbuzz",
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, _ = await asyncio.wait_for(chat_proc.communicate(), 30)
+        assert chat_proc.returncode == 0 and "fizzbuzz" in out.decode()
+        # `agentmesh keys create` prints a new key once; it works at the gateway.
+        keys = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "agentmesh.cli",
+            "keys",
+            "create",
+            "--user",
+            "bob",
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        bob_key = (await asyncio.wait_for(keys.communicate(), 30))[0].decode().strip()
+        assert keys.returncode == 0 and bob_key.startswith("am_") and bob_key != key
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {bob_key}"}) as http:
+            assert (await http.get("/api/sessions")).json()["sessions"] == []  # alice's session is not bob's
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        # Every child is gone: the gateway port no longer answers.
+        with pytest.raises(httpx.ConnectError):
+            async with httpx.AsyncClient(base_url=url) as http:
+                await http.get("/healthz")
+    finally:
+        if proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+
+async def test_metrics_count_requests_by_route(mesh: Mesh) -> None:
+    async with mesh.http() as http:
+        await http.get("/api/sessions")
+        await http.get("/api/sessions/nope")
+        async with http.stream("POST", "/api/chat", json={"agent": "general", "message": "hi"}) as resp:
+            [e async for e in sse_events(resp)]
+        body = (await http.get("/metrics")).text
+    assert 'agentmesh_http_requests_total{method="GET",route="/api/sessions",status="200"} 1.0' in body
+    assert (
+        'agentmesh_http_requests_total{method="GET",route="/api/sessions/{session_id}",status="404"} 1.0'
+        in body
+    )
+    assert 'agentmesh_http_requests_total{method="POST",route="/api/chat",status="200"} 1.0' in body
+    assert "agentmesh_http_open_streams 0.0" in body  # the finished SSE response was counted down
+
+
+async def test_up_killed_leaves_no_orphans(tmp_path: Path, ports: Ports) -> None:
+    proc, _, _ = await _up(_env(tmp_path, ports))
+    children = psutil.Process(proc.pid).children()
+    assert len(children) == 6
+    proc.kill()  # SIGKILL: `up` cannot clean up, the kernel tells the children
+    await proc.wait()
+    _gone, alive = await asyncio.to_thread(psutil.wait_procs, children, timeout=20)
+    assert not alive, [p.cmdline() for p in alive]

@@ -1,0 +1,189 @@
+"""The gateway's session routes (gateway/routes/sessions.py) over the real app (httpx ASGITransport) and
+a real trace process per backend (the fixtures of tests/trace/conftest.py)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from agentmesh.auth.v1 import auth_service_pb2 as au
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
+from gateway.app import create_app
+from libs import identity
+from libs.clients import Clients
+from libs.protojson import to_json
+from tests.trace import conftest as trace_fixtures
+from tests.trace.conftest import TraceBackend, append, new_trace
+
+# A real trace process per backend, as tests/trace has it.
+trace_pg_url = trace_fixtures.trace_pg_url
+trace_backend = trace_fixtures.trace_backend
+trace_server = trace_fixtures.trace_server
+trace_channel = trace_fixtures.trace_channel
+trace_stub = trace_fixtures.trace_stub
+auth_stub = trace_fixtures.auth_stub
+trace_clients = trace_fixtures.trace_clients
+
+
+@pytest.fixture(scope="session")
+async def gateway_http(
+    trace_backend: TraceBackend, trace_clients: Clients
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The real gateway app (no auth header set) over httpx.ASGITransport; its clients reach the trace
+    process."""
+    app = create_app(trace_backend.settings, trace_clients)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+        yield client
+
+
+async def _auth(stub, user):
+    key = (await stub.CreateApiKey(au.CreateApiKeyRequest(user=user))).api_key
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def _trace(stub, owner, trace_id):
+    with identity.acting_as(owner):
+        return (await stub.GetTrace(ts.GetTraceRequest(trace_id=trace_id))).trace
+
+
+def _error(status, reason, message):
+    return {"error": {"code": status, "reason": reason, "message": message}}
+
+
+NOT_FOUND = _error(404, "NOT_FOUND", "trace not found")
+
+
+async def test_session_routes(gateway_http, trace_stub, auth_stub, unique):
+    owner = f"u-{unique}"
+    h = await _auth(auth_stub, owner)
+    first = await new_trace(trace_stub, owner, title="first")
+    second = await new_trace(trace_stub, owner, title="second")
+    await new_trace(trace_stub, owner, kind=tp.TRACE_KIND_A2A)  # hidden
+    m1 = await append(trace_stub, owner, second.id, "q")
+    m2 = await append(trace_stub, owner, second.id, "a", tp.MESSAGE_ROLE_ASSISTANT)
+    m3 = await append(trace_stub, owner, second.id, "a'", tp.MESSAGE_ROLE_ASSISTANT, parent=m1.sequence)
+    first_json = to_json(await _trace(trace_stub, owner, first.id))
+    second_json = to_json(await _trace(trace_stub, owner, second.id))
+    assert (second_json["kind"], second_json["headSequence"], second_json["owner"]) == ("chat", 3, owner)
+    assert second_json["createTime"].endswith("Z")
+
+    listed = await gateway_http.get("/api/sessions", headers=h)
+    assert listed.status_code == 200
+    assert listed.json() == {"sessions": [second_json, first_json], "nextPageToken": ""}
+    page = await gateway_http.get("/api/sessions", params={"page_size": 1}, headers=h)
+    assert page.status_code == 200 and page.json()["sessions"] == [second_json]
+    token = page.json()["nextPageToken"]
+    assert token
+    rest = await gateway_http.get("/api/sessions", params={"page_size": 1, "page_token": token}, headers=h)
+    assert rest.status_code == 200 and rest.json() == {"sessions": [first_json], "nextPageToken": ""}
+
+    one = await gateway_http.get(f"/api/sessions/{second.id}", headers=h)
+    assert one.status_code == 200
+    assert one.json() == {"session": second_json, "messageCount": 3, "mainPathCount": 2}
+
+    main = await gateway_http.get(f"/api/sessions/{second.id}/messages", headers=h)
+    assert main.status_code == 200
+    assert main.json() == {"messages": [to_json(m1), to_json(m3)], "headSequence": 3, "total": 2}
+    assert (
+        main.json()["messages"][1]["role"] == "assistant"
+        and main.json()["messages"][1]["parentSequence"] == 1
+    )
+    everything = await gateway_http.get(
+        f"/api/sessions/{second.id}/messages",
+        params={"mode": "all", "since_sequence": 1, "limit": 1},
+        headers=h,
+    )
+    assert everything.status_code == 200
+    assert everything.json() == {"messages": [to_json(m2)], "headSequence": 3, "total": 2}
+    branch = await gateway_http.get(
+        f"/api/sessions/{second.id}/messages", params={"head_sequence": 2}, headers=h
+    )
+    assert branch.status_code == 200
+    assert branch.json() == {"messages": [to_json(m1), to_json(m2)], "headSequence": 2, "total": 2}
+
+    for params in ({"mode": "sideways"}, {"limit": -1}, {"limit": 5000}, {"offset": -3}):
+        bad = await gateway_http.get(f"/api/sessions/{second.id}/messages", params=params, headers=h)
+        assert bad.status_code == 422, params
+        error = bad.json()["error"]
+        assert (error["code"], error["reason"], error["message"]) == (
+            422,
+            "INVALID_ARGUMENT",
+            "invalid request",
+        )
+        assert [d["loc"][-1] for d in error["details"]] == list(params), params
+    unknown_head = await gateway_http.get(
+        f"/api/sessions/{second.id}/messages", params={"head_sequence": 99}, headers=h
+    )
+    assert unknown_head.status_code == 422
+    assert unknown_head.json() == _error(422, "INVALID_ARGUMENT", "head_sequence 99 is not in the trace")
+    bad_token = await gateway_http.get("/api/sessions", params={"page_token": "garbage!"}, headers=h)
+    assert bad_token.status_code == 422
+    assert bad_token.json() == _error(422, "INVALID_ARGUMENT", "invalid page_token")
+
+    renamed = await gateway_http.patch(f"/api/sessions/{first.id}", json={"title": "renamed"}, headers=h)
+    assert renamed.status_code == 200
+    first_json = to_json(await _trace(trace_stub, owner, first.id))
+    assert first_json["title"] == "renamed" and renamed.json() == {"session": first_json}
+    for body in ({"title": ""}, {"title": "x" * 501}, {"title": "x", "kind": "a2a"}, {}):
+        bad = await gateway_http.patch(f"/api/sessions/{first.id}", json=body, headers=h)
+        assert bad.status_code == 422, body
+        assert bad.json()["error"]["reason"] == "INVALID_ARGUMENT", body
+    assert (await _trace(trace_stub, owner, first.id)).title == "renamed"
+
+    deleted = await gateway_http.delete(f"/api/sessions/{first.id}", headers=h)
+    assert deleted.status_code == 200 and deleted.json() == {"deleted": True}
+    gone = await gateway_http.get(f"/api/sessions/{first.id}", headers=h)
+    assert gone.status_code == 404 and gone.json() == NOT_FOUND
+    again = await gateway_http.delete(f"/api/sessions/{first.id}", headers=h)
+    assert again.status_code == 404 and again.json() == NOT_FOUND
+    # Every trace of the user goes, hidden ones too: the chat and the hidden a2a trace.
+    all_gone = await gateway_http.delete("/api/sessions", headers=h)
+    assert all_gone.status_code == 200 and all_gone.json() == {"deletedCount": 2}
+    empty = await gateway_http.get("/api/sessions", headers=h)
+    assert empty.status_code == 200 and empty.json() == {"sessions": [], "nextPageToken": ""}
+
+
+async def test_routes_need_auth_and_hide_other_owners(gateway_http, trace_stub, auth_stub, unique):
+    a, b = f"a-{unique}", f"b-{unique}"
+    ha, hb = await _auth(auth_stub, a), await _auth(auth_stub, b)
+    trace = await new_trace(trace_stub, a, title="private")
+    await append(trace_stub, a, trace.id, "secret")
+
+    for headers, message in (
+        ({}, "missing bearer token: send Authorization: Bearer KEY"),
+        ({"Authorization": "Basic x"}, "missing bearer token: send Authorization: Bearer KEY"),
+        ({"Authorization": "Bearer "}, "missing or malformed bearer token: send Authorization: Bearer KEY"),
+        ({"Authorization": "Bearer am_nope"}, "invalid API key"),
+    ):
+        for method, path in (
+            ("GET", "/api/sessions"),
+            ("GET", f"/api/sessions/{trace.id}"),
+            ("GET", f"/api/sessions/{trace.id}/messages"),
+            ("DELETE", f"/api/sessions/{trace.id}"),
+            ("DELETE", "/api/sessions"),
+        ):
+            denied = await gateway_http.request(method, path, headers=headers)
+            assert denied.status_code == 401, (headers, path)
+            assert denied.json() == _error(401, "UNAUTHENTICATED", message), (headers, path)
+
+    empty = await gateway_http.get("/api/sessions", headers=hb)
+    assert empty.status_code == 200 and empty.json() == {"sessions": [], "nextPageToken": ""}
+    for method, path, body in (
+        ("GET", "/api/sessions/{}", None),
+        ("GET", "/api/sessions/{}/messages", None),
+        ("PATCH", "/api/sessions/{}", {"title": "mine now"}),
+        ("DELETE", "/api/sessions/{}", None),
+    ):
+        probe = await gateway_http.request(method, path.format(trace.id), headers=hb, json=body)
+        missing = await gateway_http.request(method, path.format("no-such-session"), headers=hb, json=body)
+        assert probe.status_code == missing.status_code == 404, path
+        assert probe.json() == missing.json() == NOT_FOUND, path
+    none = await gateway_http.delete("/api/sessions", headers=hb)
+    assert none.status_code == 200 and none.json() == {"deletedCount": 0}
+    still = await gateway_http.get(f"/api/sessions/{trace.id}", headers=ha)
+    assert still.status_code == 200
+    body = still.json()
+    assert (body["session"]["title"], body["messageCount"], body["mainPathCount"]) == ("private", 1, 1)

@@ -1,0 +1,226 @@
+"""Foundation: one full chat turn through the whole mesh, over HTTP+SSE and WebSocket, on
+SQLite + memory streams and on PostgreSQL + Redis streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+import websockets
+
+from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
+from libs import identity
+from libs.ids import session_key
+from tests.mesh import BACKENDS, Mesh, chat, mesh_on, sse_events
+
+ECHO = {"rules": [], "default": {"text": "Hello there, you said {user}. Have a nice day."}}
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+async def mesh(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Mesh]:
+    m = await mesh_on(request, tmp_path_factory.mktemp("mesh"), llm_timeout_s=2.0)
+    yield m
+    await m.stop()
+
+
+def assert_turn(events: list[dict], text: str) -> dict:
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "start", kinds
+    assert kinds[-2:] == ["finish", "done"], kinds
+    assert set(kinds[1:-2]) == {"text-delta"}, kinds
+    assert len(kinds) > 4, "the reply must arrive as several deltas"
+    start = events[0]
+    assert (
+        start["sessionId"]
+        and start["userMessageId"] > 0
+        and start["assistantMessageId"] > start["userMessageId"]
+    )
+    assert "".join(e["textDelta"] for e in events if e["type"] == "text-delta") == text
+    offsets = [e["_id"] for e in events]
+    assert all(offsets) and len(set(offsets)) == len(offsets), offsets
+    finish = events[-2]
+    assert finish["usage"]["inputTokens"] > 0 and finish["usage"]["outputTokens"] > 0
+    return start
+
+
+async def test_full_turn_over_sse(mesh: Mesh) -> None:
+    mesh.mock.set_rules(ECHO)
+    events = await chat(mesh, "general", "ping")
+    start = assert_turn(events, "Hello there, you said ping. Have a nice day.")
+    async with mesh.http() as http:
+        resp = await http.get(f"/api/sessions/{start['sessionId']}/messages")
+    assert resp.status_code == 200, resp.text
+    messages = resp.json()["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant"]
+    user, assistant = messages
+    assert user["id"] == start["userMessageId"] and user["content"] == "ping"
+    assert assistant["id"] == start["assistantMessageId"]
+    assert assistant["content"] == "Hello there, you said ping. Have a nice day."
+    assert assistant["status"] == "completed"
+    assert assistant["model"] == "mock-gpt"
+    assert assistant["usage"] == events[-2]["usage"]
+    # A second turn in the same session sees the first one (the model received the history).
+    mesh.mock.set_rules(ECHO)
+    before = len(mesh.mock.requests())
+    events2 = await chat(mesh, "general", "pong", session_id=start["sessionId"])
+    assert events2[0]["sessionId"] == start["sessionId"]
+    sent = mesh.mock.requests()[before]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+
+
+async def test_same_turn_over_websocket(mesh: Mesh) -> None:
+    mesh.mock.set_rules(ECHO)
+    sse = await chat(mesh, "general", "same")
+    url = mesh.url.replace("http://", "ws://") + "/api/ws"
+    async with websockets.connect(url, additional_headers={"Authorization": f"Bearer {mesh.api_key}"}) as ws:
+        await ws.send(json.dumps({"type": "chat", "agent": "general", "message": "same"}))
+        got: list[dict] = []
+        async with asyncio.timeout(30):
+            while not got or got[-1]["type"] not in ("done", "error"):
+                got.append(json.loads(await ws.recv()))
+    assert [e["type"] for e in got] == [e["type"] for e in sse]
+    for a, b in zip(got, sse, strict=True):
+        strip = {"sessionId", "userMessageId", "assistantMessageId", "_id", "offset"}
+        assert {k: v for k, v in a.items() if k not in strip} == {
+            k: v for k, v in b.items() if k not in strip
+        }
+    assert all(e["offset"] for e in got)
+
+
+async def test_bad_input(mesh: Mesh) -> None:
+    async with mesh.http() as http:
+        r = await http.post("/api/chat", json={"agent": "nobody", "message": "hi"})
+        assert r.status_code == 404 and r.json()["error"]["reason"] == "NOT_FOUND"
+        r = await http.post("/api/chat", json={"agent": "general", "message": "   "})
+        assert r.status_code == 422 and "error" in r.json()
+        r = await http.post("/api/chat", json={"agent": "general"})
+        assert r.status_code == 422
+    async with mesh.http(api_key="") as http:
+        r = await http.post("/api/chat", json={"agent": "general", "message": "hi"})
+        assert r.status_code == 401 and r.json()["error"]["reason"] == "UNAUTHENTICATED"
+    async with mesh.http(api_key="am_wrong") as http:
+        r = await http.post("/api/chat", json={"agent": "general", "message": "hi"})
+        assert r.status_code == 401
+        r = await http.get("/api/sessions")
+        assert r.status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [("http_500", "model_error"), ("stall", "timeout"), ("stall_before", "timeout"), ("cut", "model_error")],
+)
+async def test_model_failure_marks_placeholder_failed(mesh: Mesh, fault: str, code: str) -> None:
+    mesh.mock.set_rules({"rules": [{"user": "boom", "fault": fault}]})
+    events = await chat(mesh, "general", "boom", timeout=40)
+    assert events[0]["type"] == "start"
+    assert events[-1]["type"] == "error", events
+    assert events[-1]["code"] == code, events[-1]
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{events[0]['sessionId']}/messages")).json()["messages"]
+    assert messages[-1]["status"] == "failed"
+    assert messages[-1]["metadata"]["error"]["code"] == events[-1]["code"]
+
+
+async def test_disconnected_turn_goes_on_and_resumes(mesh: Mesh) -> None:
+    mesh.mock.set_rules({"rules": [], "default": {"text": "word " * 60, "tokens_per_second": 200}})
+    async with mesh.http() as http:
+        async with http.stream("POST", "/api/chat", json={"agent": "general", "message": "long"}) as resp:
+            got = []
+            async for event in sse_events(resp):
+                got.append(event)
+                if sum(1 for e in got if e["type"] == "text-delta") == 3:
+                    break  # the client goes away mid-turn
+        session, last = got[0]["sessionId"], got[-1]["_id"]
+        async with http.stream(
+            "GET", f"/api/sessions/{session}/stream", headers={"Last-Event-ID": last}
+        ) as resp:
+            assert resp.status_code == 200
+            rest = [e async for e in sse_events(resp)]
+    assert rest[-1]["type"] == "done"
+    ids = [e["_id"] for e in got + rest]
+    assert len(ids) == len(set(ids)), "no duplicate across the reconnect"
+    whole = "".join(e["textDelta"] for e in got + rest if e["type"] == "text-delta")
+    assert whole == "word " * 60, "no gap across the reconnect"
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{session}/messages")).json()["messages"]
+    assert messages[-1]["status"] == "completed" and messages[-1]["content"] == "word " * 60
+
+
+async def test_second_turn_on_a_busy_session_is_refused(mesh: Mesh) -> None:
+    mesh.mock.set_rules({"rules": [], "default": {"text": "slow " * 40, "tokens_per_second": 100}})
+    async with mesh.http() as http:
+        async with http.stream("POST", "/api/chat", json={"agent": "general", "message": "one"}) as resp:
+            stream = sse_events(resp)
+            start = await anext(stream)
+            busy = await http.post(
+                "/api/chat", json={"agent": "general", "message": "two", "sessionId": start["sessionId"]}
+            )
+            assert busy.status_code == 409 and busy.json()["error"]["reason"] == "FAILED_PRECONDITION"
+            rest = [e async for e in stream]
+        assert rest[-1]["type"] == "done", "the running turn is not disturbed"
+        messages = (await http.get(f"/api/sessions/{start['sessionId']}/messages")).json()["messages"]
+        assert [m["content"] for m in messages if m["role"] == "user"] == ["one"]
+
+
+async def test_cancel_releases_a_session_whose_turn_died(mesh: Mesh) -> None:
+    """A turn whose process died leaves its buffer open; cancel closes it and the session works again."""
+    mesh.mock.set_rules(ECHO)
+    first = await chat(mesh, "general", "before the crash")
+    session = first[0]["sessionId"]
+    assert mesh.clients is not None
+    pending = tp.Message(trace_id=session, role=tp.MESSAGE_ROLE_ASSISTANT, status=tp.MESSAGE_STATUS_PENDING)
+    with identity.acting_as(mesh.user):
+        await mesh.clients.stream.CreateStream(ss.CreateStreamRequest(key=session_key(session)))
+        orphan = (await mesh.clients.trace.AppendMessage(ts.AppendMessageRequest(message=pending))).message
+    async with mesh.http() as http:
+        busy = await http.post("/api/chat", json={"agent": "general", "message": "x", "sessionId": session})
+        assert busy.status_code == 409
+        assert (await http.post(f"/api/sessions/{session}/cancel")).json() == {"cancelled": True}
+    events = await chat(mesh, "general", "after", session_id=session)
+    assert events[-1]["type"] == "done"
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{session}/messages", params={"mode": "all"})).json()[
+            "messages"
+        ]
+    assert next(m for m in messages if m["id"] == orphan.id)["status"] == "cancelled", (
+        "no placeholder left pending"
+    )
+
+
+async def test_long_trace_sends_the_newest_history(mesh: Mesh, monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.agent_runtime import runner
+
+    monkeypatch.setattr(runner, "HISTORY_LIMIT", 3)
+    mesh.mock.set_rules(ECHO)
+    session = None
+    for text in ("one", "two", "three"):
+        events = await chat(mesh, "general", text, session_id=session)
+        session = events[0]["sessionId"]
+    sent = mesh.mock.requests()[-1]["messages"]
+    assert [(m["role"], m["content"]) for m in sent[1:]] == [
+        ("user", "two"),
+        ("assistant", "Hello there, you said two. Have a nice day."),
+        ("user", "three"),
+    ]
+
+
+async def test_another_users_session_is_not_found(mesh: Mesh) -> None:
+    mesh.mock.set_rules(ECHO)
+    mine = (await chat(mesh, "general", "private"))[0]["sessionId"]
+    other = await mesh.new_user("oscar")
+    async with mesh.http(api_key=other) as http:
+        r = await http.post("/api/chat", json={"agent": "general", "message": "hi", "sessionId": mine})
+        assert r.status_code == 404 and r.json()["error"]["reason"] == "NOT_FOUND"
+        r = await http.post(f"/api/sessions/{mine}/cancel")
+        assert r.status_code == 404
+        r = await http.get(f"/api/sessions/{mine}/stream")
+        assert r.status_code == 404
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{mine}/messages")).json()["messages"]
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["private"], "nothing was added"

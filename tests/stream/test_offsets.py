@@ -1,0 +1,102 @@
+"""Hostile `from_offset`s: a malformed offset is INVALID_ARGUMENT on both backends, never INTERNAL.
+
+Memory offsets are 1-20 ASCII digits; Redis offsets are entry ids `ms[-seq]`, each part 1-20 ASCII digits
+that fit in 64 bits (Redis refuses bigger ones, which must not surface as an internal error).
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from agentmesh.events.v1 import events_pb2 as ev
+from libs import events
+from services.stream.memory import MemoryBackend
+from tests.stream.conftest import StreamHarness, append, close, collect, create, deltas
+
+U64 = 2**64 - 1
+
+HOSTILE = {
+    "5000-digits": "9" * 5000,
+    "superscript-two": "\u00b2",  # str.isdigit() is true for these
+    "arabic-indic-digits": "\u0661\u0662\u0663",
+    "fullwidth-digits": "\uff11\uff12\uff13",
+    "three-parts": "1-2-3",
+    "21-digits": "9" * 21,
+    "21-digit-seq": "1-" + "9" * 21,
+    "negative": "-1",
+    "trailing-dash": "1-",
+    "hex": "0x10",
+    "exponent": "1e5",
+    "space": " 12",
+    "newline": "12\n",
+    "nul": "12\x00",
+}
+
+
+@pytest.mark.parametrize("closed", [False, True], ids=["open", "closed"])
+@pytest.mark.parametrize("offset", list(HOSTILE.values()), ids=list(HOSTILE))
+async def test_hostile_offset_is_invalid_argument(
+    stream: StreamHarness, unique: str, offset: str, closed: bool
+) -> None:
+    key = f"session:{unique}"
+    await create(stream, key)
+    await append(stream, key, deltas("a"))
+    if closed:
+        await close(stream, key)
+    for kw in ({}, {"terminal_only": True}):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await collect(stream, key, reader="alice", from_offset=offset, idle_timeout_ms=100, **kw)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+        assert "invalid offset" in (err.value.details() or "")
+        assert len(err.value.details() or "") < 200  # the offset is not echoed whole
+    assert stream.backend.subscribers == 0
+
+
+# Offsets each backend's grammar reads differently: what memory accepts, Redis may refuse.
+EDGES = {
+    "20-nines": "9" * 20,  # memory: a number; Redis: above 2^64-1
+    "u64-plus-one": str(U64 + 1),
+    "u64": str(U64),
+    "max-entry-id": f"{U64}-{U64}",  # Redis: no entry can follow it
+    "redis-id": "1700000000000-0",
+    "zero": "0",
+    "zero-padded-20": "0" * 20,
+}
+
+
+@pytest.mark.parametrize("closed", [False, True], ids=["open", "closed"])
+@pytest.mark.parametrize("offset", list(EDGES.values()), ids=list(EDGES))
+async def test_edge_offset_is_never_internal(
+    stream: StreamHarness, unique: str, offset: str, closed: bool
+) -> None:
+    """Either the subscription runs (replaying what follows the offset) or the offset is INVALID_ARGUMENT."""
+    key = f"session:{unique}"
+    await create(stream, key)
+    await append(stream, key, deltas("a"))
+    if closed:
+        await close(stream, key)
+    buffered = await collect(stream, key, reader="alice", idle_timeout_ms=100)  # everything, from the start
+    memory = isinstance(stream.backend, MemoryBackend)
+    parts = offset.split("-")
+    if memory:
+        valid = len(parts) == 1
+    else:
+        valid = all(int(p) <= U64 for p in parts) and offset != f"{U64}-{U64}"
+    try:
+        got = await collect(stream, key, reader="alice", from_offset=offset, idle_timeout_ms=100)
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc.details()
+        assert not valid, f"{offset!r} refused: {exc.details()}"
+        return
+    assert valid, f"{offset!r} accepted"
+
+    def position(o: str) -> tuple[int, int]:
+        ms, _, seq = o.partition("-")
+        return int(ms), int(seq or 0)
+
+    expected = [e.offset for e in buffered if e.offset and position(e.offset) > position(offset)]
+    assert [e.offset for e in got if e.offset] == expected
+    if not closed:  # nothing more comes: the open buffer's subscription idles out
+        assert events.kind(got[-1]) == "error" and got[-1].error.code == ev.ERROR_CODE_IDLE_TIMEOUT
+    assert stream.backend.subscribers == 0

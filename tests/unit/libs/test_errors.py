@@ -1,0 +1,90 @@
+"""libs.errors: one table from REASON to gRPC status, HTTP status and event code, and errors that keep
+their class across a gRPC hop (by the ErrorInfo reason, not by a guess from the status code)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from agentmesh.events.v1 import events_pb2 as ev
+from libs import errors
+from libs.errors import (
+    TABLE,
+    Cancelled,
+    DeadlineExceeded,
+    Internal,
+    MeshError,
+    ModelError,
+    ModelTimeout,
+    NotFound,
+    code_from_name,
+    code_name,
+    from_event,
+    from_rpc_error,
+    to_status,
+)
+
+CLASSES = [
+    c
+    for c in vars(errors).values()
+    if isinstance(c, type) and issubclass(c, MeshError) and c is not MeshError
+]
+
+
+class _Failed(grpc.aio.AioRpcError):
+    """What a client sees when a server aborted with `status` (the real AioRpcError, built directly)."""
+
+    def __init__(self, status: grpc.Status) -> None:
+        super().__init__(
+            status.code, grpc.aio.Metadata(), grpc.aio.Metadata(*status.trailing_metadata), status.details
+        )
+
+
+def test_every_reason_has_a_class_and_a_row() -> None:
+    assert {c.reason for c in CLASSES} == set(TABLE)
+    for cls in CLASSES:
+        row = TABLE[cls.reason]
+        err = cls("x")
+        assert (err.grpc_code, err.http_status, err.code) == (row.grpc, row.http, row.code)
+        assert err.code != ev.ERROR_CODE_UNSPECIFIED
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_an_error_keeps_its_class_and_message_across_a_hop(cls: type[MeshError]) -> None:
+    back = from_rpc_error(_Failed(to_status(cls("it broke"))))
+    assert type(back) is cls and back.message == "it broke"
+
+
+def test_model_errors_are_not_recognised_by_their_text() -> None:
+    assert from_rpc_error(_Failed(to_status(ModelError("HTTP 500")))).code_name == "model_error"
+    assert from_rpc_error(_Failed(to_status(ModelTimeout("slow")))).code_name == "timeout"
+    assert DeadlineExceeded("x").code_name == "timeout"
+
+
+def test_a_foreign_status_maps_by_code() -> None:
+    plain = grpc.aio.AioRpcError(grpc.StatusCode.NOT_FOUND, grpc.aio.Metadata(), grpc.aio.Metadata(), "gone")
+    assert isinstance(from_rpc_error(plain), NotFound)
+    odd = grpc.aio.AioRpcError(grpc.StatusCode.DATA_LOSS, grpc.aio.Metadata(), grpc.aio.Metadata(), "")
+    assert isinstance(from_rpc_error(odd), Internal) and from_rpc_error(odd).message == "DATA_LOSS"
+
+
+def test_status_carries_error_info() -> None:
+    built = to_status(Cancelled("stop"))
+    assert built.code == grpc.StatusCode.CANCELLED and built.details == "stop"
+    status = rpc_status.from_call(_Failed(built))  # type: ignore[arg-type]
+    info = error_details_pb2.ErrorInfo()
+    assert status is not None and status.details[0].Unpack(info)
+    assert (info.reason, info.domain) == ("CANCELLED", errors.DOMAIN)
+
+
+def test_event_codes_round_trip() -> None:
+    for cls in CLASSES:
+        err = cls("m")
+        event = err.to_event()
+        assert code_from_name(code_name(event.code)) == event.code
+        again = from_event(event)
+        assert again.code == err.code and again.message == "m"
+    assert code_name(0) == "internal" and code_from_name("no-such-code") == ev.ERROR_CODE_INTERNAL
+    assert Cancelled("x").json_body() == {"error": {"code": 499, "reason": "CANCELLED", "message": "x"}}

@@ -1,0 +1,71 @@
+"""Stream keys (libs.ids.parse_stream_key, services.stream.backend.validate_key), property-tested:
+every key built by session_key/a2a_key/subagent_key parses back, and junk is refused with InvalidArgument."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from libs.errors import InvalidArgument
+from libs.ids import STREAM_KINDS, StreamKey, a2a_key, parse_stream_key, session_key, subagent_key
+from services.stream.backend import validate_key
+
+BUILDERS = {"session": session_key, "a2a": a2a_key, "subagent": subagent_key}
+local_ids = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", fullmatch=True)
+KEY = re.compile(r"(session|a2a|subagent):[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+
+
+@given(st.sampled_from(STREAM_KINDS), local_ids)
+def test_every_built_key_parses_back(kind: str, ident: str) -> None:
+    key = BUILDERS[kind](ident)
+    assert parse_stream_key(key) == StreamKey(kind, ident)
+    assert str(parse_stream_key(key)) == key
+    assert validate_key(key) == key
+
+
+@given(st.text(max_size=120))
+def test_junk_is_refused_with_invalid_argument_only(text: str) -> None:
+    try:
+        parsed = parse_stream_key(text)
+    except InvalidArgument as err:
+        assert not KEY.fullmatch(text)
+        assert "invalid stream key" in err.message and len(err.message) < 250  # the key is cut short
+    else:
+        assert KEY.fullmatch(text) and str(parsed) == text
+
+
+@given(
+    st.sampled_from(STREAM_KINDS),
+    st.text(min_size=1, max_size=80).filter(lambda s: not KEY.fullmatch(f"a2a:{s}")),
+)
+def test_a_bad_id_is_refused_for_every_kind(kind: str, ident: str) -> None:
+    with pytest.raises(InvalidArgument):
+        parse_stream_key(f"{kind}:{ident}")
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "",
+        "session",
+        "session:",
+        "chat:x",
+        "Session:x",
+        "session:x:y",
+        "session:.x",
+        "session:-x",
+        "session:x y",
+        "session:\u00e9",
+        "session:\u0661",  # a non-ASCII digit
+        "subagent:" + "x" * 65,
+        "a2a:" + "9" * 5000,
+        " session:x",
+        "session:x\n",
+    ],
+)
+def test_examples_of_junk(key: str) -> None:
+    with pytest.raises(InvalidArgument, match="invalid stream key"):
+        parse_stream_key(key)
