@@ -1,10 +1,11 @@
 // The agent-invoke side panel (seed 1): read-only, opened by an `agent-invoke` tool call, titled with
 // the callee; after `a2a-task-started` it follows GET /api/agents/a2a/stream?taskId=... and shows the
-// callee's reply as it streams, then "done" or "error". Several calls in a turn: the latest is shown,
-// the others are a click away in the tab row.
+// callee's reply as it streams (markdown, re-rendered at most once per animation frame), then "done"
+// or "error". Several calls in a turn: the latest is shown, the others are a click away in the tab row.
 
 import { api } from "./api.js";
 import { h, preview } from "./dom.js";
+import { LiveMarkdown } from "./markdown.js";
 import { follow, resumeHeaders } from "./sse.js";
 
 const LABELS = { waiting: "waiting…", streaming: "streaming…", done: "done", error: "error" };
@@ -16,6 +17,10 @@ export class InvokePanel {
     this.status = root.querySelector("#invoke-status");
     this.tabs = root.querySelector("#invoke-tabs");
     this.body = root.querySelector("#invoke-body");
+    this.text = new LiveMarkdown(h("div", { class: "panel-text" }), (render) => {
+      render();
+      this.body.scrollTop = this.body.scrollHeight;
+    });
     root.querySelector("#invoke-close").addEventListener("click", () => this.hide());
     this.calls = [];
     this.shown = null;
@@ -24,6 +29,7 @@ export class InvokePanel {
   /** Forgets every call and stops following their streams (another session was opened). */
   reset() {
     for (const call of this.calls) call.abort.abort();
+    this.text.cancel();
     this.calls = [];
     this.shown = null;
     this.hide();
@@ -93,8 +99,14 @@ export class InvokePanel {
   }
 
   onEvent(call, ev) {
-    if (ev.type === "text-delta") call.text += ev.textDelta;
-    else if (ev.type === "done") call.status = "done";
+    if (ev.type === "text-delta") {
+      call.text += ev.textDelta;
+      if (call !== this.shown) return;
+      if (this.text.el.isConnected) this.text.set(call.text); // rendered on the next animation frame
+      else this.render(); // the first text replaces "Waiting for the reply…"
+      return;
+    }
+    if (ev.type === "done") call.status = "done";
     else if (ev.type === "error") {
       call.status = "error";
       call.error = ev.message || ev.code;
@@ -108,8 +120,10 @@ export class InvokePanel {
     this.title.textContent = call.name;
     this.status.textContent = LABELS[call.status];
     this.status.dataset.status = call.status;
+    this.text.set(call.text);
+    this.text.flush();
     const text = call.text
-      ? h("div", { class: "panel-text" }, call.text)
+      ? this.text.el
       : h("div", { class: "panel-wait" }, call.status === "done" ? "(no reply)" : "Waiting for the reply…");
     const error = call.error && h("div", { class: "panel-error", role: "alert" }, call.error);
     this.body.replaceChildren(text, error || "");
