@@ -38,6 +38,7 @@ CALLEE_MD = (
     "**Bold** answer:\n\n```python\nprint('hi')\n```\n\n"
     '<img src=x onerror="window.__xss=1"> [bad](javascript:window.__xss=1)'
 )
+SLOW_MD = CALLEE_MD + "\n\n" + " ".join(f"more{i}" for i in range(60))
 RULES: dict[str, Any] = {
     "rules": [
         {
@@ -75,6 +76,7 @@ RULES: dict[str, Any] = {
         {"system": r"\[general\]", "user": "hang", "fault": "stall"},
         {"system": r"\[general\]", "user": "show code", "text": FENCED},
         {"system": r"\[general\]", "user": "xss", "text": XSS, "tokens_per_second": 15},
+        {"system": r"\[coder\]", "user": "slow markdown", "text": SLOW_MD, "tokens_per_second": 20},
         {"system": r"\[coder\]", "user": "markdown", "text": CALLEE_MD},
         {"system": r"\[coder\]", "text": CODE},
     ],
@@ -428,3 +430,19 @@ async def test_streamed_text_renders_once_per_animation_frame(page: Page, mesh: 
     await page.goto(f"{mesh.url}/")
     result = await page.evaluate(FRAME_PROBE)
     assert result == {"beforeFrame": 0, "renders": [1], "strong": 10}, result
+
+
+async def test_side_panel_streams_the_callee_reply_live_as_markdown(page: Page, mesh: Mesh) -> None:
+    """The panel follows the callee's stream while it runs (asking again while its buffer does not
+    exist yet) and renders the partial markdown, inert."""
+    await sign_in(page, mesh)
+    reply = await send(page, "invoke coder: slow markdown")
+    panel = page.locator("#invoke-panel")
+    await expect(panel.locator(".panel-text pre > code")).to_have_text("print('hi')\n", timeout=T)
+    live = await panel.evaluate(INERT_PROBE)
+    assert await page.locator("#invoke-status").inner_text() == "streaming…"
+    assert_inert(live)
+    await expect(page.locator("#invoke-status")).to_have_text("done", timeout=T)
+    await expect(panel.locator(".panel-text")).to_contain_text("more59")
+    assert_inert(await panel.evaluate(INERT_PROBE))
+    await expect(reply.locator(".content")).to_have_text("All done.", timeout=T)

@@ -64,18 +64,26 @@ export class InvokePanel {
     this.subscribe(call);
   }
 
-  /** tool-output-available: settles the calls that have no live stream to tell their end. */
+  /** tool-output-available: kept by each of its calls; settles those with no live stream to tell their end. */
   toolOutput(ev) {
-    for (const call of this.calls.filter((c) => c.toolCallId === ev.toolCallId && !c.live)) {
-      if (call.status === "done" || call.status === "error") continue;
-      call.status = ev.ok && ev.output?.ok !== false ? "done" : "error";
-      if (!call.text) call.text = outputText(ev.output);
-      this.render();
+    for (const call of this.calls.filter((c) => c.toolCallId === ev.toolCallId)) {
+      call.result = ev;
+      if (!call.live) this.settle(call);
     }
+  }
+
+  /** Ends a call from its tool output, unless its stream already told the end (or it has no output yet). */
+  settle(call) {
+    const ev = call.result;
+    if (!ev || call.status === "done" || call.status === "error") return;
+    call.status = ev.ok && ev.output?.ok !== false ? "done" : "error";
+    if (!call.text) call.text = outputText(ev.output);
+    this.render();
   }
 
   add(toolCallId, slug) {
     const call = { toolCallId, name: slug, taskId: "", text: "", status: "waiting", error: "", live: false };
+    call.result = null; // the tool-output-available event, once it came
     call.abort = new AbortController();
     this.calls.push(call);
     return call;
@@ -83,18 +91,30 @@ export class InvokePanel {
 
   async subscribe(call) {
     const url = `/api/agents/a2a/stream?taskId=${encodeURIComponent(call.taskId)}`;
+    const { signal } = call.abort;
     call.live = true;
     try {
-      const result = await follow(
-        (lastId) => api(url, { headers: resumeHeaders(lastId), signal: call.abort.signal }),
-        (ev) => this.onEvent(call, ev),
-      );
-      if (!result.ended) call.live = false; // no buffer (or lost): the tool output will settle it
+      // The callee's buffer may not exist yet when a2a-task-started arrives (`no-buffer`): ask again,
+      // backing off, until it does or the tool output has ended the call.
+      for (let attempt = 0, wait = 200; ; attempt++, wait = Math.min(2 * wait, 2000)) {
+        const result = await follow(
+          (lastId) => api(url, { headers: resumeHeaders(lastId), signal }),
+          (ev) => this.onEvent(call, ev),
+        );
+        if (result.ended) break;
+        if (result.body?.reason !== "no-buffer" || call.result || attempt >= 40) {
+          call.live = false; // no live stream: the tool output settles the call
+          break;
+        }
+        await sleep(wait, signal);
+        if (signal.aborted) return;
+      }
     } catch (err) {
       if (err.name === "AbortError") return;
       call.live = false;
       call.error = err.message;
     }
+    this.settle(call);
     this.render();
   }
 
@@ -139,6 +159,14 @@ export class InvokePanel {
       ),
     );
   }
+}
+
+/** Resolves after ms, or at once when the signal aborts. */
+function sleep(ms, signal) {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    signal.addEventListener("abort", () => (clearTimeout(timer), resolve()), { once: true });
+  });
 }
 
 function outputText(output) {
