@@ -46,8 +46,11 @@ async def browser() -> AsyncIterator[Browser]:
 
 @pytest.fixture
 async def page(browser: Browser) -> AsyncIterator[Page]:
-    """A 1280x800 page in its own context (own localStorage); fails the test on any script error."""
-    context = await browser.new_context(viewport={"width": 1280, "height": 800})
+    """A 1280x800 en-US page in UTC in its own context (own localStorage); fails the test on any script
+    error."""
+    context = await browser.new_context(
+        viewport={"width": 1280, "height": 800}, locale="en-US", timezone_id="UTC"
+    )
     p = await context.new_page()
     errors: list[str] = []
     p.on("pageerror", lambda exc: errors.append(str(exc)))

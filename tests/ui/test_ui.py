@@ -1,11 +1,13 @@
-"""The web UI in a real browser against a whole mesh: sign-in, streaming chat and the sidebar, the
-agent-invoke side panel, inline subagent batch cards (live and restored), resume after reload, cancel,
-the 401 message of a wrong key, and markdown that renders model output inert (live, mid-stream and
-restored)."""
+"""The web UI in a real browser against a whole mesh: sign-in, streaming chat and the sidebar (when each
+session was last active, rename), the agent-invoke side panel, inline subagent batch cards (live and
+restored), resume after reload, cancel, the 401 message of a wrong key, and markdown that renders
+model output inert (live, mid-stream and restored)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -410,6 +412,82 @@ async def test_side_panel_and_subagent_cards_render_markdown(page: Page, mesh: M
     await expect(live.locator("strong")).to_have_text("Bold")
     await expect(page.locator(".msg.streaming")).to_have_count(0, timeout=T)
     assert_inert(await reply.evaluate(INERT_PROBE))
+
+
+async def test_sidebar_shows_when_each_session_was_last_active(page: Page, mesh: Mesh) -> None:
+    await sign_in(page, mesh)
+    await send(page, "when was this")
+    await expect(page.locator(".msg.streaming")).to_have_count(0, timeout=T)
+    newest = (await sessions(mesh))[0]
+    assert newest["title"] == "when was this"
+    time = page.locator(f'#sessions [data-session-id="{newest["id"]}"] time.session-time')
+    await expect(time).to_have_attribute("datetime", newest["updateTime"], timeout=T)
+    await expect(time).to_have_text(re.compile(r"^(now|\d+ min\. ago)$"))
+    year = newest["updateTime"][:4]
+    await expect(time).to_have_attribute("title", re.compile(rf"{year}.*\d:\d\d"))
+
+    # The labels, in the page's en-US locale and UTC, at a fixed "now".
+    labels = await page.evaluate(
+        """async () => {
+          const { ago } = await import("/ui/time.js");
+          const now = Date.parse("2025-06-15T12:00:00Z");
+          return ["2025-06-15T11:59:30.123456Z", "2025-06-15T12:05:00Z", "2025-06-15T11:55:00Z",
+                  "2025-06-15T09:00:00Z", "2025-06-14T08:00:00Z", "2025-06-12T12:00:00Z",
+                  "2025-03-05T12:00:00Z", "2024-03-05T12:00:00Z", "garbage"].map((t) => ago(t, now));
+        }"""
+    )
+    assert labels == [
+        "now",
+        "now",
+        "5 min. ago",
+        "3 hr. ago",
+        "yesterday",
+        "3 days ago",
+        "Mar 5",
+        "Mar 5, 2024",
+        "",
+    ]
+
+
+async def test_rename_a_session_from_the_sidebar(page: Page, mesh: Mesh) -> None:
+    """Rename sends PATCH /api/sessions/{id} {title}; Escape cancels. Where the gateway has no such
+    route yet (404/405), the UI keeps the old title and shows the error."""
+    await sign_in(page, mesh)
+    await send(page, "name me")
+    await expect(page.locator(".msg.streaming")).to_have_count(0, timeout=T)
+    session_id = page.url.split("#/s/")[1]
+    item = page.locator(f'#sessions [data-session-id="{session_id}"]')
+    await expect(item.locator(".session-title")).to_have_text("name me", timeout=T)
+
+    patches: list[str] = []
+    page.on("request", lambda r: patches.append(r.url) if r.method == "PATCH" else None)
+    await item.locator(".session-rename").click()
+    await item.locator("input.session-edit").fill("never sent")
+    await item.locator("input.session-edit").press("Escape")
+    await expect(item.locator(".session-title")).to_have_text("name me")
+    assert patches == []
+
+    await item.locator(".session-rename").click()
+    edit = item.locator("input.session-edit")
+    await expect(edit).to_be_focused()
+    await expect(edit).to_have_value("name me")
+    await edit.fill("Renamed chat")
+    async with page.expect_response(
+        lambda r: r.request.method == "PATCH" and r.url.endswith(f"/api/sessions/{session_id}")
+    ) as answer:
+        await edit.press("Enter")
+    response = await answer.value
+    assert json.loads(response.request.post_data or "{}") == {"title": "Renamed chat"}
+    if response.status in (404, 405):  # the route is not in this branch yet
+        await expect(item.locator(".session-error")).to_contain_text("Rename failed", timeout=T)
+        await expect(item.locator(".session-title")).to_have_text("name me")
+        await expect(page.locator("#chat-title")).to_have_text("name me")
+        return
+    assert response.ok, response.status
+    await expect(item.locator(".session-title")).to_have_text("Renamed chat", timeout=T)
+    await expect(page.locator("#chat-title")).to_have_text("Renamed chat")
+    await expect(item.locator(".session-error")).to_have_count(0)
+    assert [s["title"] for s in await sessions(mesh) if s["id"] == session_id] == ["Renamed chat"]
 
 
 # Runs in the page: 200 deltas in one go re-render the message's markdown once, on the next frame.
