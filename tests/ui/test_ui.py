@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.async_api import Locator, Page, expect
+from playwright.async_api import Locator, Page, Route, expect
 
 from tests.mesh import Mesh, start_mesh
 
@@ -524,3 +524,43 @@ async def test_side_panel_streams_the_callee_reply_live_as_markdown(page: Page, 
     await expect(panel.locator(".panel-text")).to_contain_text("more59")
     assert_inert(await panel.evaluate(INERT_PROBE))
     await expect(reply.locator(".content")).to_have_text("All done.", timeout=T)
+
+
+async def test_rename_shows_the_new_title_or_the_error_of_the_answer(page: Page, mesh: Mesh) -> None:
+    """The UI's side of rename against scripted answers (whatever the gateway of this branch does):
+    a 2xx answer's session becomes the title in the sidebar and the header, an error answer's message
+    is shown and the old title stays."""
+    await sign_in(page, mesh)
+    await send(page, "call me")
+    await expect(page.locator(".msg.streaming")).to_have_count(0, timeout=T)
+    session_id = page.url.split("#/s/")[1]
+    item = page.locator(f'#sessions [data-session-id="{session_id}"]')
+    await expect(item.locator(".session-title")).to_have_text("call me", timeout=T)
+    session = next(s for s in await sessions(mesh) if s["id"] == session_id)
+
+    answers = [
+        (500, {"error": {"code": 13, "reason": "INTERNAL", "message": "the trace service is down"}}),
+        (200, {"session": {**session, "title": "Called"}}),
+    ]
+
+    async def answer(route: Route) -> None:
+        if route.request.method != "PATCH":
+            await route.continue_()
+            return
+        status, body = answers.pop(0)
+        await route.fulfill(status=status, json=body)
+
+    await page.route(f"**/api/sessions/{session_id}", answer)
+    await item.locator(".session-rename").click()
+    await item.locator("input.session-edit").fill("Called")
+    await item.locator("input.session-edit").press("Enter")
+    await expect(item.locator(".session-error")).to_have_text("Rename failed: the trace service is down")
+    await expect(item.locator(".session-title")).to_have_text("call me")
+
+    await item.locator(".session-rename").click()
+    await expect(item.locator(".session-error")).to_have_count(0)
+    await item.locator("input.session-edit").fill("Called")
+    await item.locator("input.session-edit").blur()  # leaving the field saves too
+    await expect(item.locator(".session-title")).to_have_text("Called")
+    await expect(page.locator("#chat-title")).to_have_text("Called")
+    assert answers == []
