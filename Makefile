@@ -7,6 +7,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 BUF := node_modules/.bin/buf
+NPM_STAMP := node_modules/.installed
+# The web UI's browser libraries (ES module builds from node_modules), served at /ui/vendor/; not committed.
+VENDOR := gateway/static/ui/vendor
+VENDOR_FILES := $(VENDOR)/marked.esm.js $(VENDOR)/purify.es.mjs
 PROTOS := $(shell find protos -name '*.proto' | sort)
 GEN_STAMP := agentmesh/.generated
 CHROMIUM := /usr/bin/chromium
@@ -23,9 +27,17 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]' --config-settings editable_mode=compat
 	touch $@
 
-$(BUF): package.json
-	npm install --no-audit --no-fund --silent
+$(NPM_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --silent
 	touch $@
+
+$(VENDOR)/marked.esm.js: $(NPM_STAMP)
+	mkdir -p $(VENDOR)
+	cp node_modules/marked/lib/marked.esm.js node_modules/marked/lib/marked.esm.js.map $(VENDOR)/
+
+$(VENDOR)/purify.es.mjs: $(NPM_STAMP)
+	mkdir -p $(VENDOR)
+	cp node_modules/dompurify/dist/purify.es.mjs node_modules/dompurify/dist/purify.es.mjs.map $(VENDOR)/
 
 # Generated code mirrors the proto packages (agentmesh.events.v1 -> agentmesh/events/v1/), so its
 # imports are absolute and need no fixes. Never edited, never committed.
@@ -38,10 +50,10 @@ $(CHROMIUM):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
 .PHONY: setup
-setup: $(VENV)/.installed $(GEN_STAMP) ## Create the venv, install dependencies, generate code
+setup: $(VENV)/.installed $(GEN_STAMP) $(VENDOR_FILES) ## Create the venv, install dependencies, generate code
 
 .PHONY: proto
-proto: $(BUF) ## Format, lint and breaking-check the protos, then generate
+proto: $(NPM_STAMP) ## Format, lint and breaking-check the protos, then generate
 	$(BUF) format -w
 	$(BUF) lint
 	if git rev-parse --verify -q main >/dev/null && git ls-tree -r --name-only main | grep -q '^protos/'; then \
@@ -57,7 +69,7 @@ test: setup $(CHROMIUM) ## Run every test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 .PHONY: lint
-lint: setup $(BUF) ## buf lint/format/breaking, ruff, mypy
+lint: setup $(NPM_STAMP) ## buf lint/format/breaking, ruff, mypy
 	$(BUF) lint
 	$(BUF) format --diff --exit-code
 	if git rev-parse --verify -q main >/dev/null && git ls-tree -r --name-only main | grep -q '^protos/'; then \
@@ -71,5 +83,5 @@ bench: setup ## Run the benchmarks; writes tests/bench/results/latest.json
 	$(BIN)/python -m tests.bench.run $(BENCH_ARGS)
 
 .PHONY: clean
-clean: ## Remove the venv and generated code
-	rm -rf $(VENV) $(patsubst protos/%,%,$(sort $(dir $(PROTOS)))) $(GEN_STAMP) node_modules
+clean: ## Remove the venv, generated code and installed packages
+	rm -rf $(VENV) $(patsubst protos/%,%,$(sort $(dir $(PROTOS)))) $(GEN_STAMP) node_modules $(VENDOR)

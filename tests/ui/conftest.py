@@ -12,6 +12,9 @@ from playwright.async_api import Browser, Page, async_playwright
 from tests.conftest import CI
 
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
+# The UI's npm libraries, copied there by `make setup` (gitignored).
+VENDOR = Path(__file__).resolve().parents[2] / "gateway" / "static" / "ui" / "vendor"
+VENDOR_FILES = ("marked.esm.js", "purify.es.mjs")
 HAVE_CHROMIUM = CHROMIUM.exists()
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -32,6 +35,9 @@ async def browser() -> AsyncIterator[Browser]:
         if CI:
             pytest.fail(f"no Chromium at {CHROMIUM} (CI=true: a missing browser fails the run)")
         pytest.skip(f"no Chromium at {CHROMIUM}")
+    missing = [name for name in VENDOR_FILES if not (VENDOR / name).exists()]
+    if missing:
+        pytest.fail(f"the UI's libraries are missing from {VENDOR} ({', '.join(missing)}): run `make setup`")
     async with async_playwright() as pw:
         b = await pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield b
@@ -40,8 +46,11 @@ async def browser() -> AsyncIterator[Browser]:
 
 @pytest.fixture
 async def page(browser: Browser) -> AsyncIterator[Page]:
-    """A 1280x800 page in its own context (own localStorage); fails the test on any script error."""
-    context = await browser.new_context(viewport={"width": 1280, "height": 800})
+    """A 1280x800 en-US page in UTC in its own context (own localStorage); fails the test on any script
+    error."""
+    context = await browser.new_context(
+        viewport={"width": 1280, "height": 800}, locale="en-US", timezone_id="UTC"
+    )
     p = await context.new_page()
     errors: list[str] = []
     p.on("pageerror", lambda exc: errors.append(str(exc)))

@@ -16,6 +16,7 @@ const sidebar = new Sidebar({
   agentSelect: $("agent"),
   onOpen: (s) => openSession(s.id),
   onDeleted: (id) => id === sessionId && newChat(),
+  onRenamed: (s) => s.id === sessionId && setTitle(),
 });
 const chat = new ChatController({
   view,

@@ -1,5 +1,6 @@
 // A tiny element builder: h("div", {class: "x", onclick: fn, dataset: {id: 1}}, "text", child).
-// Text is always set as text (never parsed as HTML), so model output cannot inject markup.
+// Text is always set as text (never parsed as HTML); markdown.js is the one place where model output
+// becomes markup, and only after DOMPurify has cleaned it.
 
 export function h(tag, props = {}, ...children) {
   const el = document.createElement(tag);

@@ -1,13 +1,16 @@
 // The message list. An assistant message is, top to bottom (seed 3 §12.2): its subagent batch cards,
-// its tool cards, its thinking block, its content. Live turns and restored history use the same views.
+// its tool cards, its thinking block, its content (markdown, re-rendered at most once per animation
+// frame while it streams). Live turns and restored history use the same views.
 
 import { h } from "./dom.js";
+import { LiveMarkdown } from "./markdown.js";
 import { BatchCard } from "./subagents.js";
 import { ToolCard } from "./tools.js";
 
 export class AssistantView {
   constructor(id = null) {
     this.el = h("article", { class: "msg assistant" });
+    this.around = (render) => render(); // the message list sets one that keeps the scroll pinned
     this.setId(id);
     this.reset();
   }
@@ -19,6 +22,7 @@ export class AssistantView {
 
   /** Empties the message (a resumed stream replays the turn from its start). */
   reset() {
+    this.text?.cancel();
     this.batches = [];
     this.tools = new Map();
     this.batchBox = h("div", { class: "batches" });
@@ -26,6 +30,7 @@ export class AssistantView {
     this.thinkingText = h("div", { class: "thinking-text" });
     this.thinking = h("details", { class: "thinking", hidden: true }, h("summary", {}, "Thinking"), this.thinkingText);
     this.content = h("div", { class: "content" });
+    this.text = new LiveMarkdown(this.content, (render) => this.around(render));
     this.foot = h("div", { class: "msg-foot" });
     const body = h("div", { class: "msg-body" }, this.batchBox, this.toolBox, this.thinking, this.content, this.foot);
     this.el.replaceChildren(h("div", { class: "avatar", "aria-hidden": "true" }, "A"), body);
@@ -42,6 +47,7 @@ export class AssistantView {
     }
     if (msg.thinking) view.appendReasoning(msg.thinking);
     view.appendText(msg.content || "");
+    view.text.flush();
     if (msg.status === "failed") view.error(msg.metadata?.error ?? { code: "failed", message: "the turn failed" });
     if (msg.status === "cancelled") view.error({ code: "cancelled", message: "cancelled" });
     if (msg.status !== "pending") view.finish({ model: msg.model, usage: msg.usage });
@@ -50,11 +56,11 @@ export class AssistantView {
 
   setStreaming(on) {
     this.el.classList.toggle("streaming", on);
+    if (!on) this.text.flush();
   }
 
   appendText(text) {
-    this.content.append(text);
-    this.content.normalize();
+    this.text.append(text);
   }
 
   appendReasoning(text) {
@@ -144,6 +150,7 @@ export class ChatView {
   }
 
   add(view) {
+    view.around = (render) => this.pinned(render);
     this.root.querySelector(".empty")?.remove();
     this.root.append(view.el);
     if (view.id != null) this.byId.set(String(view.id), view);
@@ -162,7 +169,18 @@ export class ChatView {
 
   /** Keeps the newest content in sight unless the reader scrolled up. */
   scroll(force = false) {
+    if (force || this.atBottom()) this.root.scrollTop = this.root.scrollHeight;
+  }
+
+  atBottom() {
     const el = this.root;
-    if (force || el.scrollHeight - el.scrollTop - el.clientHeight < 120) el.scrollTop = el.scrollHeight;
+    return el.scrollHeight - el.scrollTop - el.clientHeight < 120;
+  }
+
+  /** Runs change(), then scrolls to the bottom if the list was there before it (content grew). */
+  pinned(change) {
+    const was = this.atBottom();
+    change();
+    if (was) this.root.scrollTop = this.root.scrollHeight;
   }
 }

@@ -1,8 +1,10 @@
 // Subagent batch cards (seed 3): one card per delegate batch, inline in the assistant message whose
 // id is the batch's parentMessageId. Live events and restored metadata.subagents build the same card.
+// A subagent's summary and its live text are markdown.
 
 import { api } from "./api.js";
 import { h } from "./dom.js";
+import { LiveMarkdown, renderMarkdown } from "./markdown.js";
 import { follow, resumeHeaders } from "./sse.js";
 
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
@@ -97,7 +99,9 @@ class SubagentRow {
     this.badge = h("span", { class: "badge" });
     this.goal = h("div", { class: "sub-goal" });
     this.result = h("div", { class: "sub-result" });
-    this.live = h("pre", { class: "sub-live", hidden: true });
+    this.resultText = null;
+    this.live = h("div", { class: "sub-live", hidden: true });
+    this.liveText = new LiveMarkdown(this.live);
     this.el = h(
       "li",
       { class: "sub", dataset: { subagentId: item.id } },
@@ -122,10 +126,19 @@ class SubagentRow {
     this.badge.textContent = item.status;
     this.badge.dataset.status = item.status;
     this.goal.textContent = item.goal || "";
-    const text = item.error || item.summary || "";
-    this.result.textContent = text;
-    this.result.hidden = !text;
-    this.result.classList.toggle("error", Boolean(item.error));
+    this.setResult(item.error ? { error: item.error } : { summary: item.summary || "" });
+  }
+
+  /** The error as text, or the summary as markdown (rendered again only when it changed). */
+  setResult({ error = "", summary = "" }) {
+    const key = error ? `error:${error}` : `summary:${summary}`;
+    if (key === this.resultText) return;
+    this.resultText = key;
+    this.result.classList.toggle("error", Boolean(error));
+    this.result.classList.toggle("markdown", !error);
+    if (error) this.result.textContent = error;
+    else renderMarkdown(this.result, summary);
+    this.result.hidden = !error && !summary;
   }
 
   /** Shows (and follows, while it runs) the text of GET /api/subagents/{id}/stream. */
@@ -133,25 +146,26 @@ class SubagentRow {
     this.live.hidden = !this.live.hidden;
     if (this.live.hidden || this.loading) return;
     this.loading = true;
-    this.live.textContent = "";
+    const text = this.liveText;
+    text.set("");
+    text.flush();
     this.live.dataset.state = "loading";
     try {
       const url = `/api/subagents/${encodeURIComponent(this.id)}/stream`;
       const result = await follow(
         (lastId) => api(url, { headers: resumeHeaders(lastId) }),
         (ev) => {
-          if (ev.type === "text-delta") this.live.textContent += ev.textDelta;
-          else if (ev.type === "error") this.live.textContent += `\n[${ev.code}] ${ev.message}`;
+          if (ev.type === "text-delta") text.append(ev.textDelta);
+          else if (ev.type === "error") text.append(`\n[${ev.code}] ${ev.message}`);
         },
       );
-      if (!result.ended && !this.live.textContent) {
-        this.live.textContent = TERMINAL.has(this.status)
-          ? "(the live output has expired)"
-          : "(not started yet)";
+      if (!result.ended && !text.text) {
+        text.set(TERMINAL.has(this.status) ? "(the live output has expired)" : "(not started yet)");
       }
     } catch (err) {
-      this.live.textContent = `(${err.message})`;
+      text.set(`(${err.message})`);
     } finally {
+      text.flush();
       this.loading = false;
       this.live.dataset.state = "loaded";
     }
