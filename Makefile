@@ -14,10 +14,14 @@ VENDOR_FILES := $(VENDOR)/marked.esm.js $(VENDOR)/purify.es.mjs
 PROTOS := $(shell find protos -name '*.proto' | sort)
 GEN_STAMP := agentmesh/.generated
 CHROMIUM := /usr/bin/chromium
+# kubectl (with kustomize built in) from Debian's kubernetes-client package, unpacked into the venv:
+# installing the package would clash with any other kubectl on the machine. KUBECTL=kubectl uses yours.
+LOCAL_KUBECTL := $(VENV)/kubernetes-client/usr/bin/kubectl
+KUBECTL ?= $(LOCAL_KUBECTL)
 
 .PHONY: help
 help: ## Show the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +50,15 @@ $(GEN_STAMP): $(PROTOS) $(VENV)/.installed
 	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
 	touch $@
 
+$(LOCAL_KUBECTL): | $(BIN)/python
+	rm -rf $(VENV)/kubernetes-client $(VENV)/kubernetes-client.deb
+	mkdir -p $(VENV)/kubernetes-client.deb
+	cd $(VENV)/kubernetes-client.deb && { apt-get download -qq kubernetes-client 2>/dev/null || \
+	  { apt-get update -qq && apt-get download -qq kubernetes-client; }; }
+	dpkg-deb -x $(VENV)/kubernetes-client.deb/kubernetes-client_*.deb $(VENV)/kubernetes-client
+	rm -rf $(VENV)/kubernetes-client.deb
+	$@ version --client >/dev/null
+
 $(CHROMIUM):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
@@ -65,7 +78,7 @@ run: setup ## Start the whole mesh on loopback with the demo agents
 	$(BIN)/agentmesh up
 
 .PHONY: test
-test: setup $(CHROMIUM) ## Run every test
+test: setup $(CHROMIUM) $(filter $(LOCAL_KUBECTL),$(KUBECTL)) ## Run every test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 .PHONY: lint
@@ -77,6 +90,11 @@ lint: setup $(NPM_STAMP) ## buf lint/format/breaking, ruff, mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy agentmesh/cli.py agentmesh/mock_llm services gateway libs
+
+.PHONY: deploy-check
+deploy-check: setup $(filter $(LOCAL_KUBECTL),$(KUBECTL)) ## Render the k8s overlays, validate them and compose.yaml
+	$(BIN)/python deploy/check.py --kubectl $(KUBECTL)
+	$(BIN)/hadolint deploy/Dockerfile
 
 .PHONY: bench
 bench: setup ## Run the benchmarks; writes tests/bench/results/latest.json

@@ -1,4 +1,4 @@
-"""The `agentmesh` command: up, serve SERVICE, chat, keys create, mock-llm."""
+"""The `agentmesh` command: up, serve SERVICE, health ADDRESS, chat, keys create, mock-llm."""
 
 from __future__ import annotations
 
@@ -213,6 +213,24 @@ def _chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _health(args: argparse.Namespace) -> int:
+    """One grpc.health.v1 Check with a deadline: 0 when ADDRESS reports SERVING, 1 otherwise (a
+    container health check or a probe; no retries, no waiting for the server to come up)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    request = health_pb2.HealthCheckRequest(service=args.service)
+    with grpc.insecure_channel(args.address) as channel:
+        try:
+            resp = health_pb2_grpc.HealthStub(channel).Check(request, timeout=args.timeout)
+        except grpc.RpcError as exc:
+            print(f"{args.address}: {exc.code().name} {exc.details()}", file=sys.stderr)
+            return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    print(f"{args.address}: {status}")
+    return 0 if resp.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
 def _keys(args: argparse.Namespace) -> int:
     key = asyncio.run(_create_key(load_settings(), args.user))
     print(key)
@@ -227,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--no-mock-llm", action="store_true", help="use AGENTMESH_LLM__BASE_URL instead")
     serve = sub.add_parser("serve", help="run one service")
     serve.add_argument("service", choices=SERVICES)
+    health = sub.add_parser("health", help="exit 0 when a gRPC service reports SERVING, else 1")
+    health.add_argument("address", help="host:port")
+    health.add_argument("--service", default="", help="service name; empty: the whole server")
+    health.add_argument("--timeout", type=float, default=3.0, help="deadline in seconds")
     chat = sub.add_parser("chat", help="stream one chat turn to the terminal")
     chat.add_argument("--agent", required=True)
     chat.add_argument("--session", default="")
@@ -249,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         return _up(args)
     if args.command == "serve":
         return _serve(args.service)
+    if args.command == "health":
+        return _health(args)
     if args.command == "chat":
         return _chat(args)
     return _keys(args)
