@@ -94,10 +94,10 @@ BREAKAGES = {
         "service stream: health check has no test",
     ),
     "stale catalog copy": (
-        "libs/demo_catalog.yaml",
+        "services/trace/demo_catalog.yaml",
         "name: General Assistant",
         "name: Generalist",
-        "differs from libs/demo_catalog.yaml",
+        "differs from services/trace/demo_catalog.yaml",
     ),
 }
 
@@ -106,8 +106,8 @@ BREAKAGES = {
 def test_broken_manifest_fails(kubectl: str, tmp_path: Path, case: str) -> None:
     root = tmp_path / "repo"
     shutil.copytree(ROOT / "deploy", root / "deploy", ignore=shutil.ignore_patterns("secrets.env"))
-    (root / "libs").mkdir()
-    shutil.copyfile(ROOT / "libs/demo_catalog.yaml", root / "libs/demo_catalog.yaml")
+    (root / "services/trace").mkdir(parents=True)
+    shutil.copyfile(ROOT / "services/trace/demo_catalog.yaml", root / "services/trace/demo_catalog.yaml")
     path, old, new, expected = BREAKAGES[case]
     text = (root / path).read_text()
     assert text.count(old) == 1, f"{path} no longer has exactly one {old!r}"

@@ -47,9 +47,9 @@ def test_not_serving_exits_1(server: tuple[str, health.HealthServicer]) -> None:
 
 def test_one_service_by_name(server: tuple[str, health.HealthServicer]) -> None:
     address, servicer = server
-    servicer.set("agentmesh.v1.TraceService", health_pb2.HealthCheckResponse.SERVING)
-    assert main(["health", address, "--service", "agentmesh.v1.TraceService"]) == 0
-    assert main(["health", address, "--service", "agentmesh.v1.Unknown"]) == 1  # NOT_FOUND
+    servicer.set("agentmesh.trace.v1.TraceService", health_pb2.HealthCheckResponse.SERVING)
+    assert main(["health", address, "--service", "agentmesh.trace.v1.TraceService"]) == 0
+    assert main(["health", address, "--service", "agentmesh.trace.v1.Unknown"]) == 1  # NOT_FOUND
 
 
 def test_unreachable_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
