@@ -13,7 +13,7 @@ CHROMIUM := /usr/bin/chromium
 
 .PHONY: help
 help: ## Show the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,8 +64,12 @@ lint: setup $(BUF) ## buf lint/format/breaking, ruff, mypy
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy agentmesh/cli.py agentmesh/mock_llm services gateway libs
 
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[dev,bench]' --config-settings editable_mode=compat
+	touch $@
+
 .PHONY: bench
-bench: setup ## Run the benchmarks; writes tests/bench/results/latest.json
+bench: setup $(VENV)/.bench-installed ## Benchmarks A-D (BENCH_ARGS=--quick for a short run); tests/bench/results/
 	$(BIN)/python -m tests.bench.run $(BENCH_ARGS)
 
 .PHONY: clean
