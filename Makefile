@@ -6,6 +6,7 @@ MAKEFLAGS += --no-builtin-rules
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+PEERS_VENV := .venv-peers
 BUF := node_modules/.bin/buf
 PROTOS := $(wildcard protos/agentmesh/v1/*.proto)
 GEN_STAMP := agentmesh/v1/.stamp
@@ -68,10 +69,20 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[dev,bench]' --config-settings editable_mode=compat
 	touch $@
 
+$(PEERS_VENV)/.installed: tests/bench/peers/requirements.txt
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install -q --upgrade pip
+	$(PEERS_VENV)/bin/pip install -q -r $<
+	touch $@
+
 .PHONY: bench
 bench: setup $(VENV)/.bench-installed ## Benchmarks A-D (BENCH_ARGS=--quick for a short run); tests/bench/results/
 	$(BIN)/python -m tests.bench.run $(BENCH_ARGS)
 
+.PHONY: bench-peers
+bench-peers: setup $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## The benchmarks with the LangGraph server beside the mesh
+	$(BIN)/python -m tests.bench.run --peers langgraph --peers-venv $(PEERS_VENV) $(BENCH_ARGS)
+
 .PHONY: clean
-clean: ## Remove the venv and generated code
-	rm -rf $(VENV) agentmesh/v1 node_modules
+clean: ## Remove the venvs and generated code
+	rm -rf $(VENV) $(PEERS_VENV) agentmesh/v1 node_modules
