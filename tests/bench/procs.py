@@ -218,6 +218,7 @@ def start_langgraph(work: Path, venv: Path, mock_url: str, jobs: int) -> Proc:
     --allow-blocking: switches off blockbuster, the dev server's detector of blocking calls, which
     wraps I/O functions and is not part of a production deployment.
     """
+    venv = venv.resolve()  # it runs in a scratch directory
     exe = venv / "bin" / "langgraph"
     if not exe.exists():
         raise RuntimeError(f"{exe} is missing: run `make bench-peers` (it creates {venv})")
