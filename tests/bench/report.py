@@ -127,7 +127,7 @@ def section_c(s: dict[str, Any]) -> list[str]:
         rows.append(
             [
                 str(p["n"]),
-                target,
+                target + (" (not quiet before)" if "settle_s" in p and p["settle_s"] is None else ""),
                 f"{p['ok']}/{p['n']}",
                 errors(p["errors"]),
                 num(get(p, "first_delta_ms", "p50")),

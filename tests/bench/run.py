@@ -177,6 +177,8 @@ async def run_scenarios(bench: Bench, selected: list[str], args: argparse.Namesp
     for name in selected:
         started = time.time()
         print(f"scenario {name} ...", flush=True)
+        if await bench.wait_quiet() is None:
+            print("  warning: a target still burns CPU from the scenario before", flush=True)
         try:
             if name == "E":
                 if not scenario_e.IMPLEMENTED:

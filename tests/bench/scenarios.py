@@ -202,6 +202,25 @@ class Bench:
             await asyncio.sleep(0.25)
         return False
 
+    async def wait_quiet(self, timeout_s: float = 120.0, cores: float = 0.1) -> float | None:
+        """Waits until no target and not the model server burns more than `cores` (two readings
+        0.5 s apart in a row): work left over from a phase (a cut client's run still going) must not
+        run into the next one. Returns the seconds waited, None when the timeout passed first."""
+        started = time.monotonic()
+        quiet = 0
+        last = self.cpu()
+        while time.monotonic() - started < timeout_s:
+            await asyncio.sleep(0.5)
+            now = self.cpu()
+            wall = now["wall"] - last["wall"]
+            rates = [sum(cpu_delta(last, now, t).values()) / wall for t in now["targets"]]
+            rates.append((now["mock"] - last["mock"]) / wall)
+            quiet = quiet + 1 if max(rates) < cores else 0
+            if quiet >= 2:
+                return time.monotonic() - started
+            last = now
+        return None
+
     def cpu(self) -> dict[str, Any]:
         """CPU seconds so far: per target (by process label), the model server, this process, the machine."""
         return {
@@ -439,8 +458,10 @@ async def _c_phase(bench: Bench, gen: LoadGenerator, target: str, n: int) -> dic
     z = bench.sizes
     if not await bench.wait_model_idle():
         print(f"  warning: the model server still streams before C {target} N={n}", flush=True)
+    settled = await bench.wait_quiet()
+    if settled is None:
+        print(f"  warning: a target still burns CPU before C {target} N={n}", flush=True)
     await bench.mock_reset()
-    await asyncio.sleep(0.5)
     if target == "mesh":
         base, headers, agent = bench.mesh.url, {"Authorization": f"Bearer {bench.mesh.extra['key']}"}, "plain"
     elif target == "direct":
@@ -480,6 +501,7 @@ async def _c_phase(bench: Bench, gen: LoadGenerator, target: str, n: int) -> dic
     return {
         "target": target,
         "n": n,
+        "settle_s": settled,  # waited for the machine to go quiet before the phase (None: it did not)
         "ok": sum(1 for s in streams if s.error is None),
         "errors": dict(errors),
         "error_detail": error_detail(streams),
