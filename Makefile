@@ -6,6 +6,7 @@ MAKEFLAGS += --no-builtin-rules
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+PEERS_VENV := .venv-peers
 BUF := node_modules/.bin/buf
 NPM_STAMP := node_modules/.installed
 # The web UI's browser libraries (ES module builds from node_modules), served at /ui/vendor/; not committed.
@@ -96,10 +97,24 @@ deploy-check: setup $(filter $(LOCAL_KUBECTL),$(KUBECTL)) ## Render the k8s over
 	$(BIN)/python deploy/check.py --kubectl $(KUBECTL)
 	$(BIN)/hadolint deploy/Dockerfile
 
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[dev,bench]' --config-settings editable_mode=compat
+	touch $@
+
+$(PEERS_VENV)/.installed: tests/bench/peers/requirements.txt
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install -q --upgrade pip
+	$(PEERS_VENV)/bin/pip install -q -r $<
+	touch $@
+
 .PHONY: bench
-bench: setup ## Run the benchmarks; writes tests/bench/results/latest.json
+bench: setup $(VENV)/.bench-installed ## Benchmarks A-D (BENCH_ARGS=--quick for a short run); tests/bench/results/
 	$(BIN)/python -m tests.bench.run $(BENCH_ARGS)
 
+.PHONY: bench-peers
+bench-peers: setup $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## The benchmarks with the LangGraph server beside the mesh
+	$(BIN)/python -m tests.bench.run --peers langgraph --peers-venv $(PEERS_VENV) $(BENCH_ARGS)
+
 .PHONY: clean
-clean: ## Remove the venv, generated code and installed packages
-	rm -rf $(VENV) $(patsubst protos/%,%,$(sort $(dir $(PROTOS)))) $(GEN_STAMP) node_modules $(VENDOR)
+clean: ## Remove the venvs, generated code and installed packages
+	rm -rf $(VENV) $(PEERS_VENV) $(patsubst protos/%,%,$(sort $(dir $(PROTOS)))) $(GEN_STAMP) node_modules $(VENDOR)

@@ -1,184 +1,276 @@
-"""`make bench`: what the mesh adds to a streamed reply.
+"""`make bench` / `make bench-peers`: what the mesh adds to streamed replies, as ratios against the
+same scripted model server read directly, measured in one run.
 
-Scenario 1: a 2,000-token reply at the scripted model server's top speed, read (a) by an SSE client
-through the whole mesh (`agentmesh up`: gateway -> orchestrator -> agent-runtime -> openai client
--> model server, every delta appended to the stream service and relayed back) and (b) by the
-`openai` client straight from the same model server, in the same run, interleaved turn by turn.
-Prints and writes tests/bench/results/latest.json: completion-time ratio (mesh / direct) and the
-time to first delta the mesh adds (p50, p99).
+  A  2,000 tokens at top speed: completion ratio and added first delta vs the openai client direct
+  B  200 tokens at 50 tok/s: added first delta, inter-delta gaps, lateness against the schedule
+  C  N concurrent sessions at 20 tok/s (N = 50, 200, 500, 1,000; starts spread over 3 s): gap -
+     pace, lateness, first delta, errors by code, CPU seconds of the mesh's processes per 1k tokens
+  D  delegate_parallel with 8 subagents of 100 tokens at 50 tok/s: wall time over the slowest
+     child's own model time
+  E  trace appends per second on PostgreSQL: a hook, skipped (tests/bench/scenario_e.py)
+
+With --peers langgraph, the LangGraph agent server (`langgraph dev`, in-memory, from its own
+virtual environment) runs A, B and C in the same run against the same model server.
+
+Writes OUT/latest.json, OUT/latest.md and OUT/*.png (OUT: tests/bench/results, or
+tests/bench/results/quick with --quick so that a quick run never replaces the full run's files).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import datetime
 import json
 import os
 import platform
-import signal
-import statistics
+import re
 import subprocess
 import sys
 import time
+import traceback
+from collections import Counter
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-import httpx
-from openai import AsyncOpenAI
+import psutil
 
-from tests.mesh import free_port, process_env
+from tests.bench import procs, scenario_e
+from tests.bench.scenarios import (
+    QUICK,
+    Bench,
+    Sizes,
+    idle_cpu,
+    scenario_a,
+    scenario_b,
+    scenario_c,
+    scenario_d,
+    write_rules,
+)
 
-RESULTS = Path(__file__).parent / "results" / "latest.json"
-RULES = {"ttft_ms": 0, "tokens_per_second": 0, "rules": [], "default": {"tokens": 2000}}
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
-async def through_mesh(http: httpx.AsyncClient) -> tuple[float, float, int]:
-    start = time.perf_counter()
-    first = 0.0
-    chars = 0
-    async with http.stream("POST", "/api/chat", json={"agent": "general", "message": "bench"}) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            event = json.loads(line[5:])
-            if event["type"] == "text-delta":
-                if not first:
-                    first = time.perf_counter() - start
-                chars += len(event["textDelta"])
-            elif event["type"] in ("done", "error"):
-                assert event["type"] == "done", event
-                break
-    return first, time.perf_counter() - start, chars
-
-
-async def direct(client: AsyncOpenAI) -> tuple[float, float, int]:
-    start = time.perf_counter()
-    first = 0.0
-    chars = 0
-    stream = await client.chat.completions.create(
-        model="mock-gpt",
-        messages=[{"role": "user", "content": "bench"}],
-        stream=True,
-        stream_options={"include_usage": True},
-        max_tokens=4096,
-    )
-    async for chunk in stream:
-        for choice in chunk.choices:
-            if choice.delta.content:
-                if not first:
-                    first = time.perf_counter() - start
-                chars += len(choice.delta.content)
-    return first, time.perf_counter() - start, chars
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+RESULTS = HERE / "results"
+WORK = ROOT / ".agentmesh" / "bench"
+ALL = ("A", "B", "C", "D", "E")
 
 
 def machine() -> dict[str, Any]:
     cpu = ""
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
+        "cpu": cpu or platform.processor(),
+        "cores": psutil.cpu_count(logical=True),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "python": platform.python_version(),
+        "kernel": platform.release(),
         "system": platform.platform(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
 
 
-def start_mesh() -> tuple[subprocess.Popen[str], dict[str, int], str]:
-    """`agentmesh up` on free loopback ports with a fresh SQLite file; returns (process, ports, key)."""
-    data = Path(".agentmesh/bench")
-    data.mkdir(parents=True, exist_ok=True)
-    (data / "agentmesh.db").unlink(missing_ok=True)
-    env = process_env(data, AGENTMESH_LOG_LEVEL="WARNING")
-    ports = {
-        "gateway": int(env["AGENTMESH_GATEWAY_PORT"]),
-        "mock": free_port(),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentmesh.cli", "up", "--mock-port", str(ports["mock"])],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
+def versions(peers_venv: Path | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
+        out["agentmesh"] = rev + ("+dirty" if dirty.stdout.strip() else "")
+    if peers_venv is not None:
+        names = ["langgraph", "langgraph-api", "langgraph-runtime-inmem", "langgraph-cli", "langchain-openai"]
+        code = (
+            f"import importlib.metadata as m, json; print(json.dumps({{p: m.version(p) for p in {names}}}))"
+        )
+        with contextlib.suppress(OSError, subprocess.CalledProcessError, ValueError):
+            res = subprocess.run(
+                [str(procs.peers_python(peers_venv)), "-c", code], capture_output=True, text=True, check=True
+            )
+            out.update(json.loads(res.stdout))
+    return out
+
+
+def log_findings(proc: procs.Proc) -> dict[str, Any]:
+    """What a target logged at WARNING and up, plus failed turns (INFO `turn failed`, seen with
+    --mesh-log-level INFO), counted by service, message and error (numbers and ids masked)."""
+    counts: Counter[str] = Counter()
+
+    def mask(text: str) -> str:
+        return re.sub(r"[0-9a-f]{8}-[0-9a-f-]{27,}|[0-9a-f]{32}|\b\d+(\.\d+)?\b", "#", text)[:240]
+
+    with contextlib.suppress(OSError):
+        for line in proc.log.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                level = str(rec.get("level", "")).lower()
+                if level in ("warning", "error", "critical") or "failed" in str(rec.get("msg", "")):
+                    detail = " ".join(str(rec[k]) for k in ("code", "error", "exc") if rec.get(k))
+                    last = detail.strip().splitlines()[-1] if detail.strip() else ""
+                    key = f"{rec.get('service', '?')} {level} {rec.get('msg', '')}: {last}"
+                    counts[mask(key)] += 1
+            elif re.search(r"\b(WARNING|ERROR|CRITICAL)\b|Traceback", line):
+                counts[mask(re.sub(r"^\S+\s+\S+\s+", "", line))] += 1
+    return {"lines": sum(counts.values()), "top": dict(counts.most_common(12))}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m tests.bench.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "development API key" in line:
-            return proc, ports, line.rsplit(":", 1)[1].strip()
-    proc.wait(30)
-    raise RuntimeError("agentmesh up did not start")
+    p.add_argument("--quick", action="store_true", help="small sizes: a couple of minutes in all")
+    p.add_argument("--scenarios", default=",".join(ALL), help="comma-separated subset of A,B,C,D,E")
+    p.add_argument("--sessions", help="scenario C's N values, e.g. 50,200 (full: 50,200,500,1000)")
+    p.add_argument("--peers", default="", help="peer servers to run too: langgraph")
+    p.add_argument(
+        "--peers-venv", type=Path, default=ROOT / ".venv-peers", help="the peers' virtual environment"
+    )
+    p.add_argument(
+        "--targets", default="", help="a subset of direct,mesh,langgraph (diagnosis; ratios need direct)"
+    )
+    p.add_argument("--load-procs", default="auto", help="C's load generator processes: a number, or auto")
+    p.add_argument("--out", type=Path, help="results directory")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--mesh-log-level", default="WARNING", help="AGENTMESH_LOG_LEVEL of the mesh (its log: "
+                   ".agentmesh/bench/mesh.log)")  # fmt: skip
+    p.add_argument(
+        "--idle-s", type=float, default=5.0, help="seconds of idle CPU measured before the scenarios"
+    )
+    for f in fields(Sizes):
+        if f.name == "c_sessions":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        kind = float if f.type in ("float", float) else int
+        p.add_argument(flag, type=kind, dest=f.name, help=f"(full run: {f.default})")
+    p.add_argument("--e-database-url", default=os.environ.get("TEST_DATABASE_URL", ""))
+    return p.parse_args(argv)
 
 
-async def measure(ports: dict[str, int], key: str, turns: int, warmup: int) -> dict[str, Any]:
-    mock_url = f"http://127.0.0.1:{ports['mock']}"
-    async with httpx.AsyncClient(timeout=30) as raw:
-        (await raw.post(f"{mock_url}/_mock/rules", json=RULES)).raise_for_status()
-    gateway = f"http://127.0.0.1:{ports['gateway']}"
-    mesh_runs: list[tuple[float, float, int]] = []
-    direct_runs: list[tuple[float, float, int]] = []
-    async with (
-        httpx.AsyncClient(base_url=gateway, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http,
-        AsyncOpenAI(base_url=f"{mock_url}/v1", api_key="bench", max_retries=0) as client,
-    ):
-        for i in range(warmup + turns):
-            m = await through_mesh(http)
-            d = await direct(client)
-            assert m[2] == d[2], f"the mesh lost text: {m[2]} != {d[2]} characters"
-            if i >= warmup:
-                mesh_runs.append(m)
-                direct_runs.append(d)
-    mesh_total = [r[1] for r in mesh_runs]
-    direct_total = [r[1] for r in direct_runs]
-    added_ttfd = [m[0] - d[0] for m, d in zip(mesh_runs, direct_runs, strict=True)]
-    ratios = [m / d for m, d in zip(mesh_total, direct_total, strict=True)]
-    return {
-        "scenario": "2000-token reply at top speed: SSE through the whole mesh vs openai client direct",
-        "command": "make bench",
-        "turns": turns,
-        "machine": machine(),
-        "reply_chars": mesh_runs[0][2],
-        "direct_completion_s": {"p50": statistics.median(direct_total), "p99": pct(direct_total, 99)},
-        "mesh_completion_s": {"p50": statistics.median(mesh_total), "p99": pct(mesh_total, 99)},
-        "completion_ratio": {"p50": statistics.median(ratios), "p99": pct(ratios, 99)},
-        "direct_ttfd_ms": {"p50": 1000 * statistics.median(r[0] for r in direct_runs)},
-        "added_ttfd_ms": {"p50": 1000 * statistics.median(added_ttfd), "p99": 1000 * pct(added_ttfd, 99)},
+def sizes_from(args: argparse.Namespace) -> Sizes:
+    sizes = Sizes()
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(sizes, key, value)
+    for f in fields(Sizes):
+        value = getattr(args, f.name, None)
+        if value is not None:
+            setattr(sizes, f.name, value)
+    if args.sessions:
+        sizes.c_sessions = [int(x) for x in args.sessions.split(",") if x.strip()]
+    return sizes
+
+
+async def run_scenarios(bench: Bench, selected: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    steps = {"A": scenario_a, "B": scenario_b, "C": scenario_c, "D": scenario_d}
+    for name in selected:
+        started = time.time()
+        print(f"scenario {name} ...", flush=True)
+        if await bench.wait_quiet() is None:
+            print("  warning: a target still burns CPU from the scenario before", flush=True)
+        try:
+            if name == "E":
+                if not scenario_e.IMPLEMENTED:
+                    out["E"] = {"skipped": scenario_e.SKIP_REASON}
+                    print(f"  skipped: {scenario_e.SKIP_REASON}", flush=True)
+                    continue
+                ctx = scenario_e.Context(args.e_database_url, 20.0, 16, WORK / "e")
+                out["E"] = await scenario_e.run(ctx)
+            else:
+                out[name] = await steps[name](bench)
+        except Exception as exc:
+            traceback.print_exc()
+            out[name] = {"failed": f"{type(exc).__name__}: {exc}"}
+        out[name]["duration_s"] = round(time.time() - started, 1)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = sizes_from(args)
+    selected = [s.strip().upper() for s in args.scenarios.split(",") if s.strip()]
+    unknown = set(selected) - set(ALL)
+    if unknown:
+        print(f"unknown scenarios {sorted(unknown)}; choose from {','.join(ALL)}", file=sys.stderr)
+        return 2
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    if set(peers) - {"langgraph"}:
+        print(f"unknown peers {peers}; the one peer is langgraph", file=sys.stderr)
+        return 2
+    out_dir = args.out or (RESULTS / "quick" if args.quick else RESULTS)
+    fd_limit = procs.raise_fd_limit()
+    started = time.time()
+    result: dict[str, Any] = {
+        "command": "python -m tests.bench.run " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "machine": machine() | {"fd_limit": fd_limit},
+        "versions": versions(args.peers_venv if peers else None),
+        "sizes": asdict(sizes),
+        "scenarios_selected": selected,
+        "targets": ["direct", "mesh", *peers],
     }
-
-
-def cli() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--turns", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=3)
-    args = parser.parse_args()
-    proc, ports, key = start_mesh()
+    print(f"machine: {result['machine']['cpu']}, {result['machine']['cores']} cores, "
+          f"{result['machine']['ram_gib']} GiB, Python {result['machine']['python']}, "
+          f"load average {result['machine']['load_average_at_start']}", flush=True)  # fmt: skip
+    WORK.mkdir(parents=True, exist_ok=True)
+    rules = write_rules(WORK / "rules.yaml", sizes)
+    started_procs: list[procs.Proc] = []
     try:
-        result = asyncio.run(measure(ports, key, args.turns, args.warmup))
+        mock = procs.start_mock(WORK, rules)
+        started_procs.append(mock)
+        mesh = procs.start_mesh(WORK, mock.url, HERE / "catalog.yaml", args.mesh_log_level)
+        started_procs.append(mesh)
+        peer_procs: dict[str, procs.Proc] = {}
+        if "langgraph" in peers:
+            jobs = max(sizes.c_sessions) if "C" in selected else 10
+            peer_procs["langgraph"] = procs.start_langgraph(WORK, args.peers_venv, mock.url, jobs)
+            started_procs.append(peer_procs["langgraph"])
+            result["langgraph_n_jobs_per_worker"] = jobs
+        only = [t.strip() for t in args.targets.split(",") if t.strip()]
+        bench = Bench(
+            sizes=sizes, mock=mock, mesh=mesh, peers=peer_procs, load_procs=args.load_procs, only=only
+        )
+        if args.idle_s > 0:
+            time.sleep(2.0)  # let start-up work settle
+            result["idle_cpu_cores"] = asyncio.run(idle_cpu(bench, args.idle_s))
+        result["scenarios"] = asyncio.run(run_scenarios(bench, selected, args))
+        result["logs"] = {p.name: log_findings(p) for p in started_procs}
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    c, t = result["completion_ratio"], result["added_ttfd_ms"]
-    print(f"machine: {result['machine']['cpu']} ({result['machine']['cores']} cores)")
-    print(
-        f"direct completion p50 {result['direct_completion_s']['p50'] * 1000:.1f} ms; "
-        f"through the mesh p50 {result['mesh_completion_s']['p50'] * 1000:.1f} ms"
-    )
-    print(f"completion ratio mesh/direct: p50 {c['p50']:.2f}x, p99 {c['p99']:.2f}x")
-    print(f"added time to first delta: p50 {t['p50']:.1f} ms, p99 {t['p99']:.1f} ms")
-    print(f"wrote {RESULTS}")
+        for proc in reversed(started_procs):
+            proc.stop()
+    result["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    result["duration_s"] = round(time.time() - started, 1)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "latest.json").write_text(json.dumps(result, indent=1) + "\n")
+    from tests.bench import report
+
+    text = report.markdown(result)
+    (out_dir / "latest.md").write_text(text)
+    print()
+    print(text)
+    if not args.no_plots:
+        try:
+            from tests.bench import plots
+
+            for path in plots.write_all(result, out_dir):
+                print(f"wrote {path}")
+        except ImportError as exc:
+            print(f"no plots ({exc}): install the bench extra (pip install -e '.[bench]')", file=sys.stderr)
+    print(f"wrote {out_dir / 'latest.json'} and {out_dir / 'latest.md'} in {result['duration_s']:.0f} s")
+    return 0
 
 
 if __name__ == "__main__":
-    cli()
+    sys.exit(main())
