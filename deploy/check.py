@@ -246,7 +246,8 @@ def check(kubectl: str, root: Path, out: Path, versions: Iterable[str]) -> list[
     problems: list[str] = []
     catalog = root / "deploy/k8s/base/catalog/catalog.yaml"
     if catalog.read_text() != (root / "services/trace/demo_catalog.yaml").read_text():
-        problems.append(f"{catalog.relative_to(root)} differs from services/trace/demo_catalog.yaml: copy it over")
+        source = "services/trace/demo_catalog.yaml"
+        problems.append(f"{catalog.relative_to(root)} differs from {source}: copy it over")
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "k8s"
