@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from google.protobuf import field_mask_pb2
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from gateway.deps import clients, current_user
@@ -69,16 +70,16 @@ async def rename_session(request: Request, user: User, session_id: str, body: Se
 
 @router.delete("/{session_id}")
 async def delete_session(request: Request, user: User, session_id: str) -> dict[str, bool]:
-    """Deletes the session and everything under it."""
-    await rpc(clients(request).trace.DeleteTrace(ts.DeleteTraceRequest(trace_id=session_id)))
+    """Deletes the session and everything under it; a running turn stops and its streams end."""
+    await rpc(clients(request).orchestrator.DeleteSession(orc.DeleteSessionRequest(session_id=session_id)))
     return {"deleted": True}
 
 
 @router.delete("")
 async def delete_sessions(request: Request, user: User) -> dict[str, int]:
     """Deletes all of the caller's sessions: {"deletedCount": n} (traces of every kind)."""
-    resp = await rpc(clients(request).trace.DeleteTraces(ts.DeleteTracesRequest()))
-    return {"deletedCount": len(resp.deleted_trace_ids)}
+    resp = await rpc(clients(request).orchestrator.DeleteSessions(orc.DeleteSessionsRequest()))
+    return {"deletedCount": resp.deleted_traces}
 
 
 @router.get("/{session_id}/messages")

@@ -28,7 +28,7 @@ from libs import events
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import Cancelled, InvalidArgument, MeshError, from_rpc_error, rpc
-from libs.ids import session_key
+from libs.ids import a2a_key, session_key, subagent_key
 from services.orchestrator.turns import TurnEngine, TurnOutcome
 
 log = logging.getLogger(__name__)
@@ -197,6 +197,31 @@ class ChatOrchestrator:
                         update_mask=field_mask_pb2.FieldMask(paths=["status"]),
                     )
                 )
+
+    async def delete(self, session_id: str | None) -> tuple[int, int]:
+        """Deletes a session of the calling user (None: every one) and everything under it; returns
+        (traces removed, buffers ended). The buffers of the whole tree end with `cancelled` first, so
+        the turn running on any replica stops (its watcher sees the close) and every reader gets a
+        terminal event; then the rows go, then the buffers become unreadable."""
+        if session_id is None:
+            deleted = await rpc(self.clients.trace.DeleteTraces(ts.DeleteTracesRequest()))
+        else:
+            deleted = await rpc(self.clients.trace.DeleteTrace(ts.DeleteTraceRequest(trace_id=session_id)))
+        keys = [
+            *(session_key(t) for t in deleted.deleted_trace_ids),
+            *(a2a_key(t) for t in deleted.deleted_task_ids),
+            *(subagent_key(s) for s in deleted.deleted_subagent_ids),
+        ]
+        for trace_id in deleted.deleted_trace_ids:
+            local = self.running.get(trace_id)
+            if local is not None and not local.done():
+                local.cancel()
+        resp = await rpc(
+            self.clients.stream.DeleteStreams(
+                ss.DeleteStreamsRequest(keys=keys, error=Cancelled("the session was deleted").to_event())
+            )
+        )
+        return len(deleted.deleted_trace_ids), resp.deleted_count
 
     async def drain(self, grace_s: float) -> None:
         """Shutdown: let running turns finish within the grace, then cancel the rest."""

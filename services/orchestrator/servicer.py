@@ -46,3 +46,17 @@ class OrchestratorServicer(orc_grpc.OrchestratorServiceServicer):
         else:
             resp.error.CopyFrom((outcome.error or Internal("the turn failed")).to_event())
         return resp
+
+    @grpc_errors
+    async def DeleteSession(
+        self, request: orc.DeleteSessionRequest, context: grpc.aio.ServicerContext
+    ) -> orc.DeleteSessionResponse:
+        traces, streams = await self.chat.delete(request.session_id)
+        return orc.DeleteSessionResponse(deleted_traces=traces, deleted_streams=streams)
+
+    @grpc_errors
+    async def DeleteSessions(
+        self, request: orc.DeleteSessionsRequest, context: grpc.aio.ServicerContext
+    ) -> orc.DeleteSessionsResponse:
+        traces, streams = await self.chat.delete(None)
+        return orc.DeleteSessionsResponse(deleted_traces=traces, deleted_streams=streams)

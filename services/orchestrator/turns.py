@@ -312,7 +312,7 @@ class TurnEngine:
                 log.warning(
                     "could not settle the placeholder of a failed turn: %s",
                     exc.details(),
-                    extra={"trace": spec.trace_id, "message": out.assistant_message.id},
+                    extra={"trace": spec.trace_id, "message_id": out.assistant_message.id},
                 )
         await self._close(spec.stream_key, events.error(err), on_event)
 

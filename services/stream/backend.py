@@ -127,6 +127,12 @@ class StreamBackend(abc.ABC):
         NotFound as for append."""
 
     @abc.abstractmethod
+    async def delete(self, key: str, terminal: ev.Event, requester: str = "") -> bool:
+        """Ends the buffer for good: closes it with `terminal` when it is open, and makes the key read
+        like a missing one at once (subscribers already following still get the terminal event).
+        False when there is no buffer, or it is not `requester`'s ("" is the mesh itself)."""
+
+    @abc.abstractmethod
     async def info(self, key: str) -> StreamInfo:
         """Facts about the buffer; `exists=False` for an unknown or expired key."""
 

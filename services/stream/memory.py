@@ -173,6 +173,17 @@ class MemoryBackend(StreamBackend):
         buf.notify()
         return offset, True
 
+    async def delete(self, key: str, terminal: ev.Event, requester: str = "") -> bool:
+        buf = self._get(validate_key(key))
+        if buf is None or (requester and requester != buf.owner):
+            return False
+        if not buf.closed:
+            buf.push(terminal)
+            buf.closed = True
+            buf.notify()
+        del self._buffers[key]  # followers hold the buffer itself and read it to its end
+        return True
+
     async def info(self, key: str) -> StreamInfo:
         buf = self._get(validate_key(key))
         if buf is None:

@@ -32,6 +32,7 @@ _OFFSET = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 _U64 = 2**64 - 1
 
 _CREATE = """
+if redis.call('HGET', KEYS[1], 'deleted') == '1' then redis.call('DEL', KEYS[1]) end
 local closed = redis.call('HGET', KEYS[1], 'closed')
 if closed == '0' then return 'open' end
 if closed and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 'foreign' end
@@ -47,7 +48,7 @@ return 'ok'
 
 _APPEND = """
 local closed = redis.call('HGET', KEYS[1], 'closed')
-if not closed then return {'missing'} end
+if not closed or redis.call('HGET', KEYS[1], 'deleted') == '1' then return {'missing'} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[3] then return {'missing'} end
 if closed == '1' then return {'closed'} end
 local n = redis.call('XLEN', KEYS[2])
@@ -63,7 +64,7 @@ return out
 
 _CLOSE = """
 local closed = redis.call('HGET', KEYS[1], 'closed')
-if not closed then return {'missing'} end
+if not closed or redis.call('HGET', KEYS[1], 'deleted') == '1' then return {'missing'} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[3] then return {'missing'} end
 if closed == '1' then return {'closed', redis.call('HGET', KEYS[1], 'close_offset')} end
 local id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[1])
@@ -72,6 +73,23 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return {'ok', id}
 """
+
+# Deleting a buffer: closed (when open) and marked deleted, which every other script and read treats as
+# missing; both keys live on for DRAIN_MS so followers read the terminal event, then Redis drops them.
+_DELETE = """
+local closed = redis.call('HGET', KEYS[1], 'closed')
+if not closed or redis.call('HGET', KEYS[1], 'deleted') == '1' then return 0 end
+if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+if closed == '0' then
+  local id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[2])
+  redis.call('HSET', KEYS[1], 'closed', '1', 'close_offset', id)
+end
+redis.call('HSET', KEYS[1], 'deleted', '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
+"""
+DRAIN_MS = 10_000
 
 
 def _s(value: Any) -> str:
@@ -168,6 +186,7 @@ class RedisBackend(StreamBackend):
         self._create = self.client.register_script(_CREATE)
         self._append = self.client.register_script(_APPEND)
         self._close = self.client.register_script(_CLOSE)
+        self._delete = self.client.register_script(_DELETE)
 
     def _keys(self, key: str) -> list[str]:
         return [f"{self.prefix}meta:{key}", f"{self.prefix}stream:{key}"]
@@ -218,6 +237,10 @@ class RedisBackend(StreamBackend):
             raise NotFound(f"no stream buffer {key}")
         return reply[1], reply[0] == "ok"
 
+    async def delete(self, key: str, terminal: ev.Event, requester: str = "") -> bool:
+        keys = self._keys(validate_key(key))
+        return bool(await self._delete(keys=keys, args=[requester, terminal.SerializeToString(), DRAIN_MS]))
+
     async def info(self, key: str) -> StreamInfo:
         meta_key, stream_key = self._keys(validate_key(key))
         async with self.client.pipeline(transaction=True) as pipe:
@@ -225,7 +248,7 @@ class RedisBackend(StreamBackend):
             pipe.xlen(stream_key)
             pipe.xrevrange(stream_key, count=1)
             meta, length, last = await pipe.execute()
-        if not meta:
+        if not meta or meta.get(b"deleted") == b"1":
             return StreamInfo(key=key)
         return StreamInfo(
             key=key,
@@ -240,8 +263,10 @@ class RedisBackend(StreamBackend):
     async def _cursor(self, key: str, after: str) -> Cursor | None:
         check_offset(after)
         meta_key, stream_key = self._keys(key)
-        closed, close_offset, gen = await self.client.hmget(meta_key, ["closed", "close_offset", "gen"])
-        if closed is None:
+        closed, close_offset, gen, deleted = await self.client.hmget(
+            meta_key, ["closed", "close_offset", "gen", "deleted"]
+        )
+        if closed is None or deleted == b"1":
             raise NotFound(f"no stream buffer {key}")
         if _s(closed) == "1" and after and _id_tuple(after) >= _id_tuple(_s(close_offset)):
             return None

@@ -14,6 +14,8 @@ from libs.errors import InvalidArgument, grpc_errors
 from libs.events import is_terminal
 from services.stream.backend import StreamBackend
 
+MAX_DELETE = 10_000
+
 
 def _reader() -> str:
     """The verified caller: a user reads and writes only their own buffers; the mesh itself ("") any."""
@@ -79,6 +81,19 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
                 yield pb.SubscribeStreamResponse(event=event)
         finally:
             await events.aclose()
+
+    @grpc_errors
+    async def DeleteStreams(
+        self, request: pb.DeleteStreamsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteStreamsResponse:
+        if len(request.keys) > MAX_DELETE:
+            raise InvalidArgument(f"at most {MAX_DELETE} keys at once")
+        terminal = ev.Event(error=request.error)
+        requester = _reader()
+        deleted = 0
+        for key in request.keys:
+            deleted += await self.backend.delete(key, terminal, requester)
+        return pb.DeleteStreamsResponse(deleted_count=deleted)
 
     @grpc_errors
     async def GetStreamInfo(

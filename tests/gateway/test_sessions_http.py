@@ -1,5 +1,6 @@
-"""The gateway's session routes (gateway/routes/sessions.py) over the real app (httpx ASGITransport) and
-a real trace process per backend (the fixtures of tests/trace/conftest.py)."""
+"""The gateway's session routes (gateway/routes/sessions.py) over the real app (httpx ASGITransport), a
+real trace service per backend (the fixtures of tests/trace/conftest.py) and the stream and orchestrator
+services that deletes go through."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ from agentmesh.trace.v1 import trace_service_pb2 as ts
 from gateway.app import create_app
 from libs import identity
 from libs.clients import Clients
+from libs.identity import Signer
 from libs.protojson import to_json
+from libs.rpc import ServiceServer
+from services.orchestrator import server as orchestrator_server
+from services.stream import server as stream_server
+from tests.mesh import ANY_PORT
 from tests.trace import conftest as trace_fixtures
 from tests.trace.conftest import TraceBackend, append, new_trace
 
@@ -25,18 +31,27 @@ trace_server = trace_fixtures.trace_server
 trace_channel = trace_fixtures.trace_channel
 trace_stub = trace_fixtures.trace_stub
 auth_stub = trace_fixtures.auth_stub
-trace_clients = trace_fixtures.trace_clients
 
 
 @pytest.fixture(scope="session")
 async def gateway_http(
-    trace_backend: TraceBackend, trace_clients: Clients
+    trace_backend: TraceBackend, trace_server: ServiceServer, signer: Signer
 ) -> AsyncIterator[httpx.AsyncClient]:
-    """The real gateway app (no auth header set) over httpx.ASGITransport; its clients reach the trace
-    process."""
-    app = create_app(trace_backend.settings, trace_clients)
+    """The real gateway app (no auth header set) over httpx.ASGITransport, with real trace, stream and
+    orchestrator services behind it."""
+    settings = trace_backend.settings
+    settings.addresses.trace = trace_server.target
+    stream = await (await stream_server.build(settings, ANY_PORT, signer=signer)).start()
+    settings.addresses.stream = stream.target
+    orchestrator = await orchestrator_server.build(settings, ANY_PORT, signer)
+    settings.addresses.orchestrator = orchestrator.target
+    clients = Clients(settings, signer)
+    app = create_app(settings, clients)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
         yield client
+    await clients.close()
+    await orchestrator.stop(0)
+    await stream.stop(0)
 
 
 async def _auth(stub, user):
