@@ -19,6 +19,7 @@ from tests.mesh import Mesh, start_mesh
 
 CATALOG = Path(__file__).parent.parent / "catalogs" / "mesh.yaml"
 T = 15_000  # ms: the longest any page condition may take
+SHOTS = Path(__file__).parent / "screenshots"  # the README's screenshots, taken by these tests
 STORY = " ".join(f"word{i}" for i in range(40))
 CODE = "def add(a, b):\n    return a + b  # for {user}"
 # Markdown with a fenced block (the reply of "show code").
@@ -343,6 +344,8 @@ async def test_a_fenced_block_renders_as_code_live_and_restored(page: Page, mesh
     await expect(page.locator(".msg.streaming")).to_have_count(0)
     # The user's own message stays plain text.
     await expect(page.locator(".msg.user .content").last).to_have_text("show code")
+    SHOTS.mkdir(exist_ok=True)
+    await page.screenshot(path=str(SHOTS / "chat.png"))  # the README's picture of a chat
 
     await page.reload()  # the session is in the URL: the restored message renders the same
     restored = page.locator(".msg.assistant").last

@@ -11,6 +11,8 @@ const $ = (id) => document.getElementById(id);
 
 const view = new ChatView($("messages"));
 const panel = new InvokePanel($("invoke-panel"));
+// Tool cards and subagent rows of the history open a delegated run's trace in the panel.
+$("messages").addEventListener("open-trace", (event) => panel.openTrace(event.detail));
 const sidebar = new Sidebar({
   list: $("sessions"),
   agentSelect: $("agent"),

@@ -1,7 +1,7 @@
 // One chat turn at a time: POST /api/chat (or GET /api/sessions/{id}/stream to resume one), the SSE
 // events dispatched into the message views, the agent-invoke panel and the subagent cards.
 
-import { api } from "./api.js";
+import { api, json } from "./api.js";
 import { follow, resumeHeaders } from "./sse.js";
 
 export class ChatController {
@@ -98,7 +98,6 @@ export class ChatController {
         break;
       case "tool-input-available":
         cur?.toolInput(ev);
-        if (ev.toolName === "agent-invoke") this.panel.toolInput(ev);
         break;
       case "tool-output-available":
         cur?.toolOutput(ev);
@@ -122,6 +121,7 @@ export class ChatController {
         break;
       case "error":
         this.fail(ev);
+        if (cur?.batches.length) this.refreshBatches(cur).catch(() => {});
         break;
       default:
         return;
@@ -145,6 +145,19 @@ export class ChatController {
     this.started = true;
     this.onSession(ev.sessionId);
     if (this.cancelRequested) this.cancel().catch((err) => this.fail(err));
+  }
+
+  /** A turn that failed or was cancelled ends its stream before its subagents are settled: the cards
+   * take their final state from the stored rows, once none of them is running any more. */
+  async refreshBatches(view) {
+    const url = `/api/sessions/${encodeURIComponent(this.sessionId)}/messages`;
+    for (let attempt = 0; attempt < 20; attempt++) {
+      const { messages } = await json(url);
+      const batches = messages.find((m) => String(m.id) === String(view.id))?.metadata?.subagents;
+      if (batches) view.replaceBatches(batches);
+      if (!batches || batches.every((b) => !b.summary?.running)) return;
+      await new Promise((resolve) => setTimeout(resolve, 250));
+    }
   }
 
   /** The assistant message a subagent event belongs to: the one whose id is its parentMessageId. */

@@ -1,14 +1,18 @@
-// The agent-invoke side panel (seed 1): read-only, opened by an `agent-invoke` tool call, titled with
-// the callee; after `a2a-task-started` it follows GET /api/agents/a2a/stream?taskId=... and shows the
-// callee's reply as it streams (markdown, re-rendered at most once per animation frame), then "done"
-// or "error". Several calls in a turn: the latest is shown, the others are a click away in the tab row.
+// The side panel (seed 1): read-only. An agent-invoke call opens it once its task exists
+// (`a2a-task-started`; a call refused before that never opens it, its tool card shows the error); it
+// follows GET /api/agents/a2a/stream?taskId=... and shows the callee's reply as it streams (markdown,
+// re-rendered at most once per animation frame), then "done" or "error". A stream that drops for good
+// says so. From the history, a tool card or a subagent row opens a delegated run's trace: its stored
+// messages, and its live stream while it still runs. Several runs: the latest is shown, the others are
+// a click away in the tab row.
 
-import { api } from "./api.js";
+import { api, json } from "./api.js";
 import { h, preview } from "./dom.js";
 import { LiveMarkdown } from "./markdown.js";
 import { follow, resumeHeaders } from "./sse.js";
 
-const LABELS = { waiting: "waiting…", streaming: "streaming…", done: "done", error: "error" };
+const LABELS = { loading: "loading…", streaming: "streaming…", done: "done", error: "error", cancelled: "cancelled" };
+const LOST = "The connection to this stream was lost; the reply is saved and can be opened again from the history.";
 
 export class InvokePanel {
   constructor(root) {
@@ -26,7 +30,7 @@ export class InvokePanel {
     this.shown = null;
   }
 
-  /** Forgets every call and stops following their streams (another session was opened). */
+  /** Forgets every run and stops following their streams (another session was opened). */
   reset() {
     for (const call of this.calls) call.abort.abort();
     this.text.cancel();
@@ -47,24 +51,16 @@ export class InvokePanel {
     this.render();
   }
 
-  /** tool-input-available with toolName agent-invoke. */
-  toolInput(ev) {
-    this.show(this.add(ev.toolCallId, ev.input?.agentSlug || "agent"));
-  }
-
   /** a2a-task-started: the callee's name and the task whose stream to follow. */
   taskStarted(ev) {
-    const call =
-      this.calls.find((c) => c.toolCallId === ev.toolCallId && !c.taskId) ??
-      this.add(ev.toolCallId, ev.calleeAgentSlug);
-    call.taskId = ev.taskId;
-    call.name = ev.calleeAgentName || ev.calleeAgentSlug || call.name;
-    call.status = "streaming";
+    const call = this.add(ev.calleeAgentName || ev.calleeAgentSlug || "agent", "streaming");
+    call.toolCallId = ev.toolCallId;
+    call.streamUrl = `/api/agents/a2a/stream?taskId=${encodeURIComponent(ev.taskId)}`;
     this.show(call);
     this.subscribe(call);
   }
 
-  /** tool-output-available: kept by each of its calls; settles those with no live stream to tell their end. */
+  /** tool-output-available: settles the calls of that tool call whose stream could not tell their end. */
   toolOutput(ev) {
     for (const call of this.calls.filter((c) => c.toolCallId === ev.toolCallId)) {
       call.result = ev;
@@ -72,17 +68,43 @@ export class InvokePanel {
     }
   }
 
-  /** Ends a call from its tool output, unless its stream already told the end (or it has no output yet). */
+  /** Opens a delegated run from the history: {name, traceId, streamUrl}. */
+  async openTrace({ name, traceId, streamUrl }) {
+    const call = this.add(name, "loading");
+    this.show(call);
+    try {
+      const { messages } = await json(`/api/sessions/${encodeURIComponent(traceId)}/messages`);
+      const reply = messages.filter((m) => m.role === "assistant").at(-1);
+      call.task = messages.find((m) => m.role === "user")?.content ?? "";
+      if (reply?.status === "pending" && streamUrl) {
+        call.status = "streaming";
+        call.streamUrl = streamUrl;
+        this.render();
+        await this.subscribe(call);
+        return;
+      }
+      call.text = reply?.content ?? "";
+      call.status = !reply || reply.status === "completed" ? "done" : reply.status === "cancelled" ? "cancelled" : "error";
+      const error = reply?.metadata?.error;
+      if (error) call.error = `${error.code}: ${error.message}`;
+    } catch (err) {
+      call.status = "error";
+      call.error = err.message;
+    }
+    if (call === this.shown) this.render();
+  }
+
+  /** Ends a call from its tool output, unless its stream already told the end (or there is no output yet). */
   settle(call) {
     const ev = call.result;
-    if (!ev || call.status === "done" || call.status === "error") return;
+    if (!ev || call.status === "done" || call.status === "error" || call.status === "cancelled") return;
     call.status = ev.ok && ev.output?.ok !== false ? "done" : "error";
     if (!call.text) call.text = outputText(ev.output);
     this.render();
   }
 
-  add(toolCallId, slug) {
-    const call = { toolCallId, name: slug, taskId: "", text: "", status: "waiting", error: "", live: false };
+  add(name, status) {
+    const call = { name, status, toolCallId: "", streamUrl: "", task: "", text: "", error: "", live: false };
     call.result = null; // the tool-output-available event, once it came
     call.abort = new AbortController();
     this.calls.push(call);
@@ -90,25 +112,17 @@ export class InvokePanel {
   }
 
   async subscribe(call) {
-    const url = `/api/agents/a2a/stream?taskId=${encodeURIComponent(call.taskId)}`;
     const { signal } = call.abort;
     call.live = true;
     try {
-      // The callee's buffer may not exist yet when a2a-task-started arrives (`no-buffer`): ask again,
-      // backing off, until it does or the tool output has ended the call.
-      for (let attempt = 0, wait = 200; ; attempt++, wait = Math.min(2 * wait, 2000)) {
-        const result = await follow(
-          (lastId) => api(url, { headers: resumeHeaders(lastId), signal }),
-          (ev) => this.onEvent(call, ev),
-        );
-        if (result.ended) break;
-        if (result.body?.reason !== "no-buffer" || call.result || attempt >= 40) {
-          call.live = false; // no live stream: the tool output settles the call
-          break;
-        }
-        await sleep(wait, signal);
-        if (signal.aborted) return;
-      }
+      const result = await follow(
+        (lastId) => api(call.streamUrl, { headers: resumeHeaders(lastId), signal }),
+        (ev) => this.onEvent(call, ev),
+      );
+      call.live = false;
+      // No buffer any more (the run ended long ago) or a stream that dropped for good: the tool output
+      // or the stored trace tells the end; a dropped stream says so.
+      if (!result.ended && !result.body) call.error = LOST;
     } catch (err) {
       if (err.name === "AbortError") return;
       call.live = false;
@@ -128,7 +142,7 @@ export class InvokePanel {
     }
     if (ev.type === "done") call.status = "done";
     else if (ev.type === "error") {
-      call.status = "error";
+      call.status = ev.code === "cancelled" ? "cancelled" : "error";
       call.error = ev.message || ev.code;
     } else return;
     if (call === this.shown) this.render();
@@ -142,11 +156,11 @@ export class InvokePanel {
     this.status.dataset.status = call.status;
     this.text.set(call.text);
     this.text.flush();
-    const text = call.text
-      ? this.text.el
-      : h("div", { class: "panel-wait" }, call.status === "done" ? "(no reply)" : "Waiting for the reply…");
+    const wait = call.status === "loading" ? "Loading…" : call.status === "streaming" ? "Waiting for the reply…" : "(no reply)";
+    const text = call.text ? this.text.el : h("div", { class: "panel-wait" }, wait);
+    const task = call.task && h("div", { class: "panel-task" }, h("span", { class: "panel-label" }, "Task"), call.task);
     const error = call.error && h("div", { class: "panel-error", role: "alert" }, call.error);
-    this.body.replaceChildren(text, error || "");
+    this.body.replaceChildren(task || "", text, error || "");
     this.body.scrollTop = this.body.scrollHeight;
     this.tabs.hidden = this.calls.length < 2;
     this.tabs.replaceChildren(
@@ -159,14 +173,6 @@ export class InvokePanel {
       ),
     );
   }
-}
-
-/** Resolves after ms, or at once when the signal aborts. */
-function sleep(ms, signal) {
-  return new Promise((resolve) => {
-    const timer = setTimeout(resolve, ms);
-    signal.addEventListener("abort", () => (clearTimeout(timer), resolve()), { once: true });
-  });
 }
 
 function outputText(output) {

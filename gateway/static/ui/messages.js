@@ -80,6 +80,13 @@ export class AssistantView {
     this.tools.get(ev.toolCallId).finish(ev);
   }
 
+  /** The batches as stored (metadata.subagents), in place of the live cards. */
+  replaceBatches(batches) {
+    this.batches = [];
+    this.batchBox.replaceChildren();
+    for (const batch of batches) this.addBatch(BatchCard.restore(batch));
+  }
+
   addBatch(card) {
     this.batches.push(card);
     this.batchBox.append(card.el);

@@ -48,7 +48,14 @@ export async function* readEvents(res) {
 export async function follow(open, onEvent, { retries = 3 } = {}) {
   let lastId = "";
   for (let attempt = 0; attempt <= retries; attempt++) {
-    const res = await open(lastId);
+    if (attempt) await new Promise((resolve) => setTimeout(resolve, 250 * attempt));
+    let res;
+    try {
+      res = await open(lastId);
+    } catch (err) {
+      if (err.name === "AbortError" || err.status) throw err; // cancelled, or an HTTP error answer
+      continue; // the network dropped: try again
+    }
     if (!isEventStream(res)) return { ended: false, body: await res.json() };
     try {
       for await (const { id, data } of readEvents(res)) {

@@ -1,8 +1,10 @@
 // Subagent batch cards (seed 3): one card per delegate batch, inline in the assistant message whose
 // id is the batch's parentMessageId. Live events and restored metadata.subagents build the same card.
-// A subagent's summary and its live text are markdown.
+// A subagent's summary and its live text are markdown. Its live text comes from its buffer while that
+// exists, then from its stored trace; "open" shows the whole trace in the side panel (an `open-trace`
+// event that bubbles up to the page).
 
-import { api } from "./api.js";
+import { api, json } from "./api.js";
 import { h } from "./dom.js";
 import { LiveMarkdown, renderMarkdown } from "./markdown.js";
 import { follow, resumeHeaders } from "./sse.js";
@@ -76,16 +78,17 @@ export class BatchCard {
     const s = this.summary ?? this.liveCounts();
     const parts = [`${s.completed}/${s.total} completed`];
     if (this.finished || s.failed) parts.push(`${s.failed} failed`);
+    if (s.cancelled) parts.push(`${s.cancelled} cancelled`);
     if (!this.finished) parts.push(`${s.running} running`);
     this.counts.textContent = parts.join(" · ");
   }
 
   liveCounts() {
     const statuses = [...this.items.values()].map((r) => r.status);
-    const completed = statuses.filter((s) => s === "completed").length;
-    const failed = statuses.filter((s) => s === "failed" || s === "cancelled").length;
+    const count = (status) => statuses.filter((s) => s === status).length;
+    const [completed, failed, cancelled] = [count("completed"), count("failed"), count("cancelled")];
     const total = Math.max(this.total, statuses.length);
-    return { total, completed, failed, running: total - completed - failed };
+    return { total, completed, failed, cancelled, running: total - completed - failed - cancelled };
   }
 }
 
@@ -93,6 +96,7 @@ export class BatchCard {
 class SubagentRow {
   constructor(item) {
     this.id = item.id;
+    this.traceId = item.childTraceId ?? "";
     this.sortOrder = item.sortOrder ?? 0;
     this.status = "";
     this.name = h("span", { class: "sub-name" });
@@ -112,14 +116,26 @@ class SubagentRow {
         this.name,
         this.badge,
       ),
+      h("button", { type: "button", class: "link open-trace", title: "Open the subagent's trace", onclick: () => this.open() }, "open"),
       this.goal,
       this.result,
       this.live,
     );
   }
 
+  /** The whole trace in the side panel, following it live while it runs. */
+  open() {
+    const detail = { name: this.name.textContent, traceId: this.traceId, streamUrl: this.streamUrl() };
+    this.el.dispatchEvent(new CustomEvent("open-trace", { bubbles: true, detail }));
+  }
+
+  streamUrl() {
+    return `/api/subagents/${encodeURIComponent(this.id)}/stream`;
+  }
+
   set(item) {
     this.status = item.status;
+    this.traceId = item.childTraceId || this.traceId;
     this.sortOrder = item.sortOrder ?? this.sortOrder;
     this.el.dataset.status = item.status;
     this.name.textContent = item.name || `subagent ${item.id}`;
@@ -151,16 +167,16 @@ class SubagentRow {
     text.flush();
     this.live.dataset.state = "loading";
     try {
-      const url = `/api/subagents/${encodeURIComponent(this.id)}/stream`;
       const result = await follow(
-        (lastId) => api(url, { headers: resumeHeaders(lastId) }),
+        (lastId) => api(this.streamUrl(), { headers: resumeHeaders(lastId) }),
         (ev) => {
           if (ev.type === "text-delta") text.append(ev.textDelta);
           else if (ev.type === "error") text.append(`\n[${ev.code}] ${ev.message}`);
         },
       );
       if (!result.ended && !text.text) {
-        text.set(TERMINAL.has(this.status) ? "(the live output has expired)" : "(not started yet)");
+        // No buffer: not started yet, or its live output has expired: the stored trace has the reply.
+        text.set(TERMINAL.has(this.status) ? await this.storedReply() : "(not started yet)");
       }
     } catch (err) {
       text.set(`(${err.message})`);
@@ -169,5 +185,11 @@ class SubagentRow {
       this.loading = false;
       this.live.dataset.state = "loaded";
     }
+  }
+
+  async storedReply() {
+    if (!this.traceId) return "(no output)";
+    const { messages } = await json(`/api/sessions/${encodeURIComponent(this.traceId)}/messages`);
+    return messages.filter((m) => m.role === "assistant").at(-1)?.content || "(no output)";
   }
 }

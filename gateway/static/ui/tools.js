@@ -1,9 +1,12 @@
 // A compact tool card: name, a one-line preview of the input, a status; input and output on expand.
+// A finished agent-invoke card offers to open each callee's trace read-only in the side panel (the
+// card sends an `open-trace` event that bubbles up to the page, which hands it to the panel).
 
 import { h, preview, pretty } from "./dom.js";
 
 export class ToolCard {
   constructor({ toolCallId, toolName, input }) {
+    this.input = input;
     this.status = h("span", { class: "badge", dataset: { status: "running" } }, "running");
     this.output = h("pre", { class: "tool-output" });
     this.el = h(
@@ -29,6 +32,23 @@ export class ToolCard {
     this.status.textContent = status;
     this.status.dataset.status = status;
     this.output.textContent = pretty(output ?? "");
+    if (this.el.dataset.tool === "agent-invoke") this.offerTraces(output);
+  }
+
+  /** One "open" button per callee that ran (a task id and a trace id in the output). */
+  offerTraces(output) {
+    const runs = Array.isArray(output?.results) ? output.results : [output];
+    const slug = this.input?.agentSlug || "agent";
+    for (const [i, run] of runs.entries()) {
+      if (!run?.traceId || !run?.taskId) continue;
+      const label = runs.length > 1 ? `open ${i + 1}` : "open";
+      const detail = { name: slug, traceId: run.traceId, streamUrl: `/api/agents/a2a/stream?taskId=${encodeURIComponent(run.taskId)}` };
+      const open = (event) => {
+        event.preventDefault(); // a button inside <summary> must not fold the card
+        this.el.dispatchEvent(new CustomEvent("open-trace", { bubbles: true, detail }));
+      };
+      this.status.before(h("button", { type: "button", class: "link open-trace", title: "Open the callee's trace", onclick: open }, label));
+    }
   }
 }
 
