@@ -5,18 +5,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
 from libs.config import MeshSettings, load_settings
+
+if TYPE_CHECKING:
+    from agentmesh.supervisor import Supervisor
 
 SERVICES = ("trace", "stream", "agent-runtime", "orchestrator", "gateway")
 
@@ -74,36 +76,20 @@ def _dev_key_file(settings: MeshSettings) -> Path:
 
 
 def _up(args: argparse.Namespace) -> int:
-    """Starts the mock model, the four services and the gateway as processes on loopback."""
-    settings = load_settings()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    """Starts the mock model, the four services and the gateway as processes on loopback, and
+    supervises them: a child that dies is restarted (with backoff) while the rest keeps serving."""
+    from agentmesh.supervisor import Supervisor
     from libs.identity import load_secret
 
+    settings = load_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
     load_secret(settings.mesh_secret, settings.data_dir)  # every child reads the same mesh secret
     env = dict(os.environ)
     env.setdefault("AGENTMESH_LOG_JSON", "false")
     mock_port = args.mock_port
     if not args.no_mock_llm:
         env.setdefault("AGENTMESH_LLM__BASE_URL", f"http://127.0.0.1:{mock_port}/v1")
-    procs: list[tuple[str, subprocess.Popen[bytes]]] = []
-
-    def spawn(name: str, cmd: list[str]) -> None:
-        procs.append(
-            (name, subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent))
-        )
-
-    def stop_all() -> None:
-        """Callers before callees (gateway, orchestrator, runtime, stream, trace, model), each drained
-        within the grace, so in-flight turns can still reach the services they write to."""
-        for _, proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(settings.shutdown_grace_s + 5)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
+    supervisor = Supervisor(env, settings.shutdown_grace_s)
     stop = False
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -115,18 +101,18 @@ def _up(args: argparse.Namespace) -> int:
     py = sys.executable
     try:
         if not args.no_mock_llm:
-            spawn("mock-llm", [py, "-m", "agentmesh.cli", "mock-llm", "--port", str(mock_port)])
+            supervisor.add("mock-llm", [py, "-m", "agentmesh.cli", "mock-llm", "--port", str(mock_port)])
         for name in SERVICES:
-            spawn(name, [py, "-m", "agentmesh.cli", "serve", name])
+            supervisor.add(name, [py, "-m", "agentmesh.cli", "serve", name])
         from libs.rpc import wait_serving
 
         a = settings.addresses
         for target in (a.trace, a.stream, a.agent_runtime, a.orchestrator):
             asyncio.run(wait_serving(target, timeout_s=60))
         url = f"http://{settings.gateway_host}:{settings.gateway_port}"
-        _wait_http(f"{url}/healthz", 60, procs)
+        _wait_http(f"{url}/healthz", 60, supervisor)
         if not args.no_mock_llm:
-            _wait_http(f"http://127.0.0.1:{mock_port}/v1/models", 60, procs)
+            _wait_http(f"http://127.0.0.1:{mock_port}/v1/models", 60, supervisor)
         key_file = _dev_key_file(settings)
         key = key_file.read_text().strip() if key_file.exists() else ""
         if not key or not asyncio.run(_key_works(settings, key)):
@@ -141,32 +127,22 @@ def _up(args: argparse.Namespace) -> int:
         print(f'        -d \'{{"agent": "general", "message": "hello"}}\' {url}/api/chat\n', flush=True)
         print("  Ctrl-C stops everything.", flush=True)
         while not stop:
-            for name, proc in procs:
-                if proc.poll() is not None:
-                    print(f"{name} exited with {proc.returncode}; stopping", file=sys.stderr)
-                    stop = True
-            if not stop:
-                time.sleep(0.5)  # supervise: notice a child that died
+            supervisor.poll()
+            time.sleep(0.2)
     except (TimeoutError, RuntimeError) as exc:
         print(f"agentmesh up failed: {exc}", file=sys.stderr)
         return 1
     finally:
-        stop_all()
+        supervisor.stop()
     return 0
 
 
-def _die_with_parent() -> None:
-    """Linux: a child gets SIGTERM when `agentmesh up` itself dies, even by SIGKILL (no orphans)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _wait_http(url: str, timeout_s: float, procs: list[tuple[str, subprocess.Popen[bytes]]]) -> None:
+def _wait_http(url: str, timeout_s: float, supervisor: Supervisor) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for name, proc in procs:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode}")
+        for child in supervisor.children:
+            if child.proc is not None and child.proc.poll() is not None:
+                raise RuntimeError(f"{child.name} exited with {child.proc.returncode}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url, timeout=1).status_code < 500:
                 return

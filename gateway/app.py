@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from gateway.drain import Drain
 from gateway.limits import BodyLimitMiddleware
 from gateway.metrics import Metrics, MetricsMiddleware, metrics_endpoint
 from gateway.routes import chat, sessions, streams, ui
@@ -34,6 +35,7 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
 
     app = FastAPI(title="agentmesh gateway", lifespan=lifespan)
     app.state.settings = settings
+    app.state.drain = Drain()
     app.state.auth_cache = {}
     app.state.metrics = Metrics()
     app.add_middleware(BodyLimitMiddleware)

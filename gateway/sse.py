@@ -14,12 +14,14 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import anyio
 import grpc
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
 from agentmesh.stream.v1 import stream_service_pb2 as pb
+from gateway.drain import Drain
 from libs import events
 from libs.clients import Clients
 from libs.config import MeshSettings
@@ -46,6 +48,11 @@ def resume_offset(request: Request) -> str:
     return offset
 
 
+def drain_options(settings: MeshSettings) -> dict[str, Any]:
+    """sse-starlette's own shutdown handling, told to wait for our farewell instead of cutting the stream."""
+    return {"shutdown_event": anyio.Event(), "shutdown_grace_period": max(settings.shutdown_grace_s / 2, 1.0)}
+
+
 def sse_message(event: Any) -> dict[str, str]:
     """One EventSourceResponse item: `{"id": offset, "data": json}` (no id for events outside the buffer)."""
     item = {"data": json.dumps(events.to_dict(event))}
@@ -55,28 +62,35 @@ def sse_message(event: Any) -> dict[str, str]:
 
 
 async def sse_events(
-    clients: Clients, key: str, from_offset: str, idle_timeout_ms: int = 0
+    clients: Clients, key: str, from_offset: str, idle_timeout_ms: int = 0, drain: Drain | None = None
 ) -> AsyncIterator[dict[str, str]]:
     """Yields SSE items for the events of `key` after `from_offset`, replay then live, up to the terminal one.
 
     A stream replica going away (UNAVAILABLE) is retried from the last offset; any other failure is sent as
-    a final `error` event (code = the lowercase reason).
+    a final `error` event (code = the lowercase reason); the gateway's shutdown ends it with `shutdown`.
     """
     last = from_offset
     retries = RESUME_RETRIES
+    drain = drain or Drain()
     while True:
         call = clients.stream.SubscribeStream(
             pb.SubscribeStreamRequest(key=key, from_offset=last, idle_timeout_ms=idle_timeout_ms),
         )
         try:
-            async for response in call:
-                event = response.event
-                yield sse_message(event)
-                if event.offset:
-                    last = event.offset
-                    retries = RESUME_RETRIES
-                if events.kind(event) in events.TERMINAL:
-                    return
+            with drain.cancels(call):
+                async for response in call:
+                    event = response.event
+                    yield sse_message(event)
+                    if event.offset:
+                        last = event.offset
+                        retries = RESUME_RETRIES
+                    if events.kind(event) in events.TERMINAL:
+                        return
+            return
+        except asyncio.CancelledError:
+            if not drain.ended_it():
+                raise
+            yield sse_message(events.error(drain.farewell()))
             return
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNAVAILABLE and retries > 0:
@@ -107,8 +121,10 @@ async def stream_response(
         if owns is not None and await owns():
             return JSONResponse(NO_BUFFER)
         raise NotFound(f"no stream {key}")
+    drain: Drain = request.app.state.drain
     return EventSourceResponse(
-        sse_events(clients, key, from_offset),
+        sse_events(clients, key, from_offset, drain=drain),
         ping=settings.stream.heartbeat_s,
         headers={"X-Stream-Resume": "true"},
+        **drain_options(settings),
     )

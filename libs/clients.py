@@ -9,6 +9,7 @@ import grpc
 
 from agentmesh.agents.v1 import agent_service_pb2_grpc
 from agentmesh.auth.v1 import auth_service_pb2_grpc
+from agentmesh.leases.v1 import lease_service_pb2_grpc
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2_grpc
 from agentmesh.runtime.v1 import runtime_service_pb2_grpc
 from agentmesh.stream.v1 import stream_service_pb2_grpc
@@ -44,6 +45,10 @@ class Clients:
     @cached_property
     def auth(self) -> auth_service_pb2_grpc.AuthServiceStub:
         return auth_service_pb2_grpc.AuthServiceStub(self.channel(self.settings.addresses.trace))
+
+    @cached_property
+    def leases(self) -> lease_service_pb2_grpc.LeaseServiceStub:
+        return lease_service_pb2_grpc.LeaseServiceStub(self.channel(self.settings.addresses.trace))
 
     @cached_property
     def stream(self) -> stream_service_pb2_grpc.StreamServiceStub:

@@ -31,7 +31,7 @@ class StreamSettings(BaseModel):
 
     backend: str = "memory"  # memory | redis
     ttl_s: float = 3600.0  # closed buffers expire after this long
-    open_ttl_s: float = 3600.0  # an open buffer with no append, create or close for this long is abandoned
+    lease_s: float = 30.0  # an open buffer with no append or renewal for this long is closed (interrupted)
     max_events: int = 100_000  # size cap of one buffer
     idle_timeout_ms: int = 300_000  # an idle subscription of an open buffer ends with an error
     heartbeat_s: float = 15.0  # SSE comment interval at the gateway
@@ -74,6 +74,7 @@ class MeshSettings(BaseSettings):
     rpc_timeout_s: float = 10.0  # deadline of every unary RPC
     stream_rpc_timeout_s: float = 3600.0  # deadline of every server-streaming RPC
     turn_timeout_s: float = 600.0  # a whole chat turn
+    lease_s: float = 30.0  # work in progress whose runner stopped renewing it for this long is settled
     shutdown_grace_s: float = 10.0  # drain in-flight streams on SIGTERM
     log_level: str = "INFO"
     log_json: bool = True

@@ -31,6 +31,10 @@ _SIZES = [
 KEEPALIVE_MS = 30_000
 _CHANNEL_OPTIONS = [
     *_SIZES,
+    # A restarted service is found again within a second, not after gRPC's default 1-120 s backoff.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.keepalive_time_ms", KEEPALIVE_MS),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),

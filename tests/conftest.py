@@ -80,7 +80,7 @@ def unique() -> str:
 TEST_SECRET = "agentmesh-test-mesh-secret-0123456789"
 
 
-def test_settings(**values: object) -> MeshSettings:
+def service_settings(**values: object) -> MeshSettings:
     """Settings for services a test starts in its own process: the test mesh secret, loopback."""
     from libs.config import MeshSettings
 

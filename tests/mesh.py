@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -261,3 +262,128 @@ def process_env(data_dir: Path, ports: Ports, **extra: str) -> dict[str, str]:
         **extra,
     )
     return env
+
+
+SERVICE_ORDER = ("trace", "stream", "agent-runtime", "orchestrator", "gateway")  # callees first
+
+
+def log_file(path: Path) -> Any:
+    """An append-mode file for a child process's stderr (the caller closes it once the child has it)."""
+    return path.open("ab")
+
+
+@dataclass
+class ProcessMesh:
+    """A mesh of real processes (`agentmesh serve <service>`), one per service, on reserved loopback
+    ports, with the scripted model server in the test's loop: for killing and restarting services."""
+
+    env: dict[str, str]
+    ports: Ports
+    mock: MockLLM
+    settings: MeshSettings  # the same addresses and secret, for the test's own clients
+    procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
+    clients: Clients | None = None
+    api_key: str = ""
+    user: str = "alice"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.env['AGENTMESH_GATEWAY_PORT']}"
+
+    def http(self, timeout: float = 30.0) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.url, headers={"Authorization": f"Bearer {self.api_key}"}, timeout=timeout
+        )
+
+    async def start(self, name: str) -> None:
+        """Starts `name` and waits until it serves."""
+        log = log_file(Path(self.env["AGENTMESH_DATA_DIR"]) / f"{name}.log")
+        self.procs[name] = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agentmesh.cli", "serve", name, env=self.env,
+            stdout=asyncio.subprocess.DEVNULL, stderr=log,
+        )  # fmt: skip
+        log.close()
+        if name == "gateway":
+            await wait_until(self._gateway_up, 30, "the gateway to answer")
+            return
+        from libs.rpc import wait_serving
+
+        target = getattr(self.settings.addresses, name.replace("-", "_"))
+        await wait_serving(target, timeout_s=30)
+
+    async def _gateway_up(self) -> bool:
+        try:
+            async with httpx.AsyncClient(base_url=self.url, timeout=1) as http:
+                return (await http.get("/healthz")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def kill(self, name: str) -> None:
+        """SIGKILL: the process cannot clean anything up."""
+        proc = self.procs.pop(name)
+        proc.kill()
+        await proc.wait()
+
+    async def stop(self) -> None:
+        for name in reversed(SERVICE_ORDER):
+            proc = self.procs.pop(name, None)
+            if proc is not None and proc.returncode is None:
+                proc.terminate()
+                try:
+                    await asyncio.wait_for(proc.wait(), 10)
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+        if self.clients is not None:
+            await self.clients.close()
+        await self.mock.stop()
+        self.ports.release()
+
+
+async def start_process_mesh(
+    tmp: Path, rules: Any, *, database_url: str = "", redis_url: str = "", lease_s: float = 2.0
+) -> ProcessMesh:
+    """Every service as its own process; the model server here. Short leases (`lease_s`) so what a
+    killed process leaves behind is settled within seconds."""
+    mock = MockLLM(rules, ttft_ms=0.0, tokens_per_second=0.0)
+    await mock.start()
+    ports = Ports()
+    secret = f"test-secret-{uuid.uuid4().hex}"
+    extra = {
+        "AGENTMESH_MESH_SECRET": secret,
+        "AGENTMESH_LEASE_S": str(lease_s),
+        "AGENTMESH_STREAM__LEASE_S": str(lease_s),
+        "AGENTMESH_LLM__BASE_URL": mock.base_url,
+        "AGENTMESH_LLM__API_KEY": "test",
+        "AGENTMESH_CATALOG": str(TEST_CATALOG),
+        "AGENTMESH_SHUTDOWN_GRACE_S": "1",
+        "AGENTMESH_LOG_LEVEL": "INFO",
+        "AGENTMESH_DATABASE_URL": database_url,
+    }
+    if redis_url:
+        extra.update(
+            AGENTMESH_STREAM__BACKEND="redis",
+            AGENTMESH_REDIS_URL=redis_url,
+            AGENTMESH_STREAM__REDIS_PREFIX=f"test-{uuid.uuid4().hex}:",
+        )
+    env = process_env(tmp, ports, **extra)
+    a = Addresses(
+        trace=env["AGENTMESH_ADDRESSES__TRACE"],
+        stream=env["AGENTMESH_ADDRESSES__STREAM"],
+        agent_runtime=env["AGENTMESH_ADDRESSES__AGENT_RUNTIME"],
+        orchestrator=env["AGENTMESH_ADDRESSES__ORCHESTRATOR"],
+    )
+    settings = MeshSettings(data_dir=tmp, mesh_secret=secret, addresses=a, database_url=database_url)
+    mesh = ProcessMesh(env=env, ports=ports, mock=mock, settings=settings)
+    try:
+        for name in SERVICE_ORDER:
+            await mesh.start(name)
+        mesh.clients = Clients(settings)
+        with identity.acting_as(""):
+            mesh.api_key = (
+                await mesh.clients.auth.CreateApiKey(au.CreateApiKeyRequest(user=mesh.user))
+            ).api_key
+    except BaseException:
+        await mesh.stop()
+        raise
+    return mesh

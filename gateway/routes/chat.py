@@ -18,7 +18,8 @@ from sse_starlette.sse import EventSourceResponse
 from agentmesh.agents.v1 import agent_service_pb2 as ag
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from gateway.deps import authenticate, clients, current_user, settings
-from gateway.sse import sse_message
+from gateway.drain import Drain
+from gateway.sse import drain_options, sse_message
 from libs import events
 from libs.clients import Clients
 from libs.errors import FailedPrecondition, InvalidArgument, MeshError, from_rpc_error, rpc
@@ -60,20 +61,27 @@ async def chat(
 ) -> EventSourceResponse:
     call = _execute(c, body)
     first = await _first(call)
+    drain: Drain = request.app.state.drain
 
     async def stream() -> AsyncIterator[dict[str, str]]:
         try:
-            response = first
-            while response is not grpc.aio.EOF:
-                for event in response.events:
-                    yield sse_message(event)
-                response = await call.read()
+            with drain.cancels(call):
+                response = first
+                while response is not grpc.aio.EOF:
+                    for event in response.events:
+                        yield sse_message(event)
+                    response = await call.read()
         except grpc.aio.AioRpcError as exc:
             yield sse_message(events.error(from_rpc_error(exc)))
+        except asyncio.CancelledError:
+            if not drain.ended_it():
+                raise
+            yield sse_message(events.error(drain.farewell()))  # the turn goes on: resume it later
         finally:
             call.cancel()  # a client that left stops reading; the turn itself goes on
 
-    return EventSourceResponse(stream(), ping=settings(request).stream.heartbeat_s)
+    mesh = settings(request)
+    return EventSourceResponse(stream(), ping=mesh.stream.heartbeat_s, **drain_options(mesh))
 
 
 @router.post("/api/sessions/{session_id}/cancel")
@@ -112,12 +120,24 @@ async def ws(socket: WebSocket) -> None:
         return
     await socket.accept()
     c: Clients = socket.app.state.clients
+    drain: Drain = socket.app.state.drain
     turn: asyncio.Task[None] | None = None
     send_lock = asyncio.Lock()
 
     async def send(data: dict[str, Any]) -> None:
         async with send_lock:
             await socket.send_json(data)
+
+    async def farewell() -> None:
+        """The gateway shuts down: a last `error` (code shutdown) that says how to resume, then 1012."""
+        await drain.event.wait()
+        if turn is not None and not turn.done():
+            turn.cancel()  # stops reading; the turn goes on in the orchestrator
+        with contextlib.suppress(Exception):
+            await send(_ws_error(drain.farewell()))
+            await socket.close(code=1012, reason="the gateway is shutting down")
+
+    leaving = asyncio.create_task(farewell())
 
     async def run_turn(body: ChatRequest) -> None:
         call = _execute(c, body)
@@ -157,9 +177,10 @@ async def ws(socket: WebSocket) -> None:
                 await send(_ws_error(InvalidArgument("messages must be JSON objects")))
             except MeshError as err:
                 await send(_ws_error(err))
-    except WebSocketDisconnect:
+    except (WebSocketDisconnect, RuntimeError):  # RuntimeError: receive after the farewell closed it
         pass
     finally:
+        leaving.cancel()
         if turn is not None and not turn.done():
             turn.cancel()
             with contextlib.suppress(BaseException):

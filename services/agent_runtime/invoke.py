@@ -21,6 +21,7 @@ from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
+from libs.aio import to_the_end
 from libs.errors import (
     Cancelled,
     DepthExceeded,
@@ -91,7 +92,6 @@ class LocalCallee:
 
     async def run(self, ctx: ToolContext, text: str, continue_from: str, depth: int) -> InvokeResult:
         callee = self.agent
-        cfg = ctx.agent.invoke
         caller_context = {
             "toolCallId": ctx.tool_call_id,
             "depth": depth,
@@ -112,6 +112,13 @@ class LocalCallee:
                 )
             )
         ).task
+        with ctx.leases.hold(task=task.id, stream=a2a_key(task.id)):  # while this call runs it
+            return await self._run(ctx, callee, task, text, depth)
+
+    async def _run(
+        self, ctx: ToolContext, callee: ap.Agent, task: tp.A2ATask, text: str, depth: int
+    ) -> InvokeResult:
+        cfg = ctx.agent.invoke
         key = a2a_key(task.id)
         try:
             # The buffer exists before the caller's stream names the task, so a panel can subscribe
@@ -149,10 +156,10 @@ class LocalCallee:
                 ),
             )
         except asyncio.CancelledError:
-            await asyncio.shield(self._settle(ctx, key, task.id, Cancelled("the call was cancelled")))
+            await to_the_end(self._settle(ctx, key, task.id, Cancelled("the call was cancelled")))
             raise
         except MeshError as err:
-            await asyncio.shield(self._settle(ctx, key, task.id, err))
+            await to_the_end(self._settle(ctx, key, task.id, err))
             raise
         if outcome.ok:
             assert outcome.result is not None

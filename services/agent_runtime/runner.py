@@ -19,6 +19,7 @@ from libs import events
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import DeadlineExceeded, InvalidArgument, MeshError, PermissionDenied, rpc
+from libs.leases import LeaseKeeper
 from services.agent_runtime.directory import AgentDirectory
 from services.agent_runtime.llm import LLM, ToolCall
 from services.agent_runtime.sink import EventSink
@@ -73,11 +74,14 @@ def tool_text(output: Any) -> str:
 
 
 class AgentRunner:
-    def __init__(self, settings: MeshSettings, clients: Clients, llm: LLM, registry: ToolRegistry) -> None:
+    def __init__(
+        self, settings: MeshSettings, clients: Clients, llm: LLM, registry: ToolRegistry, leases: LeaseKeeper
+    ) -> None:
         self.settings = settings
         self.clients = clients
         self.llm = llm
         self.registry = registry
+        self.leases = leases
 
     async def history(self, req: rt.RunAgentRequest) -> list[dict[str, Any]]:
         if not req.trace_id:
@@ -245,6 +249,7 @@ class AgentRunner:
                 settings=self.settings,
                 agents=agents,
                 state=state,
+                leases=self.leases,
             )
             try:
                 outcome = await handler(ctx, args)

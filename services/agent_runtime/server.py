@@ -6,6 +6,7 @@ from agentmesh.runtime.v1 import runtime_service_pb2, runtime_service_pb2_grpc
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.identity import Signer, signer_for
+from libs.leases import LeaseKeeper
 from libs.rpc import Registration, ServiceServer
 from services.agent_runtime import builtin_tools
 from services.agent_runtime.llm import LLM
@@ -26,7 +27,8 @@ async def build(
     signer = signer or signer_for(settings)
     clients = Clients(settings, signer)
     llm = LLM(settings.llm)
-    runner = AgentRunner(settings, clients, llm, build_registry())
+    leases = LeaseKeeper(clients, settings.lease_s)
+    runner = AgentRunner(settings, clients, llm, build_registry(), leases)
     server = ServiceServer(
         [
             Registration.of(
@@ -40,9 +42,12 @@ async def build(
         address=address or settings.addresses.agent_runtime,
         grace_s=settings.shutdown_grace_s,
     )
+    server.on_stop.append(leases.stop)
     server.on_stop.append(clients.close)
     server.on_stop.append(llm.close)
-    return await server.start()
+    await server.start()
+    leases.start()
+    return server
 
 
 async def main(settings: MeshSettings) -> None:

@@ -23,6 +23,7 @@ from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
+from libs.aio import to_the_end
 from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, rpc
 from libs.ids import subagent_key
 from libs.protojson import enum_to_str, to_json
@@ -209,7 +210,7 @@ class SubagentBatch:
         except asyncio.CancelledError:
             for task in tasks:
                 task.cancel()
-            await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
+            await to_the_end(asyncio.gather(*tasks, return_exceptions=True))  # every row settled first
             raise
         finally:
             # The anchor's metadata.subagents: the same builder restores it from the rows.
@@ -239,16 +240,18 @@ class SubagentBatch:
 
     async def _one(self, i: int, slots: asyncio.Semaphore) -> None:
         plan = self.plans[i]
-        out: dict[str, Any] = {"id": self.rows[i].id, "name": plan.name, "goal": plan.goal}
+        sub_id = self.rows[i].id
+        out: dict[str, Any] = {"id": sub_id, "name": plan.name, "goal": plan.goal}
         self.outputs.append(out)
         try:
-            async with slots:
-                await self._execute(i, plan, out)
+            with self.ctx.leases.hold(subagent=sub_id, stream=subagent_key(sub_id)):  # queued or running
+                async with slots:
+                    await self._execute(i, plan, out)
         except asyncio.CancelledError:
             out.update(status="cancelled", error="cancelled")
             if self.rows[i].status in (ev.SUBAGENT_STATUS_QUEUED, ev.SUBAGENT_STATUS_RUNNING):
                 with contextlib.suppress(MeshError):
-                    await asyncio.shield(
+                    await to_the_end(
                         self._update(
                             i, ["status", "error"], status=ev.SUBAGENT_STATUS_CANCELLED, error="cancelled"
                         )

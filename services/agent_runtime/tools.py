@@ -19,6 +19,7 @@ from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import MeshError
+from libs.leases import LeaseKeeper
 from services.agent_runtime.directory import AgentDirectory
 from services.agent_runtime.sink import EventSink
 
@@ -73,6 +74,7 @@ class ToolContext:
     settings: MeshSettings
     agents: AgentDirectory
     state: RunState
+    leases: LeaseKeeper
 
 
 Handler = Callable[[ToolContext, dict[str, Any]], Awaitable[ToolOutcome]]

@@ -27,9 +27,10 @@ from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
 from libs.clients import Clients
 from libs.config import MeshSettings
-from libs.errors import Cancelled, InvalidArgument, MeshError, from_rpc_error, rpc
+from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, from_rpc_error, rpc
 from libs.ids import a2a_key, session_key, subagent_key
-from services.orchestrator.turns import TurnEngine, TurnOutcome
+from libs.leases import LeaseKeeper
+from services.orchestrator.turns import SHUTDOWN, TurnEngine, TurnOutcome, cancel_reason
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_CHARS = 100_000
@@ -41,10 +42,10 @@ class _End:
 
 
 class ChatOrchestrator:
-    def __init__(self, settings: MeshSettings, clients: Clients) -> None:
+    def __init__(self, settings: MeshSettings, clients: Clients, leases: LeaseKeeper | None = None) -> None:
         self.settings = settings
         self.clients = clients
-        self.turns = TurnEngine(clients)
+        self.turns = TurnEngine(clients, leases)
         self.running: dict[str, asyncio.Task[TurnOutcome]] = {}
 
     async def execute(self, agent: str, message: str, session_id: str) -> AsyncIterator[list[ev.Event]]:
@@ -116,11 +117,13 @@ class ChatOrchestrator:
 
         try:
             outcome = await self.turns.run(spec, on_event)
+            if not delivered_terminal:  # its buffer was ended by someone else (a lease ran out): say how
+                queue.put_nowait(events.error(outcome.error or Internal("the turn ended without an outcome")))
             queue.put_nowait(_End())
             return outcome
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if not delivered_terminal:
-                queue.put_nowait(events.error(Cancelled("the turn was cancelled")))
+                queue.put_nowait(events.error(cancel_reason(exc)))
             queue.put_nowait(_End())
             raise
         except MeshError as err:
@@ -155,33 +158,37 @@ class ChatOrchestrator:
                     return
 
     async def cancel(self, session_id: str) -> bool:
-        """Cancels the running turn of a session of the calling user (NOT_FOUND for anyone else's)."""
+        """Cancels the running turn of a session of the calling user (NOT_FOUND for anyone else's), and
+        always settles: a placeholder left pending by a turn that died with its process (or whose
+        buffer is already gone) is marked cancelled too. True when anything was cancelled."""
         session = (await rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))).trace
+        closed = False
         try:
             resp = await self.clients.stream.CloseStream(
                 ss.CloseStreamRequest(
                     key=session_key(session_id), error=Cancelled("cancelled by the user").to_event()
                 )
             )
+            closed = resp.closed
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:
-                return False  # no buffer: nothing is running
-            raise from_rpc_error(exc) from exc
+            if exc.code() != grpc.StatusCode.NOT_FOUND:  # no buffer: maybe a pending placeholder is left
+                raise from_rpc_error(exc) from exc
         local = self.running.get(session_id)
         if local is not None and not local.done():
             local.cancel()
-        elif resp.closed:
-            try:
-                await self._settle_head(session)
-            except grpc.aio.AioRpcError as exc:  # the cancel itself succeeded; the rest is tidying
-                log.warning("could not settle the head of %s: %s", session_id, exc.details())
-        return resp.closed
+            return True
+        try:
+            settled = await self._settle_head(session)
+        except grpc.aio.AioRpcError as exc:  # the cancel itself succeeded; the rest is tidying
+            log.warning("could not settle the head of %s: %s", session_id, exc.details())
+            settled = False
+        return closed or settled
 
-    async def _settle_head(self, session: tp.Trace) -> None:
+    async def _settle_head(self, session: tp.Trace) -> bool:
         """A turn that died with its process left its placeholder (the head) pending: mark it cancelled.
         A live turn on another replica marks it the same way, so the two cannot disagree."""
         if not session.head_sequence:
-            return
+            return False
         head = await self.clients.trace.ListMessages(
             ts.ListMessagesRequest(
                 trace_id=session.id,
@@ -189,6 +196,7 @@ class ChatOrchestrator:
                 since_sequence=session.head_sequence - 1,
             )
         )
+        settled = False
         for message in head.messages:
             if message.role == tp.MESSAGE_ROLE_ASSISTANT and message.status == tp.MESSAGE_STATUS_PENDING:
                 await self.clients.trace.UpdateMessage(
@@ -197,6 +205,8 @@ class ChatOrchestrator:
                         update_mask=field_mask_pb2.FieldMask(paths=["status"]),
                     )
                 )
+                settled = True
+        return settled
 
     async def delete(self, session_id: str | None) -> tuple[int, int]:
         """Deletes a session of the calling user (None: every one) and everything under it; returns
@@ -224,12 +234,12 @@ class ChatOrchestrator:
         return len(deleted.deleted_trace_ids), resp.deleted_count
 
     async def drain(self, grace_s: float) -> None:
-        """Shutdown: let running turns finish within the grace, then cancel the rest."""
+        """Shutdown: let running turns finish within the grace; the rest end `interrupted`."""
         tasks = [t for t in self.running.values() if not t.done()]
         if not tasks:
             return
         _, pending = await asyncio.wait(tasks, timeout=grace_s)
         for task in pending:
-            task.cancel()
+            task.cancel(SHUTDOWN)
         if pending:
             await asyncio.wait(pending, timeout=5)

@@ -6,8 +6,10 @@ from agentmesh.orchestrator.v1 import orchestrator_service_pb2, orchestrator_ser
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.identity import Signer, signer_for
+from libs.leases import LeaseKeeper
 from libs.rpc import Registration, ServiceServer
 from services.orchestrator.chat import ChatOrchestrator
+from services.orchestrator.reaper import Reaper
 from services.orchestrator.servicer import OrchestratorServicer
 
 
@@ -16,7 +18,9 @@ async def build(
 ) -> ServiceServer:
     signer = signer or signer_for(settings)
     clients = Clients(settings, signer)
-    chat = ChatOrchestrator(settings, clients)
+    leases = LeaseKeeper(clients, settings.lease_s)
+    reaper = Reaper(clients, settings.lease_s)
+    chat = ChatOrchestrator(settings, clients, leases)
     server = ServiceServer(
         [
             Registration.of(
@@ -31,8 +35,13 @@ async def build(
         grace_s=settings.shutdown_grace_s,
     )
     server.on_stop.append(lambda: chat.drain(server.stop_grace_s))
+    server.on_stop.append(reaper.stop)
+    server.on_stop.append(leases.stop)
     server.on_stop.append(clients.close)
-    return await server.start()
+    await server.start()
+    leases.start()
+    reaper.start()  # at once: a restarted orchestrator settles the orphans of its previous life
+    return server
 
 
 async def main(settings: MeshSettings) -> None:

@@ -30,8 +30,19 @@ from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
+from libs.aio import to_the_end
 from libs.clients import Clients
-from libs.errors import Cancelled, DeadlineExceeded, Internal, MeshError, as_mesh_error, from_rpc_error, rpc
+from libs.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    Internal,
+    Interrupted,
+    MeshError,
+    as_mesh_error,
+    from_rpc_error,
+    rpc,
+)
+from libs.leases import LeaseKeeper
 from libs.protojson import to_json
 
 log = logging.getLogger(__name__)
@@ -103,8 +114,9 @@ class Partial:
 
 
 class TurnEngine:
-    def __init__(self, clients: Clients, grace_s: float = 5.0) -> None:
+    def __init__(self, clients: Clients, leases: LeaseKeeper | None = None, grace_s: float = 5.0) -> None:
         self.clients = clients
+        self.leases = leases or LeaseKeeper(clients, lease_s=30.0)  # started by the process that runs it
         self.grace_s = grace_s
 
     async def _append(self, key: str, event: ev.Event, on_event: OnEvent | None) -> None:
@@ -151,8 +163,13 @@ class TurnEngine:
         """Runs the turn; returns its outcome (failures are in `outcome.error`); re-raises cancellation.
 
         Errors before the user message is saved (an unknown trace, a turn already streaming) raise,
-        and the buffer is closed with them when this turn created it.
-        """
+        and the buffer is closed with them when this turn created it. While it runs, the turn keeps the
+        leases of its buffer and of its placeholder alive (so if this process dies, a reaper settles
+        them)."""
+        with self.leases.hold(stream=spec.stream_key):
+            return await self._run(spec, on_event)
+
+    async def _run(self, spec: orc.RunTurnRequest, on_event: OnEvent | None) -> TurnOutcome:
         out = TurnOutcome()
         partial = Partial()
         if not spec.stream_created:
@@ -173,10 +190,10 @@ class TurnEngine:
                 )
             )
         except MeshError as err:
-            await asyncio.shield(self._fail(spec, out, err, None, partial))  # never leave the buffer open
+            await to_the_end(self._fail(spec, out, err, None, partial))  # never leave the buffer open
             raise
-        except asyncio.CancelledError:
-            await asyncio.shield(self._fail(spec, out, Cancelled("the run was cancelled"), None, partial))
+        except asyncio.CancelledError as exc:
+            await to_the_end(self._fail(spec, out, cancel_reason(exc), None, partial))
             raise
         out.user_message = user.message
         try:
@@ -188,30 +205,43 @@ class TurnEngine:
                 )
             )
             out.assistant_message = placeholder.message
-            start = ev.Event(
-                start=ev.TurnStart(
-                    session_id=spec.trace_id,
-                    user_message_id=user.message.id,
-                    assistant_message_id=placeholder.message.id,
-                    agent=spec.agent,
-                )
-            )
-            await self._append(spec.stream_key, start, on_event)
-            out.result = await self._run_agent(spec, user.message, placeholder.message, on_event, partial)
-            await self._write_back(out)
-            finish = ev.Event(
-                finish=ev.TurnFinish(
-                    finish_reason=out.result.finish_reason, usage=out.result.usage, model=out.result.model
-                )
-            )
-            await self._append(spec.stream_key, finish, on_event)
-            await self._close(spec.stream_key, events.done(), on_event)
-        except asyncio.CancelledError:
-            await asyncio.shield(self._fail(spec, out, Cancelled("the run was cancelled"), on_event, partial))
+            with self.leases.hold(message=placeholder.message.id):
+                await self._stream_turn(spec, user.message, placeholder.message, on_event, partial, out)
+        except asyncio.CancelledError as exc:
+            await to_the_end(self._fail(spec, out, cancel_reason(exc), on_event, partial))
             raise
         except (grpc.aio.AioRpcError, MeshError) as exc:
-            await asyncio.shield(self._fail(spec, out, as_mesh_error(exc), on_event, partial))
+            await to_the_end(self._fail(spec, out, as_mesh_error(exc), on_event, partial))
         return out
+
+    async def _stream_turn(
+        self,
+        spec: orc.RunTurnRequest,
+        user: tp.Message,
+        placeholder: tp.Message,
+        on_event: OnEvent | None,
+        partial: Partial,
+        out: TurnOutcome,
+    ) -> None:
+        """start -> the run -> the write-back -> finish -> done."""
+        start = ev.Event(
+            start=ev.TurnStart(
+                session_id=spec.trace_id,
+                user_message_id=user.id,
+                assistant_message_id=placeholder.id,
+                agent=spec.agent,
+            )
+        )
+        await self._append(spec.stream_key, start, on_event)
+        out.result = await self._run_agent(spec, user, placeholder, on_event, partial)
+        await self._write_back(out)
+        finish = ev.Event(
+            finish=ev.TurnFinish(
+                finish_reason=out.result.finish_reason, usage=out.result.usage, model=out.result.model
+            )
+        )
+        await self._append(spec.stream_key, finish, on_event)
+        await self._close(spec.stream_key, events.done(), on_event)
 
     async def _run_agent(
         self,
@@ -315,6 +345,16 @@ class TurnEngine:
                     extra={"trace": spec.trace_id, "message_id": out.assistant_message.id},
                 )
         await self._close(spec.stream_key, events.error(err), on_event)
+
+
+SHUTDOWN = "shutdown"  # the cancel message of a turn its process stops before it ends
+
+
+def cancel_reason(exc: asyncio.CancelledError) -> MeshError:
+    """A turn cancelled by a user (or a caller up the tree), or cut short by its process's shutdown."""
+    if SHUTDOWN in exc.args:
+        return Interrupted("the orchestrator shut down before the turn ended")
+    return Cancelled("the run was cancelled")
 
 
 async def _deliver(fn: OnEvent | None, event: ev.Event) -> None:

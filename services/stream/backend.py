@@ -4,8 +4,10 @@ A buffer is an append-only list of `Event`s under a key (`session:<id>`, `a2a:<t
 `subagent:<id>`), with an owner, free metadata and a closed flag. Every appended event gets an offset,
 strictly increasing per key and never reused. Closing appends the terminal event (`done` or `error`).
 Subscribers replay everything after an offset, then follow live until the terminal event.
-A closed buffer expires `ttl_s` after its close; an open one `open_ttl_s` after its last create or append
-(its writer is gone: the buffer is abandoned, and CreateStream may replace it).
+A closed buffer expires `ttl_s` after its close. An open buffer holds a lease of `lease_s`, renewed by every
+append and by `renew` (its writers renew it while they run): an open buffer whose lease expired was
+abandoned by a writer that died, and is closed with an `interrupted` error, so every reader still gets
+a terminal event; like any closed buffer it may then be replaced by CreateStream.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, TypeVar
 from agentmesh.events.v1 import events_pb2 as ev
 from libs import events
 from libs.config import StreamSettings
-from libs.errors import IdleTimeout, InvalidArgument, NotFound, Shutdown
+from libs.errors import IdleTimeout, Interrupted, InvalidArgument, NotFound, Shutdown
 from libs.events import is_terminal
 from libs.ids import parse_stream_key
 
@@ -115,7 +117,7 @@ class StreamBackend(abc.ABC):
 
     @abc.abstractmethod
     async def append(self, key: str, batch: Sequence[ev.Event], writer: str = "") -> list[str]:
-        """Appends to an open buffer (refreshing its `open_ttl_s` deadline), returns one offset per event.
+        """Appends to an open buffer (renewing its lease), returns one offset per event.
 
         NotFound (no buffer, or a `writer` who is not its owner; "" is the mesh itself),
         FailedPrecondition (closed), ResourceExhausted (over max_events).
@@ -125,6 +127,10 @@ class StreamBackend(abc.ABC):
     async def close(self, key: str, terminal: ev.Event, writer: str = "") -> tuple[str, bool]:
         """Appends the terminal event and closes: (its offset, True); (terminal offset, False) if closed.
         NotFound as for append."""
+
+    @abc.abstractmethod
+    async def renew(self, keys: Sequence[str]) -> int:
+        """Renews the leases of the open buffers among `keys`; returns how many."""
 
     @abc.abstractmethod
     async def delete(self, key: str, terminal: ev.Event, requester: str = "") -> bool:
@@ -144,7 +150,7 @@ class StreamBackend(abc.ABC):
     def stats(self) -> BackendStats: ...
 
     async def start(self) -> None:  # noqa: B027 - optional hook
-        """Starts background work (expiry sweeps)."""
+        """Starts background work (expiry sweeps, closing buffers whose lease expired)."""
 
     async def aclose(self) -> None:
         """Ends subscriptions and releases connections."""
@@ -226,3 +232,8 @@ class StreamBackend(abc.ABC):
         if task.done() and not task.cancelled():
             return task.result()
         raise Shutdown("stream service is shutting down; resume from the last offset")
+
+
+def interrupted() -> ev.Event:
+    """The terminal event of a buffer whose writer stopped renewing its lease."""
+    return events.error(Interrupted("the run writing this stream stopped; resume is not possible"))

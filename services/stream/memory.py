@@ -3,8 +3,9 @@
 Offsets come from one process-wide counter seeded from the wall clock (so a restarted process does not
 hand out offsets a browser already saw), formatted as 20 zero-padded digits: string order = number order.
 Subscribers read the shared buffer by index and wait on a per-buffer wake-up event, so a lagging
-subscriber costs an integer, never a queue. Every buffer has an expiry deadline: `open_ttl_s` after its
-last create or append while open, `ttl_s` after its close.
+subscriber costs an integer, never a queue. Every buffer has a deadline: while open, its lease (`lease_s`
+after its last create, append or renewal), after which it is closed with an `interrupted` error; once
+closed, `ttl_s` after its close, after which it is gone.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from agentmesh.events.v1 import events_pb2 as ev
 from libs.config import StreamSettings
 from libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from services.stream.backend import BackendStats, Cursor, StreamBackend, StreamInfo, validate_key
+from services.stream.backend import BackendStats, Cursor, StreamBackend, StreamInfo, interrupted, validate_key
 
 _counter = itertools.count(time.time_ns() // 1000)
 
@@ -46,7 +47,7 @@ def parse_offset(offset: str) -> int:
 class _Buffer:
     owner: str
     metadata: dict[str, str]
-    expires_at: float  # monotonic time: open_ttl_s after the last create/append, ttl_s after close
+    expires_at: float  # clock time: open, the end of its lease; closed, when it goes
     events: list[ev.Event] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
     closed: bool = False
@@ -86,7 +87,8 @@ class _MemoryCursor(Cursor):
 
 
 class MemoryBackend(StreamBackend):
-    """Buffers in a dict; expired ones (closed, or open and abandoned) go lazily on access and by a sweep."""
+    """Buffers in a dict; expired ones are settled lazily on access and by a sweep: an open one whose lease
+    ended is closed (interrupted), a closed one past its TTL is dropped."""
 
     def __init__(
         self, settings: StreamSettings | None = None, clock: Callable[[], float] = time.monotonic
@@ -111,20 +113,30 @@ class MemoryBackend(StreamBackend):
     def _get(self, key: str) -> _Buffer | None:
         buf = self._buffers.get(key)
         if buf is not None and buf.expires_at <= self.clock():
+            if not buf.closed:
+                self._end(buf, interrupted())  # its writer died: end it, readers get the terminal event
+                return buf
             del self._buffers[key]
             return None
         return buf
 
+    def _end(self, buf: _Buffer, terminal: ev.Event) -> str:
+        offset = buf.push(terminal)
+        buf.closed = True
+        buf.expire_in(self.clock(), self.settings.ttl_s)
+        buf.notify()
+        return offset
+
     def sweep(self) -> int:
-        """Drops expired buffers (closed, or open and abandoned); returns how many."""
-        now = self.clock()
-        gone = [k for k, b in self._buffers.items() if b.expires_at <= now]
-        for key in gone:
-            del self._buffers[key]
-        return len(gone)
+        """Settles expired buffers (ends open ones whose lease ended, drops closed ones past their TTL);
+        returns how many it touched."""
+        expired = [k for k, b in self._buffers.items() if b.expires_at <= self.clock()]
+        for key in expired:
+            self._get(key)
+        return len(expired)
 
     async def _sweep_forever(self) -> None:
-        interval = min(max(min(self.settings.ttl_s, self.settings.open_ttl_s) / 2, 0.05), 30.0)
+        interval = min(max(min(self.settings.ttl_s, self.settings.lease_s) / 4, 0.05), 30.0)
         while True:
             await asyncio.sleep(interval)
             self.sweep()
@@ -139,7 +151,7 @@ class MemoryBackend(StreamBackend):
         self._buffers[key] = _Buffer(
             owner=owner,
             metadata=dict(metadata or {}),
-            expires_at=self.clock() + self.settings.open_ttl_s,
+            expires_at=self.clock() + self.settings.lease_s,
         )
 
     def _writable(self, key: str, writer: str) -> _Buffer:
@@ -152,7 +164,7 @@ class MemoryBackend(StreamBackend):
         buf = self._writable(key, writer)
         if buf.closed:
             raise FailedPrecondition(f"stream {key} is closed")
-        buf.expire_in(self.clock(), self.settings.open_ttl_s)  # its writer is alive
+        buf.expire_in(self.clock(), self.settings.lease_s)  # its writer is alive
         if len(buf.events) + len(batch) > self.settings.max_events:
             raise ResourceExhausted(
                 f"stream {key} is full: {len(buf.events)} events, appending {len(batch)} would pass "
@@ -167,20 +179,23 @@ class MemoryBackend(StreamBackend):
         buf = self._writable(key, writer)
         if buf.closed:
             return buf.events[-1].offset, False
-        offset = buf.push(terminal)
-        buf.closed = True
-        buf.expire_in(self.clock(), self.settings.ttl_s)
-        buf.notify()
-        return offset, True
+        return self._end(buf, terminal), True
+
+    async def renew(self, keys: Sequence[str]) -> int:
+        renewed = 0
+        for key in keys:
+            buf = self._get(validate_key(key))
+            if buf is not None and not buf.closed:
+                buf.expire_in(self.clock(), self.settings.lease_s)
+                renewed += 1
+        return renewed
 
     async def delete(self, key: str, terminal: ev.Event, requester: str = "") -> bool:
         buf = self._get(validate_key(key))
         if buf is None or (requester and requester != buf.owner):
             return False
         if not buf.closed:
-            buf.push(terminal)
-            buf.closed = True
-            buf.notify()
+            self._end(buf, terminal)
         del self._buffers[key]  # followers hold the buffer itself and read it to its end
         return True
 

@@ -3,17 +3,18 @@
 Per buffer two keys: `<prefix>stream:<key>` (a Redis Stream; field `e` = the serialized Event; the
 entry id IS the offset) and `<prefix>meta:<key>` (a hash: owner, metadata as JSON, closed, close_offset,
 and gen: a random token per create, so a subscriber tells its buffer from a later one under the key).
-Create, append and close are Lua scripts, so the checks and the writes are atomic across replicas.
-Replacing a closed buffer trims its stream to zero entries instead of deleting it: Redis keeps the last
-id, so new offsets stay above every old one. Both keys always carry a TTL: create and every append set
-it to `open_ttl_s` (an open buffer nobody writes to expires: it was abandoned, and CreateStream may then
-replace it), closing sets it to `ttl_s`.
+Create, append, close, renew and delete are Lua scripts, so the checks and the writes are atomic across
+replicas. Replacing a closed buffer trims its stream to zero entries instead of deleting it: Redis keeps
+the last id, so new offsets stay above every old one. Both keys always carry a TTL of `ttl_s`,
+refreshed by every write. The leases of open buffers are one sorted set, `<prefix>leases` (score: the
+deadline in Redis server time); every replica sweeps it and ends the buffers whose writer died.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import secrets
 from collections.abc import Sequence
@@ -24,14 +25,25 @@ import redis.asyncio as aioredis
 from agentmesh.events.v1 import events_pb2 as ev
 from libs.config import StreamSettings
 from libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from services.stream.backend import BackendStats, Cursor, StreamBackend, StreamInfo, validate_key
+from services.stream.backend import BackendStats, Cursor, StreamBackend, StreamInfo, interrupted, validate_key
 
+log = logging.getLogger(__name__)
 DEFAULT_PREFIX = "agentmesh:"
 BLOCK_MAX_S = 2.0  # one XREAD BLOCK stays below the client's socket timeout (redis-py: 5 s)
 _OFFSET = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 _U64 = 2**64 - 1
 
-_CREATE = """
+_NOW = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+
+# KEYS: meta, stream, leases. ARGV: owner, metadata, open_ttl_ms, gen, lease_ms, key.
+_CREATE = (
+    _NOW
+    + """
 if redis.call('HGET', KEYS[1], 'deleted') == '1' then redis.call('DEL', KEYS[1]) end
 local closed = redis.call('HGET', KEYS[1], 'closed')
 if closed == '0' then return 'open' end
@@ -43,25 +55,33 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'metadata', ARGV[2], 'closed', '0', 'gen', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('ZADD', KEYS[3], now_ms() + tonumber(ARGV[5]), ARGV[6])
 return 'ok'
 """
+)
 
-_APPEND = """
+# KEYS: meta, stream, leases. ARGV: max_events, open_ttl_ms, writer, lease_ms, key, payloads...
+_APPEND = (
+    _NOW
+    + """
 local closed = redis.call('HGET', KEYS[1], 'closed')
 if not closed or redis.call('HGET', KEYS[1], 'deleted') == '1' then return {'missing'} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[3] then return {'missing'} end
 if closed == '1' then return {'closed'} end
 local n = redis.call('XLEN', KEYS[2])
 local out = {'full', tostring(n)}
-if n + #ARGV - 3 <= tonumber(ARGV[1]) then
+if n + #ARGV - 5 <= tonumber(ARGV[1]) then
   out = {'ok'}
-  for i = 4, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i]) end
+  for i = 6, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i]) end
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
+redis.call('ZADD', KEYS[3], now_ms() + tonumber(ARGV[4]), ARGV[5])
 return out
 """
+)
 
+# KEYS: meta, stream, leases. ARGV: terminal, ttl_ms, writer, key.
 _CLOSE = """
 local closed = redis.call('HGET', KEYS[1], 'closed')
 if not closed or redis.call('HGET', KEYS[1], 'deleted') == '1' then return {'missing'} end
@@ -71,11 +91,13 @@ local id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[1])
 redis.call('HSET', KEYS[1], 'closed', '1', 'close_offset', id)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
+redis.call('ZREM', KEYS[3], ARGV[4])
 return {'ok', id}
 """
 
 # Deleting a buffer: closed (when open) and marked deleted, which every other script and read treats as
 # missing; both keys live on for DRAIN_MS so followers read the terminal event, then Redis drops them.
+# KEYS: meta, stream, leases. ARGV: requester, terminal, drain_ms, key.
 _DELETE = """
 local closed = redis.call('HGET', KEYS[1], 'closed')
 if not closed or redis.call('HGET', KEYS[1], 'deleted') == '1' then return 0 end
@@ -87,8 +109,49 @@ end
 redis.call('HSET', KEYS[1], 'deleted', '1')
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('ZREM', KEYS[3], ARGV[4])
 return 1
 """
+
+# Lease renewals of open buffers. KEYS: leases. ARGV: prefix, lease_ms, open_ttl_ms, keys...
+_RENEW = (
+    _NOW
+    + """
+local renewed = 0
+local deadline = now_ms() + tonumber(ARGV[2])
+for i = 4, #ARGV do
+  local meta = ARGV[1] .. 'meta:' .. ARGV[i]
+  if redis.call('HGET', meta, 'closed') == '0' and redis.call('HGET', meta, 'deleted') ~= '1' then
+    redis.call('ZADD', KEYS[1], deadline, ARGV[i])
+    redis.call('PEXPIRE', meta, ARGV[3])
+    redis.call('PEXPIRE', ARGV[1] .. 'stream:' .. ARGV[i], ARGV[3])
+    renewed = renewed + 1
+  end
+end
+return renewed
+"""
+)
+
+# Ends the open buffers whose lease expired (their writer died) with the terminal event; any replica
+# may run it, the script makes each end happen once. KEYS: leases. ARGV: prefix, limit, terminal, ttl_ms.
+_SWEEP = (
+    _NOW
+    + """
+local ended = {}
+for _, key in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms(), 'LIMIT', 0, tonumber(ARGV[2]))) do
+  redis.call('ZREM', KEYS[1], key)
+  local meta, stream = ARGV[1] .. 'meta:' .. key, ARGV[1] .. 'stream:' .. key
+  if redis.call('HGET', meta, 'closed') == '0' then
+    local id = redis.call('XADD', stream, '*', 'e', ARGV[3])
+    redis.call('HSET', meta, 'closed', '1', 'close_offset', id)
+    redis.call('PEXPIRE', meta, ARGV[4])
+    redis.call('PEXPIRE', stream, ARGV[4])
+    ended[#ended + 1] = key
+  end
+end
+return ended
+"""
+)
 DRAIN_MS = 10_000
 
 
@@ -187,21 +250,63 @@ class RedisBackend(StreamBackend):
         self._append = self.client.register_script(_APPEND)
         self._close = self.client.register_script(_CLOSE)
         self._delete = self.client.register_script(_DELETE)
+        self._renew = self.client.register_script(_RENEW)
+        self._sweep = self.client.register_script(_SWEEP)
+        self._leases = f"{prefix}leases"
+        self._sweeper: asyncio.Task[None] | None = None
 
     def _keys(self, key: str) -> list[str]:
-        return [f"{self.prefix}meta:{key}", f"{self.prefix}stream:{key}"]
+        return [f"{self.prefix}meta:{key}", f"{self.prefix}stream:{key}", self._leases]
+
+    def _ttl_ms(self) -> int:
+        """The TTL of a closed buffer's keys."""
+        return max(1, int(self.settings.ttl_s * 1000))
 
     def _open_ttl_ms(self) -> int:
-        return max(1, int(self.settings.open_ttl_s * 1000))
+        """The TTL of an open buffer's keys: a safety net well past its lease (the sweep ends it first)."""
+        return max(self._ttl_ms(), 4 * self._lease_ms())
+
+    def _lease_ms(self) -> int:
+        return max(1, int(self.settings.lease_s * 1000))
+
+    async def start(self) -> None:
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep_forever(), name="stream-lease-sweep")
+
+    async def sweep(self, limit: int = 100) -> list[str]:
+        """Ends the open buffers whose lease expired; returns their keys."""
+        args: list[Any] = [self.prefix, limit, interrupted().SerializeToString(), self._ttl_ms()]
+        return [_s(k) for k in await self._sweep(keys=[self._leases], args=args)]
+
+    async def _sweep_forever(self) -> None:
+        interval = min(max(self.settings.lease_s / 4, 0.05), 10.0)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                while len(await self.sweep()) == 100:
+                    pass
+            except aioredis.RedisError as exc:  # Redis away for a moment: the next round retries
+                log.warning("lease sweep failed: %s", exc)
 
     async def aclose(self) -> None:
         await super().aclose()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
         await self.client.aclose()
 
     async def create(self, key: str, owner: str, metadata: dict[str, str] | None = None) -> None:
         result = await self._create(
             keys=self._keys(validate_key(key)),
-            args=[owner, json.dumps(metadata or {}), self._open_ttl_ms(), secrets.token_hex(8)],
+            args=[
+                owner,
+                json.dumps(metadata or {}),
+                self._ttl_ms(),
+                secrets.token_hex(8),
+                self._lease_ms(),
+                key,
+            ],
         )
         if _s(result) == "open":
             raise FailedPrecondition(f"a run is already streaming to {key}")
@@ -211,7 +316,7 @@ class RedisBackend(StreamBackend):
     async def append(self, key: str, batch: Sequence[ev.Event], writer: str = "") -> list[str]:
         keys = self._keys(validate_key(key))
         payloads = [e.SerializeToString() for e in batch]
-        args = [self.settings.max_events, self._open_ttl_ms(), writer, *payloads]
+        args = [self.settings.max_events, self._open_ttl_ms(), writer, self._lease_ms(), key, *payloads]
         reply = [_s(x) for x in await self._append(keys=keys, args=args)]
         status = reply[0]
         if status == "missing":
@@ -226,23 +331,27 @@ class RedisBackend(StreamBackend):
         return reply[1:]
 
     async def close(self, key: str, terminal: ev.Event, writer: str = "") -> tuple[str, bool]:
-        ttl_ms = max(1, int(self.settings.ttl_s * 1000))
-        reply = [
-            _s(x)
-            for x in await self._close(
-                keys=self._keys(validate_key(key)), args=[terminal.SerializeToString(), ttl_ms, writer]
-            )
-        ]
+        args = [terminal.SerializeToString(), self._ttl_ms(), writer, key]
+        reply = [_s(x) for x in await self._close(keys=self._keys(validate_key(key)), args=args)]
         if reply[0] == "missing":
             raise NotFound(f"no stream buffer {key}")
         return reply[1], reply[0] == "ok"
 
     async def delete(self, key: str, terminal: ev.Event, requester: str = "") -> bool:
         keys = self._keys(validate_key(key))
-        return bool(await self._delete(keys=keys, args=[requester, terminal.SerializeToString(), DRAIN_MS]))
+        args = [requester, terminal.SerializeToString(), DRAIN_MS, key]
+        return bool(await self._delete(keys=keys, args=args))
+
+    async def renew(self, keys: Sequence[str]) -> int:
+        for key in keys:
+            validate_key(key)
+        if not keys:
+            return 0
+        args: list[Any] = [self.prefix, self._lease_ms(), self._open_ttl_ms(), *keys]
+        return int(await self._renew(keys=[self._leases], args=args))
 
     async def info(self, key: str) -> StreamInfo:
-        meta_key, stream_key = self._keys(validate_key(key))
+        meta_key, stream_key, _ = self._keys(validate_key(key))
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.hgetall(meta_key)
             pipe.xlen(stream_key)
@@ -262,7 +371,7 @@ class RedisBackend(StreamBackend):
 
     async def _cursor(self, key: str, after: str) -> Cursor | None:
         check_offset(after)
-        meta_key, stream_key = self._keys(key)
+        meta_key, stream_key, _ = self._keys(key)
         closed, close_offset, gen, deleted = await self.client.hmget(
             meta_key, ["closed", "close_offset", "gen", "deleted"]
         )

@@ -10,11 +10,11 @@ from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from agentmesh.stream.v1 import stream_service_pb2_grpc
 from libs import identity
-from libs.errors import InvalidArgument, grpc_errors
+from libs.errors import InvalidArgument, PermissionDenied, grpc_errors
 from libs.events import is_terminal
 from services.stream.backend import StreamBackend
 
-MAX_DELETE = 10_000
+MAX_DELETE = 10_000  # keys per DeleteStreams / RenewStreams
 
 
 def _reader() -> str:
@@ -81,6 +81,16 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
                 yield pb.SubscribeStreamResponse(event=event)
         finally:
             await events.aclose()
+
+    @grpc_errors
+    async def RenewStreams(
+        self, request: pb.RenewStreamsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RenewStreamsResponse:
+        if _reader():
+            raise PermissionDenied("stream leases are kept by the mesh itself, not on behalf of a user")
+        if len(request.keys) > MAX_DELETE:
+            raise InvalidArgument(f"at most {MAX_DELETE} keys at once")
+        return pb.RenewStreamsResponse(renewed=await self.backend.renew(request.keys))
 
     @grpc_errors
     async def DeleteStreams(

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from agentmesh.agents.v1 import agent_service_pb2, agent_service_pb2_grpc
 from agentmesh.auth.v1 import auth_service_pb2, auth_service_pb2_grpc
+from agentmesh.leases.v1 import lease_service_pb2, lease_service_pb2_grpc
 from agentmesh.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from libs.config import MeshSettings
 from libs.identity import Signer, signer_for
 from libs.rpc import Registration, ServiceServer
 from services.trace.agents import load_catalog
 from services.trace.handler import TraceHandler
-from services.trace.servicer import AgentServicer, AuthServicer, TraceServicer
+from services.trace.servicer import AgentServicer, AuthServicer, LeaseServicer, TraceServicer
 from services.trace.store.sql import SqlStores
 from services.trace.store.sql.db import create_engine, migrate
 
@@ -26,7 +27,7 @@ async def build(
     engine = create_engine(url)
     try:
         await migrate(engine)
-        stores = SqlStores.open(engine, settings.subagent)
+        stores = SqlStores.open(engine, settings.subagent, settings.lease_s)
         await stores.agents.import_builtins(load_catalog(settings.catalog))
         handler = TraceHandler(stores.traces, stores.tasks, stores.subagents)
         server = ServiceServer(
@@ -48,6 +49,12 @@ async def build(
                     "AuthService",
                     auth_service_pb2_grpc.add_AuthServiceServicer_to_server,
                     AuthServicer(stores.keys),
+                ),
+                Registration.of(
+                    lease_service_pb2,
+                    "LeaseService",
+                    lease_service_pb2_grpc.add_LeaseServiceServicer_to_server,
+                    LeaseServicer(stores.leases),
                 ),
             ],
             signer=signer or signer_for(settings),

@@ -11,12 +11,14 @@ from agentmesh.agents.v1 import agent_service_pb2 as ag
 from agentmesh.agents.v1 import agent_service_pb2_grpc
 from agentmesh.auth.v1 import auth_service_pb2 as au
 from agentmesh.auth.v1 import auth_service_pb2_grpc
+from agentmesh.leases.v1 import lease_service_pb2 as ls
+from agentmesh.leases.v1 import lease_service_pb2_grpc
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from agentmesh.trace.v1 import trace_service_pb2_grpc
-from libs.errors import PermissionDenied, grpc_errors
+from libs.errors import InvalidArgument, PermissionDenied, grpc_errors
 from libs.identity import current, current_user
 from services.trace.handler import TraceHandler
-from services.trace.store.base import AgentStore, Deleted, KeyStore, MessageQuery
+from services.trace.store.base import AgentStore, Deleted, KeyStore, LeaseStore, MessageQuery
 
 Ctx: TypeAlias = grpc.aio.ServicerContext
 
@@ -171,12 +173,12 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         return ag.ListAgentsResponse(agents=await self.agents.list_agents(current_user()))
 
 
-def _mesh_only() -> None:
-    """Keys are the mesh's business (the gateway checking one, `agentmesh keys create`), never a user's:
-    a call acting for a user is refused."""
+def _mesh_only(what: str = "API keys are managed") -> None:
+    """Keys and leases are the mesh's business (the gateway checking a key, `agentmesh keys create`, the
+    runners renewing leases, a reaper), never a user's: a call acting for a user is refused."""
     principal = current()
     if principal is None or not principal.is_mesh:
-        raise PermissionDenied("API keys are managed by the mesh itself, not on behalf of a user")
+        raise PermissionDenied(f"{what} by the mesh itself, not on behalf of a user")
 
 
 class AuthServicer(auth_service_pb2_grpc.AuthServiceServicer):
@@ -197,4 +199,30 @@ class AuthServicer(auth_service_pb2_grpc.AuthServiceServicer):
         _mesh_only()
         return au.CreateApiKeyResponse(
             api_key=await self.keys.create_api_key(request.user), user=request.user
+        )
+
+
+class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
+    """Called by the mesh itself: runners renew their leases, reapers settle what expired ones left."""
+
+    def __init__(self, leases: LeaseStore) -> None:
+        self.leases = leases
+
+    @grpc_errors
+    async def RenewLeases(self, request: ls.RenewLeasesRequest, context: Ctx) -> ls.RenewLeasesResponse:
+        _mesh_only("leases are kept")
+        renewed = await self.leases.renew(request.message_ids, request.task_ids, request.subagent_ids)
+        return ls.RenewLeasesResponse(renewed=renewed)
+
+    @grpc_errors
+    async def ReapExpired(self, request: ls.ReapExpiredRequest, context: Ctx) -> ls.ReapExpiredResponse:
+        _mesh_only("leases are kept")
+        if request.limit < 0:
+            raise InvalidArgument("limit must not be negative")
+        reaped = await self.leases.reap(request.limit or 100)
+        return ls.ReapExpiredResponse(
+            stream_keys=reaped.stream_keys,
+            messages=reaped.messages,
+            tasks=reaped.tasks,
+            subagents=reaped.subagents,
         )

@@ -267,6 +267,8 @@ async def test_callee_failure_fails_task_and_turn_goes_on(mesh: Mesh, callee: st
     started = next(e for e in events if e["type"] == "a2a-task-started")
     out = next(e for e in events if e["type"] == "tool-output-available")
     assert out["ok"] is False and out["output"]["ok"] is False and out["output"]["code"] == code
+    if callee == "slow":  # the callee's own limit (1500 ms), never "0 ms" when the caller sets none
+        assert out["output"]["error"] == "agent slow did not finish within 1500 ms", out["output"]
     assert out["output"]["taskId"] == started["taskId"]
     assert kinds(events)[-2:] == ["finish", "done"], "the caller's turn goes on"
     assert "Result:" in "".join(e["textDelta"] for e in events if e["type"] == "text-delta")

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -16,7 +20,8 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.mesh import Mesh, Ports, process_env, sse_events, start_mesh
+from agentmesh.mock_llm import MockLLM
+from tests.mesh import Mesh, Ports, log_file, process_env, sse_events, start_mesh, wait_until
 
 SERVICES = {
     "trace": "agentmesh.trace.v1.TraceService",
@@ -113,12 +118,14 @@ async def test_serve_drains_and_exits_on_sigterm(tmp_path: Path, ports: Ports) -
     assert any(line.get("msg") == "serving" and line.get("service") == "trace" for line in lines), logs
 
 
-async def _up(env: dict[str, str]) -> tuple[asyncio.subprocess.Process, str, str]:
+async def _up(env: dict[str, str], *extra: str) -> tuple[asyncio.subprocess.Process, str, str]:
     """`agentmesh up` as a user starts it; returns once it printed its URL and key."""
+    log = log_file(Path(env["AGENTMESH_DATA_DIR"]) / "up.log")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agentmesh.cli", "up", "--mock-port", env["AGENTMESH_MOCK_PORT"],
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
+        sys.executable, "-m", "agentmesh.cli", "up", "--mock-port", env["AGENTMESH_MOCK_PORT"], *extra,
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=log, start_new_session=True,
     )  # fmt: skip
+    log.close()
     url = key = ""
     assert proc.stdout is not None
     async with asyncio.timeout(60):
@@ -218,3 +225,107 @@ async def test_up_killed_leaves_no_orphans(tmp_path: Path, ports: Ports) -> None
     await proc.wait()
     _gone, alive = await asyncio.to_thread(psutil.wait_procs, children, timeout=20)
     assert not alive, [p.cmdline() for p in alive]
+
+
+def named_children(pid: int) -> dict[str, psutil.Process]:
+    """`up`'s live children by what they run: mock-llm, trace, stream, agent-runtime, orchestrator,
+    gateway."""
+    out = {}
+    for child in psutil.Process(pid).children():
+        with contextlib.suppress(psutil.Error):
+            cmd = child.cmdline()
+            if child.status() != psutil.STATUS_ZOMBIE and "agentmesh.cli" in cmd:
+                rest = cmd[cmd.index("agentmesh.cli") + 1 :]
+                out[rest[1] if rest[0] == "serve" else rest[0]] = child
+    return out
+
+
+async def test_up_restarts_a_child_that_died_and_the_rest_keeps_serving(tmp_path: Path, ports: Ports) -> None:
+    env = _env(tmp_path, ports)
+    proc, url, key = await _up(env)
+    try:
+        children = named_children(proc.pid)
+        gateway_pid = children["gateway"].pid
+        children["stream"].kill()  # SIGKILL one child
+
+        def restarted() -> bool:
+            now = named_children(proc.pid)
+            return "stream" in now and now["stream"].pid != children["stream"].pid
+
+        await wait_until(restarted, 15, "`up` to restart the stream service")
+        assert "stream exited with -9; restarting" in (tmp_path / "up.log").read_text()
+        assert proc.returncode is None, "`up` keeps running"
+        async with httpx.AsyncClient(
+            base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        ) as http:
+
+            async def serves() -> bool:
+                async with http.stream(
+                    "POST", "/api/chat", json={"agent": "general", "message": "hi"}
+                ) as resp:
+                    return (
+                        resp.status_code == 200 and [e async for e in sse_events(resp)][-1]["type"] == "done"
+                    )
+
+            await wait_until(serves, 15, "a chat turn through the restarted stream service")
+        assert named_children(proc.pid)["gateway"].pid == gateway_pid, "the others kept serving"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 30)
+
+
+async def test_sigterm_ends_every_live_stream_with_a_terminal_event_within_the_grace(
+    tmp_path: Path, ports: Ports
+) -> None:
+    """20 clients follow slow replies; `up` is told to stop: each gets a last event (`shutdown`, with
+    how to resume, or `done`) before its connection closes, within the grace; no turn is left pending."""
+    mock = MockLLM({"rules": [], "default": {"text": "slow " * 400, "tokens_per_second": 20}})
+    await mock.start()
+    env = _env(tmp_path, ports)
+    env.update(AGENTMESH_LLM__BASE_URL=mock.base_url, AGENTMESH_SHUTDOWN_GRACE_S="3")
+    proc, url, key = await _up(env, "--no-mock-llm")
+    try:
+        clients: list[list[dict[str, Any]]] = [[] for _ in range(20)]
+        live = [asyncio.Event() for _ in clients]
+
+        async def follow(i: int) -> None:
+            async with (
+                httpx.AsyncClient(
+                    base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60
+                ) as http,
+                http.stream("POST", "/api/chat", json={"agent": "general", "message": f"slow {i}"}) as resp,
+            ):
+                assert resp.status_code == 200
+                async for event in sse_events(resp):
+                    clients[i].append(event)
+                    if event["type"] == "text-delta":
+                        live[i].set()
+
+        readers = [asyncio.create_task(follow(i)) for i in range(len(clients))]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in live)), 30)
+        stopping = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(asyncio.gather(*readers), 3 + 5)  # within the grace (and a margin)
+        ended = time.monotonic() - stopping
+        for events_ in clients:
+            last = events_[-1]
+            assert last["type"] in ("done", "error"), events_[-2:]
+            if last["type"] == "error":
+                assert last["code"] == "shutdown" and "resume" in last["message"], last
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        assert ended < 8
+        db = sqlite3.connect(tmp_path / "agentmesh.db")
+        try:
+            pending = db.execute("SELECT count(*) FROM messages WHERE status = 'pending'").fetchone()[0]
+            interrupted = db.execute(
+                "SELECT count(*) FROM messages WHERE metadata LIKE '%interrupted%'"
+            ).fetchone()[0]
+        finally:
+            db.close()
+        assert pending == 0, "every turn completed within the grace or was settled as interrupted"
+        assert interrupted == 20
+    finally:
+        if proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        await mock.stop()

@@ -33,7 +33,7 @@ from services.stream.memory import MemoryBackend
 from services.stream.redis_backend import RedisBackend
 from services.stream.server import build
 from services.trace import server as trace_server
-from tests.conftest import test_settings
+from tests.conftest import service_settings
 
 USERS = ("alice", "bob")
 
@@ -95,7 +95,9 @@ async def stream_factory(
     started: list[StreamHarness] = []
 
     async def make(**stream: Any) -> StreamHarness:
-        settings = test_settings(stream=StreamSettings(backend=backend_kind, **stream), shutdown_grace_s=2.0)
+        settings = service_settings(
+            stream=StreamSettings(backend=backend_kind, **stream), shutdown_grace_s=2.0
+        )
         backend: StreamBackend
         clock = None
         if backend_kind == "redis":
@@ -191,7 +193,7 @@ async def auth_trace(
     tmp_path_factory: pytest.TempPathFactory, signer: Signer
 ) -> AsyncIterator[tuple[str, dict[str, str]]]:
     """A trace service (SQLite) with API keys for alice and bob: (its address, keys by user)."""
-    settings = test_settings(data_dir=tmp_path_factory.mktemp("stream-auth"))
+    settings = service_settings(data_dir=tmp_path_factory.mktemp("stream-auth"))
     server = await trace_server.build(settings, "127.0.0.1:0", signer)
     try:
         async with channel(server.target, signer) as ch:

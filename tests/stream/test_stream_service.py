@@ -235,20 +235,20 @@ async def test_expiry_after_ttl(stream_factory: StreamFactory, backend_kind: str
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-async def test_open_buffer_does_not_expire(stream_factory: StreamFactory, unique: str) -> None:
-    ttl_s = 0.05  # only closed buffers expire that fast; an open one has open_ttl_s (3600 s)
+async def test_an_open_buffer_outlives_the_closed_ttl(stream_factory: StreamFactory, unique: str) -> None:
+    ttl_s = 0.05  # only closed buffers expire that fast; an open one holds its lease (30 s)
     h = await stream_factory(ttl_s=ttl_s)
     key = f"session:{unique}"
     await create(h, key)
     await append(h, key, deltas("a"))
     if isinstance(h.backend, MemoryBackend):
         assert h.clock is not None
-        h.clock.advance(ttl_s * 100)  # many closed TTLs later
+        h.clock.advance(ttl_s * 100)  # many closed TTLs later, within the lease
         assert h.backend.sweep() == 0
     else:
         assert h.redis is not None
         pttl = [await h.redis.pttl(k) for k in h.redis_keys(key)]
-        assert all(ttl_s * 100 * 1000 < ms <= 3600 * 1000 for ms in pttl), pttl  # the open TTL, not ttl_s
+        assert all(ttl_s * 100 * 1000 < ms for ms in pttl), pttl  # the open keys' TTL, not ttl_s
     got = await asyncio.wait_for(collect(h, key, idle_timeout_ms=300), 5)
     assert [events.kind(e) for e in got] == ["text_delta", "error"]
     assert got[-1].error.code == ev.ERROR_CODE_IDLE_TIMEOUT
@@ -256,129 +256,88 @@ async def test_open_buffer_does_not_expire(stream_factory: StreamFactory, unique
     assert (found.exists, found.closed, found.length) == (True, False, 1)
 
 
-async def test_abandoned_open_buffer_expires_and_is_replaced(
+async def _lease_runs_out(h: StreamHarness, lease_s: float) -> None:
+    """Memory: the clock moves past the lease and the sweep runs; Redis: real time, the backend's own
+    background sweep (every quarter lease) ends the buffer."""
+    if isinstance(h.backend, MemoryBackend):
+        assert h.clock is not None
+        h.clock.advance(lease_s * 1.1)
+        assert h.backend.sweep() == 1
+
+
+async def test_an_abandoned_open_buffer_is_ended_for_its_readers(
     stream_factory: StreamFactory, backend_kind: str, unique: str
 ) -> None:
-    open_ttl_s = 0.3 if backend_kind == "memory" else 1.0  # memory: on its ManualClock; Redis: real time
-    h = await stream_factory(open_ttl_s=open_ttl_s)
+    """Its writer died (no append, no renewal for the lease): every reader gets an `interrupted` error
+    as its last event, and the owner may start the key again; nobody else may take it."""
+    lease_s = 0.3 if backend_kind == "memory" else 0.5  # memory: on its ManualClock; Redis: real time
+    h = await stream_factory(lease_s=lease_s)
     key = f"session:{unique}"
     await create(h, key)
     old = await append(h, key, deltas("a", "b"))  # ...and its writer dies without closing
     with identity.acting_as("alice"):
-        call = h.stub.SubscribeStream(pb.SubscribeStreamRequest(key=key, idle_timeout_ms=300))
+        call = h.stub.SubscribeStream(pb.SubscribeStreamRequest(key=key, idle_timeout_ms=10_000))
     followed = [(await call.read()).event]  # following before the buffer is abandoned
     follower = asyncio.create_task(_rest(call))
-    if isinstance(h.backend, MemoryBackend):
-        assert h.clock is not None
-        h.clock.advance(open_ttl_s * 1.1)
-    else:
-        assert h.redis is not None
-        pttl = [await h.redis.pttl(k) for k in h.redis_keys(key)]
-        assert all(0 < ms <= open_ttl_s * 1000 for ms in pttl), pttl  # the append set the open TTL
-
-    async def gone() -> bool:
-        if isinstance(h.backend, MemoryBackend):  # removed by the background sweep, not only hidden on access
-            return h.backend.stats().buffers == 0
-        assert h.redis is not None
-        return await h.redis.exists(*h.redis_keys(key)) == 0
-
-    await wait_until(gone, 5, "abandoned buffer expiry")
-    assert not (await info(h, key)).exists
-
-    followed += await asyncio.wait_for(follower, 5)  # the follower of the abandoned buffer did not hang
+    await _lease_runs_out(h, lease_s)
+    followed += await asyncio.wait_for(follower, 5)  # ended by the lease, long before its idle timeout
     assert [events.kind(e) for e in followed] == ["text_delta", "error"]
     assert followed[0].text_delta.text_delta == "ab"
-    assert followed[-1].error.code == ev.ERROR_CODE_IDLE_TIMEOUT
+    assert followed[-1].error.code == ev.ERROR_CODE_INTERRUPTED and followed[-1].offset
+    late = await collect(h, key, reader="alice")  # a late reader replays to the same end
+    assert [e.offset for e in late][-1] == followed[-1].offset
+    assert (await info(h, key)).closed
 
-    await create(h, key, owner="bob")  # the next turn is not refused
+    with pytest.raises(grpc.aio.AioRpcError) as taken:
+        await create(h, key, owner="bob")
+    assert taken.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    await create(h, key)  # the owner's next turn is not refused
     new = await append(h, key, deltas("c"))
     assert as_int(new[0]) > as_int(old[-1])  # offsets never reused across the replacement
-    found = await info(h, key, reader="bob")
+    found = await info(h, key, reader="alice")
     assert (found.exists, found.closed, found.length) == (True, False, 1)
-    assert not (await info(h, key, reader="alice")).exists  # the new buffer is bob's
 
 
-async def test_follower_of_an_abandoned_buffer_sees_nothing_of_its_replacement(
+async def test_appends_and_renewals_keep_an_open_buffer_alive(
     stream_factory: StreamFactory, backend_kind: str, unique: str
 ) -> None:
-    """A subscription follows the buffer it was allowed to read, not whatever later takes its key."""
-    memory = backend_kind == "memory"
-    open_ttl_s = 0.3 if memory else 0.5  # memory: on its ManualClock; Redis: a short real TTL
-    h = await stream_factory(open_ttl_s=open_ttl_s)
-    key = f"session:{unique}"
-    await create(h, key, owner="alice")
-    await append(h, key, deltas("alice's"))  # ...and alice's writer dies without closing
-    with identity.acting_as("alice"):
-        call = h.stub.SubscribeStream(
-            pb.SubscribeStreamRequest(key=key, idle_timeout_ms=500 if memory else 3000)
-        )
-    followed = [(await call.read()).event]
-    follower = asyncio.create_task(_rest(call))
-    if isinstance(h.backend, MemoryBackend):
-        assert h.clock is not None
-        h.clock.advance(open_ttl_s * 1.1)
-        assert h.backend.sweep() == 1
-    else:
-        assert h.redis is not None
-        redis = h.redis
-
-        async def gone() -> bool:
-            return await redis.exists(*h.redis_keys(key)) == 0
-
-        await wait_until(gone, 5, "abandoned buffer expiry")
-
-    await create(h, key, owner="bob")
-    await append(h, key, deltas("bob's secret"))
-    await close(h, key)
-    assert not follower.done()  # alice's subscription was still following when bob wrote
-    followed += await asyncio.wait_for(follower, 10)
-    assert [events.kind(e) for e in followed] == ["text_delta", "error"], followed
-    assert followed[0].text_delta.text_delta == "alice's"
-    assert followed[-1].error.code == ev.ERROR_CODE_IDLE_TIMEOUT
-    assert len(await collect(h, key, reader="bob")) == 2  # bob reads his own
-
-
-async def test_open_buffer_kept_alive_by_appends(stream_factory: StreamFactory, unique: str) -> None:
-    open_ttl_s = 60.0
-    h = await stream_factory(open_ttl_s=open_ttl_s)  # closed TTL: the default 3600 s
+    lease_s = 60.0
+    h = await stream_factory(lease_s=lease_s)
     key = f"session:{unique}"
     await create(h, key)
-    appended = 0
+    written = 0
     if isinstance(h.backend, MemoryBackend):
         assert h.clock is not None
-        for _ in range(4):  # an append every 3/4 TTL: three TTLs after the create, still there
-            h.clock.advance(open_ttl_s * 0.75)
-            await append(h, key, deltas(str(appended)))
-            appended += 1
+        for i in range(6):  # an append or a renewal every 3/4 lease: four leases later, still open
+            h.clock.advance(lease_s * 0.75)
+            if i % 2:
+                await append(h, key, deltas(str(i)))
+                written += 1
+            else:
+                assert (await h.stub.RenewStreams(pb.RenewStreamsRequest(keys=[key]))).renewed == 1
             assert h.backend.sweep() == 0
     else:
         assert h.redis is not None
-        keys = h.redis_keys(key)
-        assert 0 < await h.redis.pttl(keys[0]) <= open_ttl_s * 1000  # an open buffer carries the open TTL
-        short_ms = 5_000
-        for _ in range(4):
-            for k in keys:  # as if most of the TTL had passed (the stream key exists from the first append)
-                await h.redis.pexpire(k, short_ms)
-            await append(h, key, deltas(str(appended)))
-            appended += 1
-            after = [await h.redis.pttl(k) for k in keys]
-            assert all(short_ms < ms <= open_ttl_s * 1000 for ms in after), after  # refreshed by the append
-
+        leases = f"{h.backend.prefix}leases"  # type: ignore[attr-defined]
+        for i in range(4):  # as if most of the lease had passed: each write moves the deadline again
+            await h.redis.zadd(leases, {key: 1})
+            if i % 2:
+                await append(h, key, deltas(str(i)))
+                written += 1
+            else:
+                assert (await h.stub.RenewStreams(pb.RenewStreamsRequest(keys=[key]))).renewed == 1
+            assert await h.redis.zscore(leases, key) > 1
+            assert await h.backend.sweep() == []  # type: ignore[attr-defined]
+    with identity.acting_as("alice"), pytest.raises(grpc.aio.AioRpcError) as denied:
+        await h.stub.RenewStreams(pb.RenewStreamsRequest(keys=[key]))
+    assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED  # leases are the mesh's business
     with pytest.raises(grpc.aio.AioRpcError) as busy:
         await create(h, key)
     assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     found = await info(h, key)
-    assert (found.exists, found.closed, found.length) == (True, False, appended)
-
-    closed = await close(h, key)  # closing hands the buffer to the closed TTL
-    assert closed.closed
-    if isinstance(h.backend, MemoryBackend):
-        assert h.clock is not None
-        h.clock.advance(open_ttl_s * 2)  # past the open TTL, well within the closed one
-        assert h.backend.sweep() == 0 and (await info(h, key)).exists
-    else:
-        assert h.redis is not None
-        assert all(ms > open_ttl_s * 1000 for ms in [await h.redis.pttl(k) for k in h.redis_keys(key)])
+    assert (found.exists, found.closed, found.length) == (True, False, written)
+    await close(h, key)
+    assert (await h.stub.RenewStreams(pb.RenewStreamsRequest(keys=[key]))).renewed == 0  # closed: no lease
 
 
 async def test_idle_timeout_ends_with_error(stream: StreamHarness, unique: str) -> None:

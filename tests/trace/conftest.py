@@ -34,7 +34,7 @@ from libs.identity import Signer
 from libs.rpc import ServiceServer, channel
 from services.trace.server import build
 from services.trace.store.sql.db import create_engine
-from tests.conftest import test_settings
+from tests.conftest import service_settings
 
 __all__ = [
     "TraceBackend",
@@ -61,7 +61,7 @@ class TraceBackend:
 
     @property
     def settings(self) -> MeshSettings:
-        return test_settings(database_url=self.database_url, data_dir=self.data_dir)
+        return service_settings(database_url=self.database_url, data_dir=self.data_dir)
 
 
 @contextlib.asynccontextmanager

@@ -23,7 +23,7 @@ from services.trace import agents
 from services.trace.server import build
 from services.trace.store.sql import SqlStores
 from services.trace.store.sql.db import create_engine, migrate
-from tests.conftest import test_settings as mesh_settings
+from tests.conftest import service_settings as mesh_settings
 from tests.trace.conftest import error_of, recent
 
 DEMO_CATALOG = Path(agents.__file__).parent / "demo_catalog.yaml"

@@ -1,5 +1,5 @@
-"""The Alembic migrations on both databases: upgrade from empty through 0001 and 0002 (with rows in the
-tables 0002 changes), match the models, downgrade step by step to base, upgrade again."""
+"""The Alembic migrations on both databases: upgrade from empty through 0001, 0002 (with rows in the
+tables 0002 changes) and 0003, match the models, downgrade step by step to base, upgrade again."""
 
 from __future__ import annotations
 
@@ -105,10 +105,8 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
 
     # 0002 on a database with rows: agents become rows with an owner and a version, every existing
     # subagent gets a public id that cannot be enumerated.
-    await migrate(empty_engine)
+    await migrate(empty_engine, "0002")
     assert await _revision(empty_engine) == "0002"
-    tables, diff = await _state(empty_engine)
-    assert TABLES <= tables and diff == []
     assert AGENT_COLUMNS_0002 <= await _columns(empty_engine, "agents")
     agents = await _rows(empty_engine, "SELECT slug, owner_user_id, version, public FROM agents ORDER BY id")
     assert [tuple(r) for r in agents] == [("general", None, 1, 0), ("coder", None, 1, 0)]
@@ -145,8 +143,25 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
             async with empty_engine.begin() as conn:
                 await conn.execute(own, {"owner": owner})
 
+    # 0003: leases on work in progress; a row of 0002 has none (its creation or last change counts).
+    assert "lease_until" not in await _columns(empty_engine, "messages")
+    await migrate(empty_engine)
+    assert await _revision(empty_engine) == "0003"
+    tables, diff = await _state(empty_engine)
+    assert TABLES <= tables and diff == []
+    for table in ("messages", "a2a_tasks", "subagent_sessions"):
+        assert "lease_until" in await _columns(empty_engine, table)
+    assert (
+        await _rows(empty_engine, "SELECT lease_until FROM subagent_sessions WHERE lease_until IS NOT NULL")
+        == []
+    )
+    assert {"ix_messages_pending"} <= {
+        ix["name"] for ix in await _inspect(empty_engine, lambda i: i.get_indexes("messages"))
+    }
     await migrate(empty_engine)  # idempotent at head
-    assert await _revision(empty_engine) == "0002"
+    assert await _revision(empty_engine) == "0003"
+    await downgrade(empty_engine, "0002")
+    assert "lease_until" not in await _columns(empty_engine, "a2a_tasks")
 
     # Back to 0001: users' own agents go (0001 has no owners), the subagent rows stay.
     await downgrade(empty_engine, "0001")
@@ -166,4 +181,4 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
 
     await migrate(empty_engine)
     tables, diff = await _state(empty_engine)
-    assert TABLES <= tables and diff == [] and await _revision(empty_engine) == "0002"
+    assert TABLES <= tables and diff == [] and await _revision(empty_engine) == "0003"

@@ -158,6 +158,31 @@ class AgentStore(abc.ABC):
         """The owner's own agents and the built-in ones (an own agent hides a built-in of its slug)."""
 
 
+@dataclass
+class Reaped:
+    """What one round of reaping settled, and the buffers of that work (to be ended)."""
+
+    stream_keys: list[str] = field(default_factory=list)
+    messages: int = 0
+    tasks: int = 0
+    subagents: int = 0
+
+
+class LeaseStore(abc.ABC):
+    """Leases of work in progress (pending placeholders, unfinished tasks and subagents)."""
+
+    @abc.abstractmethod
+    async def renew(
+        self, message_ids: Sequence[int], task_ids: Sequence[str], subagent_ids: Sequence[str]
+    ) -> int:
+        """Moves the leases of the rows still in progress forward; returns how many moved."""
+
+    @abc.abstractmethod
+    async def reap(self, limit: int) -> Reaped:
+        """Settles rows whose lease expired (failed, with the error `interrupted`); at most `limit` of
+        each kind per call, never the same row twice across concurrent callers."""
+
+
 class KeyStore(abc.ABC):
     """Users and their hashed API keys."""
 

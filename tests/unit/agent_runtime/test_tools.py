@@ -75,6 +75,7 @@ def ctx(agent: ap.Agent, known: dict[str, ap.Agent]) -> ToolContext:
         settings=None,  # type: ignore[arg-type]
         agents=_Agents(known),  # type: ignore[arg-type]
         state=RunState(),
+        leases=None,  # type: ignore[arg-type]
     )
 
 

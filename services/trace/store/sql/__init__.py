@@ -10,6 +10,7 @@ from libs.config import SubagentDefaults
 from services.trace.store.sql.agents import SqlAgentStore
 from services.trace.store.sql.common import Database
 from services.trace.store.sql.keys import SqlKeyStore
+from services.trace.store.sql.leases import SqlLeaseStore
 from services.trace.store.sql.subagents import SqlSubagentStore
 from services.trace.store.sql.tasks import SqlTaskStore
 from services.trace.store.sql.traces import SqlTraceStore
@@ -24,9 +25,12 @@ class SqlStores:
     subagents: SqlSubagentStore
     agents: SqlAgentStore
     keys: SqlKeyStore
+    leases: SqlLeaseStore
 
     @classmethod
-    def open(cls, engine: AsyncEngine, defaults: SubagentDefaults | None = None) -> SqlStores:
+    def open(
+        cls, engine: AsyncEngine, defaults: SubagentDefaults | None = None, lease_s: float = 30.0
+    ) -> SqlStores:
         db = Database(engine)
         return cls(
             traces=SqlTraceStore(db),
@@ -34,4 +38,5 @@ class SqlStores:
             subagents=SqlSubagentStore(db),
             agents=SqlAgentStore(db, defaults),
             keys=SqlKeyStore(db),
+            leases=SqlLeaseStore(db, lease_s),
         )

@@ -51,15 +51,27 @@ def _run(conn: Connection, action: str, revision: str) -> None:
     getattr(command, action)(cfg, revision)
 
 
+async def _migrate(engine: AsyncEngine, action: str, revision: str) -> None:
+    async with engine.connect() as conn:
+        if conn.dialect.name == "sqlite":
+            # SQLite alters a table by copying it and dropping the old one: with foreign keys on, that drop
+            # would cascade into every referencing row. Off for the migration (outside its transaction).
+            await conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            await conn.commit()
+        async with conn.begin():
+            if conn.dialect.name == "postgresql":
+                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK})
+            await conn.run_sync(_run, action, revision)
+        if conn.dialect.name == "sqlite":
+            await conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+            await conn.commit()
+
+
 async def migrate(engine: AsyncEngine, revision: str = "head") -> None:
     """`alembic upgrade <revision>` on this engine."""
-    async with engine.begin() as conn:
-        if conn.dialect.name == "postgresql":
-            await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK})
-        await conn.run_sync(_run, "upgrade", revision)
+    await _migrate(engine, "upgrade", revision)
 
 
 async def downgrade(engine: AsyncEngine, revision: str = "base") -> None:
     """`alembic downgrade <revision>` on this engine."""
-    async with engine.begin() as conn:
-        await conn.run_sync(_run, "downgrade", revision)
+    await _migrate(engine, "downgrade", revision)

@@ -124,6 +124,12 @@ class MessageRow(Base):
     __table_args__ = (
         UniqueConstraint("session_id", "sequence", name="uq_messages_session_sequence"),
         Index("idx_messages_source", "source"),
+        Index(
+            "ix_messages_pending",
+            "created_at",
+            sqlite_where=text("status = 'pending'"),
+            postgresql_where=text("status = 'pending'"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -144,6 +150,7 @@ class MessageRow(Base):
     caller_agent_id: Mapped[int | None] = mapped_column(ForeignKey("agents.id", ondelete="SET NULL"))
     caller_session_id: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = _created()
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # of a pending one
 
     caller_agent: Mapped[AgentRow | None] = relationship(lazy="joined")
 
@@ -152,6 +159,14 @@ class A2ATaskRow(Base):
     """seed 1's a2aTaskSessions: the task and the callee's hidden session."""
 
     __tablename__ = "a2a_tasks"
+    __table_args__ = (
+        Index(
+            "ix_a2a_tasks_open",
+            "updated_at",
+            sqlite_where=text("state IN ('submitted', 'working')"),
+            postgresql_where=text("state IN ('submitted', 'working')"),
+        ),
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
@@ -165,6 +180,7 @@ class A2ATaskRow(Base):
     visible_in_sidebar: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _created()
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     session: Mapped[SessionRow] = relationship(foreign_keys=[session_id], lazy="joined", innerjoin=True)
     caller_agent: Mapped[AgentRow | None] = relationship(lazy="joined")
@@ -178,6 +194,12 @@ class SubagentRow(Base):
         Index("idx_subagent_sessions_parent", "session_id", "parent_message_id", "sort_order"),
         Index("idx_subagent_sessions_status", "session_id", "status"),
         Index("idx_subagent_sessions_agent", "parent_agent_id", "created_at"),
+        Index(
+            "ix_subagent_sessions_open",
+            "updated_at",
+            sqlite_where=text("status IN ('queued', 'running')"),
+            postgresql_where=text("status IN ('queued', 'running')"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -207,6 +229,7 @@ class SubagentRow(Base):
         ForeignKey("sessions.id", ondelete="CASCADE"), index=True
     )
     batch_title: Mapped[str] = mapped_column(String(500), default="")
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     parent_agent: Mapped[AgentRow | None] = relationship(foreign_keys=[parent_agent_id], lazy="joined")
     preset_agent: Mapped[AgentRow | None] = relationship(foreign_keys=[preset_agent_id], lazy="joined")
