@@ -38,7 +38,6 @@ from services.agent_runtime.tools import A2A_CALLEE, ToolContext, ToolOutcome
 log = logging.getLogger(__name__)
 
 
-
 @dataclass
 class InvokeResult:
     output: str

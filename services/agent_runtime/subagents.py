@@ -26,8 +26,8 @@ from libs import events
 from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, rpc
 from libs.ids import subagent_key
 from libs.protojson import enum_to_str, to_json
-from services.agent_runtime.children import create_buffer, run_child
 from libs.tools import MAX_DELEGATE_TASKS
+from services.agent_runtime.children import create_buffer, run_child
 from services.agent_runtime.tools import SUBAGENT, ToolContext, ToolOutcome, names
 
 MAX_TASKS = MAX_DELEGATE_TASKS

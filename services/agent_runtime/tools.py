@@ -6,8 +6,8 @@
 
 The tools themselves (names, schemas, the roles that have a handler) and the visibility rule are the
 shared vocabulary of libs/tools.py, which the trace service reads too to validate agents and offer
-their choices; this module binds the handlers. `resolve` shows a tool only when both layers agree, so a visible tool always has a handler and a
-tool without a handler is never shown.
+their choices; this module binds the handlers. `resolve` shows a tool only when both layers agree, so
+a visible tool always has a handler and a tool without a handler is never shown.
 """
 
 from __future__ import annotations
