@@ -89,3 +89,24 @@ def to_json(msg: Message) -> Any:
         else:
             out[field.json_name] = _value(field, value)
     return out
+
+
+def given_paths(data: dict[str, Any], desc: Descriptor) -> list[str]:
+    """The field-mask paths (snake_case) of the fields a JSON object gives, for a JSON merge patch:
+    the keys of a nested message become paths of their own (`{"limits": {"maxSteps": 3}}` ->
+    `limits.max_steps`; `{}` gives nothing), while well-known types (Struct, ListValue, ...), lists,
+    scalars and nulls are whole values. A key that names no field is kept as it is, for the parser to
+    refuse."""
+    paths: list[str] = []
+    for key, value in data.items():
+        field = desc.fields_by_camelcase_name.get(key) or desc.fields_by_name.get(key)
+        if field is None:
+            paths.append(key)
+            continue
+        sub = field.message_type
+        nested = sub is not None and not field.is_repeated and sub.full_name not in _WKT_JSON
+        if nested and isinstance(value, dict):
+            paths.extend(f"{field.name}.{p}" for p in given_paths(value, sub))
+        else:
+            paths.append(field.name)
+    return paths
