@@ -6,6 +6,7 @@ turn); deleting an agent lets its running turn finish."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,9 @@ class Replicas:
 @pytest.fixture(params=BACKENDS)
 async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Replicas]:
     mesh = await mesh_on(request, tmp_path, rules=RULES)
+    # A user of the test's own: the PostgreSQL database is shared by the run's meshes.
+    mesh.user = f"edits-{uuid.uuid4().hex[:8]}"
+    mesh.api_key = await mesh.new_user(mesh.user)
     mock2 = MockLLM(RULES)
     await mock2.start()
     second: ServiceServer | None = None
