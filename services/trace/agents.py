@@ -187,6 +187,8 @@ def normalized(agent: ap.Agent, where: str = "") -> ap.Agent:
     for name, defaults in (("limits", DEFAULT_LIMITS), ("invoke", DEFAULT_INVOKE)):
         if not out.HasField(name):
             getattr(out, name).CopyFrom(defaults)
+    if out.HasField("subagent_config") and not out.subagent_config.ByteSize():
+        out.ClearField("subagent_config")  # nothing of its own: the same as no subagent config
     return from_json(to_json(out), where)
 
 
