@@ -82,11 +82,14 @@ async def test_an_edit_is_used_by_the_next_turn_on_every_replica(replicas: Repli
         )
         assert created.status_code == 201, created.text
 
+        sessions: list[str] = []
+
         async def turns_until_both_ran(prompt: str, starts: tuple[int, int]) -> int:
             """Turns (new sessions) until both replicas' model servers saw `prompt`; how many it took."""
             for n in range(1, 11):
                 events = await chat(mesh, "editable", f"turn {n}")
                 assert events[-1]["type"] == "done", events[-1]
+                sessions.append(events[0]["sessionId"])
                 seen = [prompts(mock1, starts[0]), prompts(mock2, starts[1])]
                 if all(prompt in p for p in seen):
                     return n
@@ -104,6 +107,15 @@ async def test_an_edit_is_used_by_the_next_turn_on_every_replica(replicas: Repli
     since = prompts(mock1, marks[0]) + prompts(mock2, marks[1])
     assert since and set(since) == {V2}, since
     assert len(since) == after
+    # Each reply records the version of the agent that produced it.
+    async with mesh.http() as http:
+        versions = [
+            (await http.get(f"/api/sessions/{sid}/messages")).json()["messages"][-1]["metadata"][
+                "agentVersion"
+            ]
+            for sid in sessions
+        ]
+    assert versions == [1] * before + [2] * after
     assert before + after <= 6, "round robin spreads consecutive turns over both replicas"
 
 
