@@ -1,13 +1,11 @@
 """The agents page in a real browser against a whole mesh, on both backend pairs: create an agent in
 the page (every section: prompt and model, tools, limits, agent-invoke, subagents), chat with it, edit
 its prompt and see the next turn use it; a change made elsewhere meanwhile is refused and shown, a bad
-value shows the gateway's message, a built-in is read-only and cloned to change, delete.
-
-The page's screenshot for the README: `UI_SCREENSHOTS=tests/ui/screenshots` writes agents.png there."""
+value shows the gateway's message, a built-in is read-only and cloned to change, delete. The test takes
+the README's picture of the page (tests/ui/screenshots/agents.png)."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,6 +16,7 @@ from playwright.async_api import Page, expect
 
 from tests.mesh import BACKENDS, Mesh, mesh_on, system_of, wait_request
 
+SHOTS = Path(__file__).parent / "screenshots"  # the README's screenshots, taken by the UI tests
 T = 15_000  # ms: the longest any page condition may take
 FIRST, SECOND = "You are the first prompt.", "You are the second prompt."
 RULES: dict[str, Any] = {"rules": [], "default": {"text": "Reply: {user}"}}
@@ -53,9 +52,7 @@ def last_user(body: dict[str, Any]) -> str:
     return str([m for m in body["messages"] if m["role"] == "user"][-1]["content"])
 
 
-async def test_create_chat_edit_and_the_next_turn_uses_the_edit(
-    page: Page, mesh: Mesh, tmp_path: Path
-) -> None:
+async def test_create_chat_edit_and_the_next_turn_uses_the_edit(page: Page, mesh: Mesh) -> None:
     await sign_in(page, mesh)
     await page.click("#open-agents")
     await expect(page.locator("#agents-page")).to_be_visible()
@@ -121,8 +118,7 @@ async def test_create_chat_edit_and_the_next_turn_uses_the_edit(
     await expect(page.locator("#agent-version")).to_have_text("version 2")
     await page.set_viewport_size({"width": 1280, "height": 1000})
     await page.locator(".agent-editor").evaluate("editor => { editor.scrollTop = 0; }")
-    shots = Path(os.environ.get("UI_SCREENSHOTS", tmp_path))
-    await page.screenshot(path=str(shots / "agents.png"))
+    await page.screenshot(path=str(SHOTS / "agents.png"))
     await page.set_viewport_size({"width": 1280, "height": 800})
 
     await page.locator("#sessions .session-open").first.click()
