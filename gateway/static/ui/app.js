@@ -169,8 +169,7 @@ function agentsFromHash() {
 }
 
 async function openAgents(slug = null) {
-  chat.detach();
-  panel.reset();
+  newChat(); // the chat is left (its turn goes on): coming back opens a session or a new chat
   $("agents-page").hidden = false;
   document.querySelector("main.chat").hidden = true;
   document.body.classList.add("agents-open");
