@@ -1,4 +1,4 @@
-"""The `agentmesh` command: up, serve SERVICE, health ADDRESS, chat, keys create, mock-llm."""
+"""The `agentmesh` command: up, serve SERVICE, health ADDRESS, chat, agents, keys create, mock-llm."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from agentmesh import agents_cli
 from libs.config import MeshSettings, load_settings
 
 if TYPE_CHECKING:
@@ -231,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("--api-key", default="")
     chat.add_argument("--url", default="")
     chat.add_argument("text")
+    agents_cli.add_parser(sub)
     keys = sub.add_parser("keys", help="API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     create = keys_sub.add_parser("create", help="create a key for a user (printed once)")
@@ -251,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         return _health(args)
     if args.command == "chat":
         return _chat(args)
+    if args.command == "agents":
+        return agents_cli.run(args)
     return _keys(args)
 
 

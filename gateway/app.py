@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from gateway.drain import Drain
 from gateway.limits import BodyLimitMiddleware
 from gateway.metrics import Metrics, MetricsMiddleware, metrics_endpoint
-from gateway.routes import chat, sessions, streams, ui
+from gateway.routes import agents, chat, sessions, streams, ui
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import MeshError, from_rpc_error
@@ -72,6 +72,7 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     app.add_route("/metrics", metrics_endpoint, methods=["GET"], include_in_schema=False)
     app.include_router(chat.router)
     app.include_router(sessions.router)
-    app.include_router(streams.router)
+    app.include_router(streams.router)  # before agents: /api/agents/a2a/stream
+    app.include_router(agents.router)
     app.include_router(ui.router)
     return app

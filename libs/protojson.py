@@ -1,4 +1,5 @@
-"""Protobuf messages as the browser-facing JSON: lowerCamelCase keys, int64 as numbers,
+"""Protobuf messages as the browser-facing JSON: lowerCamelCase keys, int64 as numbers, every field
+with its default when unset except proto3 `optional` ones (absent when unset: their presence matters),
 enums as short lowercase names (SUBAGENT_STATUS_QUEUED -> "queued", TASK_STATE_INPUT_REQUIRED ->
 "input-required"; error codes keep `_`: ERROR_CODE_MODEL_ERROR -> "model_error"), Struct/Value as
 plain JSON, timestamps as RFC 3339 strings. One serialiser for every message shape."""
@@ -47,6 +48,12 @@ def str_to_enum(enum: EnumDescriptor, text: str) -> int:
     return value.number
 
 
+def _optional(field: FieldDescriptor) -> bool:
+    """A proto3 `optional` scalar: the one field of its synthetic oneof (`_<name>`)."""
+    oneof = field.containing_oneof
+    return oneof is not None and oneof.name == f"_{field.name}" and len(oneof.fields) == 1
+
+
 def _value(field: FieldDescriptor, value: Any) -> Any:
     if field.type == FieldDescriptor.TYPE_MESSAGE:
         return to_json(value)
@@ -86,6 +93,29 @@ def to_json(msg: Message) -> Any:
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
             if msg.HasField(field.name):
                 out[field.json_name] = to_json(value)
+        elif _optional(field) and not msg.HasField(field.name):
+            continue  # a proto3 `optional` field that is not set stays absent (its presence matters)
         else:
             out[field.json_name] = _value(field, value)
     return out
+
+
+def given_paths(data: dict[str, Any], desc: Descriptor) -> list[str]:
+    """The field-mask paths (snake_case) of the fields a JSON object gives, for a JSON merge patch:
+    the keys of a nested message become paths of their own (`{"limits": {"maxSteps": 3}}` ->
+    `limits.max_steps`; `{}` gives nothing), while well-known types (Struct, ListValue, ...), lists,
+    scalars and nulls are whole values. A key that names no field is kept as it is, for the parser to
+    refuse."""
+    paths: list[str] = []
+    for key, value in data.items():
+        field = desc.fields_by_camelcase_name.get(key) or desc.fields_by_name.get(key)
+        if field is None:
+            paths.append(key)
+            continue
+        sub = field.message_type
+        nested = sub is not None and not field.is_repeated and sub.full_name not in _WKT_JSON
+        if nested and isinstance(value, dict):
+            paths.extend(f"{field.name}.{p}" for p in given_paths(value, sub))
+        else:
+            paths.append(field.name)
+    return paths

@@ -1,5 +1,5 @@
 """Chat entries: POST /api/chat (SSE) and GET /api/ws (WebSocket) both call OrchestratorService.ExecuteChat;
-POST /api/sessions/{id}/cancel; GET /api/agents."""
+POST /api/sessions/{id}/cancel. (The agent routes are in agents.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from fastapi import APIRouter, Depends, Request, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sse_starlette.sse import EventSourceResponse
 
-from agentmesh.agents.v1 import agent_service_pb2 as ag
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from gateway.deps import authenticate, clients, current_user, settings
 from gateway.drain import Drain
@@ -23,7 +22,6 @@ from gateway.sse import drain_options, sse_message
 from libs import events
 from libs.clients import Clients
 from libs.errors import FailedPrecondition, InvalidArgument, MeshError, from_rpc_error, rpc
-from libs.protojson import to_json
 
 router = APIRouter()
 log = logging.getLogger(__name__)
@@ -90,14 +88,6 @@ async def cancel(
 ) -> dict[str, bool]:
     resp = await rpc(c.orchestrator.CancelChat(orc.CancelChatRequest(session_id=session_id)))
     return {"cancelled": resp.cancelled}
-
-
-@router.get("/api/agents")
-async def agents(user: str = Depends(current_user), c: Clients = Depends(clients)) -> dict[str, Any]:
-    """The caller's agents and the built-in ones, each with its agent-invoke limits and its effective
-    subagent config."""
-    resp = await rpc(c.agents.ListAgents(ag.ListAgentsRequest()))
-    return {"agents": [to_json(a) for a in resp.agents]}
 
 
 def _ws_error(err: MeshError) -> dict[str, Any]:

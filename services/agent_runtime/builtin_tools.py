@@ -1,30 +1,14 @@
-"""The built-in tools and the roles that have a handler for each (the instantiation layer)."""
+"""The handlers of the built-in tools (the instantiation layer); the tools and the roles each runs in
+are declared in libs/tools.py."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from libs import tools
 from libs.errors import InvalidArgument
 from services.agent_runtime import invoke, subagents
-from services.agent_runtime.tools import (
-    A2A_CALLEE,
-    SUBAGENT,
-    SUPERVISOR,
-    ToolContext,
-    ToolOutcome,
-    ToolRegistry,
-    ToolSpec,
-)
-
-CLARIFY = ToolSpec(
-    name="clarify",
-    description="Ask the user a clarifying question and stop until they answer.",
-    parameters={
-        "type": "object",
-        "properties": {"question": {"type": "string", "description": "The question for the user."}},
-        "required": ["question"],
-    },
-)
+from services.agent_runtime.tools import ToolContext, ToolOutcome, ToolRegistry
 
 
 async def clarify(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
@@ -35,7 +19,9 @@ async def clarify(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
 
 
 def register_all(registry: ToolRegistry) -> None:
-    registry.register(invoke.SPEC, invoke.agent_invoke, roles=(SUPERVISOR, SUBAGENT, A2A_CALLEE))
-    registry.register(subagents.DELEGATE_TASK, subagents.delegate_task, roles=(SUPERVISOR,))
-    registry.register(subagents.DELEGATE_PARALLEL, subagents.delegate_parallel, roles=(SUPERVISOR,))
-    registry.register(CLARIFY, clarify, roles=(SUPERVISOR,))
+    """Binds a handler to every tool of libs/tools.py; each runs in the roles its spec names."""
+    registry.bind(tools.AGENT_INVOKE.name, invoke.agent_invoke)
+    registry.bind(tools.DELEGATE_TASK.name, subagents.delegate_task)
+    registry.bind(tools.DELEGATE_PARALLEL.name, subagents.delegate_parallel)
+    registry.bind(tools.CLARIFY.name, clarify)
+    registry.check()

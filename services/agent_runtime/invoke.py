@@ -34,29 +34,9 @@ from libs.errors import (
 )
 from libs.ids import a2a_key
 from services.agent_runtime.children import close_buffer, create_buffer, run_child
-from services.agent_runtime.tools import A2A_CALLEE, ToolContext, ToolOutcome, ToolSpec
+from services.agent_runtime.tools import A2A_CALLEE, ToolContext, ToolOutcome
 
 log = logging.getLogger(__name__)
-
-SPEC = ToolSpec(
-    name="agent-invoke",
-    description=(
-        "Ask another agent to do a task and get its answer. `input` may be a list of tasks for the same "
-        "agent, run in parallel. `continueFrom` continues the conversation of an earlier call (its traceId)."
-    ),
-    parameters={
-        "type": "object",
-        "properties": {
-            "agentSlug": {"type": "string", "description": "The agent to call."},
-            "input": {
-                "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}],
-                "description": "The task, or several tasks run in parallel.",
-            },
-            "continueFrom": {"type": "string", "description": "traceId of an earlier call to continue."},
-        },
-        "required": ["agentSlug", "input"],
-    },
-)
 
 
 @dataclass

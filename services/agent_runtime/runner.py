@@ -191,7 +191,8 @@ class AgentRunner:
         else:
             finish = ev.FINISH_REASON_MAX_STEPS
         await sink.flush()
-        metadata: dict[str, Any] = {}
+        # Which version of the agent produced the reply (agents change while the mesh runs).
+        metadata: dict[str, Any] = {"agentVersion": agent.version} if agent.version else {}
         if tool_records:
             metadata["toolCalls"] = tool_records
         if state.subagent_batches:

@@ -27,40 +27,11 @@ from libs.aio import to_the_end
 from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, rpc
 from libs.ids import subagent_key
 from libs.protojson import enum_to_str, to_json
+from libs.tools import MAX_DELEGATE_TASKS
 from services.agent_runtime.children import create_buffer, run_child
-from services.agent_runtime.tools import SUBAGENT, ToolContext, ToolOutcome, ToolSpec, names
+from services.agent_runtime.tools import SUBAGENT, ToolContext, ToolOutcome, names
 
-_TASK_PROPS: dict[str, Any] = {
-    "goal": {"type": "string", "description": "What the subagent must achieve."},
-    "context": {"type": "string", "description": "Facts the subagent needs."},
-    "agentSlug": {"type": "string", "description": "A preset agent to run (mode preset)."},
-    "agentId": {"type": "string", "description": "Same as agentSlug."},
-    "mode": {"type": "string", "enum": ["preset", "clone"], "description": "preset agent or a clone of you."},
-    "toolNames": {"type": "array", "items": {"type": "string"}, "description": "Tools the subagent may use."},
-    "maxToolRounds": {"type": "integer", "minimum": 0, "maximum": 20},
-}
-DELEGATE_TASK = ToolSpec(
-    name="delegate_task",
-    description="Delegate one self-contained goal to a subagent and get its summary back.",
-    parameters={"type": "object", "properties": _TASK_PROPS, "required": ["goal"]},
-)
-DELEGATE_PARALLEL = ToolSpec(
-    name="delegate_parallel",
-    description="Delegate independent goals to subagents that run in parallel; get every result back.",
-    parameters={
-        "type": "object",
-        "properties": {
-            "tasks": {
-                "type": "array",
-                "minItems": 1,
-                "maxItems": 10,
-                "items": {"type": "object", "properties": _TASK_PROPS, "required": ["goal"]},
-            }
-        },
-        "required": ["tasks"],
-    },
-)
-MAX_TASKS = 10
+MAX_TASKS = MAX_DELEGATE_TASKS
 
 GUIDANCE = """
 

@@ -4,8 +4,10 @@
   config, the run's own allow-list, the global blocked list for subagents);
 - instantiation: which handlers exist for a run role.
 
-`resolve` shows a tool only when both layers agree, so a visible tool always has a handler and a
-tool without a handler is never shown.
+The tools themselves (names, schemas, the roles that have a handler) and the visibility rule are the
+shared vocabulary of libs/tools.py, which the trace service reads too to validate agents and offer
+their choices; this module binds the handlers. `resolve` shows a tool only when both layers agree, so
+a visible tool always has a handler and a tool without a handler is never shown.
 """
 
 from __future__ import annotations
@@ -15,19 +17,38 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentmesh.agents.v1 import agent_pb2 as ap
-from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import MeshError
 from libs.leases import LeaseKeeper
+from libs.tools import (  # the shared tool vocabulary (libs/tools.py)
+    A2A_CALLEE,
+    BUILTIN,
+    DELEGATE_TOOLS,
+    ROLES,
+    SUBAGENT,
+    SUPERVISOR,
+    ToolCatalog,
+    ToolSpec,
+    names,
+)
 from services.agent_runtime.directory import AgentDirectory
 from services.agent_runtime.sink import EventSink
 
-SUPERVISOR = rt.RUN_ROLE_SUPERVISOR
-SUBAGENT = rt.RUN_ROLE_SUBAGENT
-A2A_CALLEE = rt.RUN_ROLE_A2A_CALLEE
-ROLES = (SUPERVISOR, SUBAGENT, A2A_CALLEE)
-DELEGATE_TOOLS = ("delegate_task", "delegate_parallel")
+__all__ = [
+    "A2A_CALLEE",
+    "DELEGATE_TOOLS",
+    "ROLES",
+    "SUBAGENT",
+    "SUPERVISOR",
+    "Handler",
+    "RunState",
+    "ToolContext",
+    "ToolOutcome",
+    "ToolRegistry",
+    "ToolSpec",
+    "names",
+]
 
 
 @dataclass
@@ -54,11 +75,6 @@ class RunState:
     subagent_batches: dict[str, dict[str, Any]] = field(default_factory=dict)  # by delegate call, in order
 
 
-def names(config: Any, field: str) -> list[str] | None:
-    """A name list of a subagent config (a ListValue whose presence matters) as a list; None when absent."""
-    return [v.string_value for v in getattr(config, field).values] if config.HasField(field) else None
-
-
 @dataclass
 class ToolContext:
     """What a tool handler knows of the run that called it. The acting user is the call's identity."""
@@ -80,51 +96,37 @@ class ToolContext:
 Handler = Callable[[ToolContext, dict[str, Any]], Awaitable[ToolOutcome]]
 
 
-@dataclass
-class ToolSpec:
-    name: str
-    description: str
-    parameters: dict[str, Any]
-
-    def schema(self) -> dict[str, Any]:
-        return {
-            "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
-        }
-
-
 class ToolRegistry:
-    def __init__(self) -> None:
-        self.specs: dict[str, ToolSpec] = {}
-        self._handlers: dict[int, dict[str, Handler]] = {role: {} for role in ROLES}
+    """The tools of this runtime: the shared catalog's specs and visibility rule (libs/tools.py), and the
+    handlers bound to them, each present in the roles its spec names (the instantiation layer)."""
 
-    def register(self, spec: ToolSpec, handler: Handler, roles: tuple[int, ...]) -> None:
-        """Instantiation layer: `handler` exists for these run roles only."""
-        self.specs[spec.name] = spec
-        for role in roles:
-            self._handlers[role][spec.name] = handler
+    def __init__(self, catalog: ToolCatalog = BUILTIN) -> None:
+        self.catalog = catalog
+        self.specs = catalog.specs
+        self._handlers: dict[str, Handler] = {}
+
+    def bind(self, name: str, handler: Handler) -> None:
+        """Instantiation layer: `handler` runs the tool `name` in the roles of its spec."""
+        if name not in self.specs:
+            raise ValueError(f"no tool {name!r} in the catalog")
+        self._handlers[name] = handler
+
+    def check(self) -> None:
+        """Every tool of the catalog has a handler (a runtime that lacks one must not start)."""
+        missing = sorted(set(self.specs) - set(self._handlers))
+        if missing:
+            raise RuntimeError(f"tools without a handler: {', '.join(missing)}")
 
     def handlers(self, role: int) -> dict[str, Handler]:
-        return dict(self._handlers[role])
+        return {n: self._handlers[n] for n in self.catalog.instantiated(role) if n in self._handlers}
 
     def visible(self, agent: ap.Agent, role: int, allow: list[str] | None = None) -> list[str]:
         """Visibility layer: the names whose schemas this run's model may see."""
-        visible = [n for n in agent.tools if n in self.specs]
-        cfg = agent.effective_subagent_config
-        if role == SUPERVISOR:
-            if not cfg.enabled:
-                visible = [n for n in visible if n not in DELEGATE_TOOLS]
-        elif role == SUBAGENT:
-            visible = [n for n in visible if n not in cfg.blocked_tool_names]
-        elif role == A2A_CALLEE:
-            visible = [n for n in visible if n not in (*DELEGATE_TOOLS, "clarify")]
-        if allow is not None:
-            visible = [n for n in visible if n in allow]
-        return visible
+        return self.catalog.visible(agent, role, allow)
 
     def resolve(self, agent: ap.Agent, role: int, allow: list[str] | None = None) -> dict[str, Handler]:
         """The tools a run gets: visible AND instantiated for its role."""
-        handlers = self._handlers[role]
+        handlers = self.handlers(role)
         return {name: handlers[name] for name in self.visible(agent, role, allow) if name in handlers}
 
     def schemas(self, names: list[str]) -> list[dict[str, Any]]:

@@ -1,19 +1,22 @@
 """Agents as data: the catalog file (the built-in set), the JSON form of an agent, its defaults and
-validation, and the effective subagent config (agent > global default > system fallback, seed 3
-section 6.1). The trace service is the only process that reads the catalog file."""
+validation, the rules of a user's write (the tools, callees and presets it names exist; masks), and
+the effective subagent config (agent > global default > system fallback, seed 3 section 6.1). The
+trace service is the only process that reads the catalog file."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import field_mask_pb2, json_format, struct_pb2
 
 from agentmesh.agents.v1 import agent_pb2 as ap
 from libs.config import SubagentDefaults
 from libs.errors import InvalidArgument
+from libs.tools import SUBAGENT, ToolCatalog, names
 
 SLUG = re.compile(r"[a-z0-9][a-z0-9_-]{0,99}")
 DEFAULT_LIMITS = ap.Limits(max_steps=8, max_output_tokens=4096, timeout_ms=120_000)
@@ -22,6 +25,36 @@ DEFAULT_INVOKE = ap.InvokeConfig(
 )
 SYSTEM_FALLBACK = ap.EffectiveSubagentConfig(enabled=False, max_concurrent=1, timeout_ms=60_000)
 OUTPUT_ONLY = ("effective_subagent_config", "owner", "version", "create_time", "update_time")
+WRITABLE = tuple(f.name for f in ap.Agent.DESCRIPTOR.fields if f.name not in OUTPUT_ONLY)
+ANY_CALLEE = "*"
+
+
+class Range(NamedTuple):
+    """The allowed values of one number of an agent (an optional one is checked only when set)."""
+
+    field: str  # its JSON path
+    message: str  # the Agent field holding it
+    name: str  # its field there
+    min: int
+    max: int
+
+
+RANGES = (
+    Range("limits.maxSteps", "limits", "max_steps", 1, 100),
+    Range("limits.maxOutputTokens", "limits", "max_output_tokens", 1, 1_000_000),
+    Range("limits.timeoutMs", "limits", "timeout_ms", 100, 3_600_000),
+    Range("invoke.maxRecursionDepth", "invoke", "max_recursion_depth", 0, 10),
+    Range("invoke.timeoutMs", "invoke", "timeout_ms", 100, 3_600_000),
+    Range("invoke.maxOutputTokens", "invoke", "max_output_tokens", 1, 1_000_000),
+    Range("invoke.maxParallel", "invoke", "max_parallel", 1, 32),
+    Range("subagentConfig.maxConcurrent", "subagent_config", "max_concurrent", 1, 16),
+    Range("subagentConfig.timeoutMs", "subagent_config", "timeout_ms", 100, 3_600_000),
+)
+
+
+def _at(where: str) -> str:
+    """The prefix of a message about `where` ("" for a user's own write: its fields say enough)."""
+    return f"{where}: " if where else ""
 
 
 def _names(values: struct_pb2.ListValue, what: str) -> list[str]:
@@ -37,7 +70,7 @@ def from_json(data: Any, where: str = "agent") -> ap.Agent:
     """An agent from its JSON form (camelCase or snake_case keys), with defaults, validated.
     Output-only fields are ignored."""
     if not isinstance(data, dict):
-        raise InvalidArgument(f"{where}: an agent is a JSON object")
+        raise InvalidArgument(f"{_at(where)}an agent is a JSON object")
     data = {k: v for k, v in data.items() if k not in _IGNORED}
     # The defaults first, the given keys on top: a given 0 is a value (invoke.maxRecursionDepth: 0
     # forbids agent-invoke), not "unset".
@@ -45,7 +78,7 @@ def from_json(data: Any, where: str = "agent") -> ap.Agent:
     try:
         json_format.ParseDict(data, agent)
     except json_format.ParseError as exc:
-        raise InvalidArgument(f"{where}: {exc}") from exc
+        raise InvalidArgument(f"{_at(where)}{exc}") from exc
     for name, defaults in (("limits", DEFAULT_LIMITS), ("invoke", DEFAULT_INVOKE)):
         if not agent.HasField(name):  # given as null
             getattr(agent, name).CopyFrom(defaults)
@@ -66,31 +99,25 @@ _IGNORED = frozenset(OUTPUT_ONLY) | {_camel(name) for name in OUTPUT_ONLY}
 def validate(agent: ap.Agent, where: str = "agent") -> None:
     """Shape rules every agent obeys (the catalog's and users' alike)."""
     if not SLUG.fullmatch(agent.slug):
-        raise InvalidArgument(f"{where}: slug must be 1-100 characters of [a-z0-9_-]")
+        raise InvalidArgument(f"{_at(where)}slug must be 1-100 characters of [a-z0-9_-]")
     if not agent.name.strip() or len(agent.name) > 200:
-        raise InvalidArgument(f"{where}: name must be 1-200 characters")
+        raise InvalidArgument(f"{_at(where)}name must be 1-200 characters")
+    if len(agent.description) > 10_000:
+        raise InvalidArgument(f"{_at(where)}description is at most 10000 characters")
     if len(agent.system_prompt) > 100_000:
-        raise InvalidArgument(f"{where}: systemPrompt is at most 100000 characters")
-    limits, invoke = agent.limits, agent.invoke
-    for name, value, low, high in (
-        ("limits.maxSteps", limits.max_steps, 1, 100),
-        ("limits.maxOutputTokens", limits.max_output_tokens, 1, 1_000_000),
-        ("limits.timeoutMs", limits.timeout_ms, 100, 3_600_000),
-        ("invoke.maxRecursionDepth", invoke.max_recursion_depth, 0, 10),
-        ("invoke.timeoutMs", invoke.timeout_ms, 100, 3_600_000),
-        ("invoke.maxOutputTokens", invoke.max_output_tokens, 1, 1_000_000),
-        ("invoke.maxParallel", invoke.max_parallel, 1, 32),
-    ):
-        if not low <= value <= high:
-            raise InvalidArgument(f"{where}: {name} must be {low}-{high}")
+        raise InvalidArgument(f"{_at(where)}systemPrompt is at most 100000 characters")
+    if len(agent.model) > 200:
+        raise InvalidArgument(f"{_at(where)}model is at most 200 characters")
+    for r in RANGES:
+        holder = getattr(agent, r.message)
+        if holder.DESCRIPTOR.fields_by_name[r.name].has_presence and not holder.HasField(r.name):
+            continue
+        if not r.min <= getattr(holder, r.name) <= r.max:
+            raise InvalidArgument(f"{_at(where)}{r.field} must be {r.min}-{r.max}")
     sub = agent.subagent_config
-    if sub.HasField("max_concurrent") and not 1 <= sub.max_concurrent <= 16:
-        raise InvalidArgument(f"{where}: subagentConfig.maxConcurrent must be 1-16")
-    if sub.HasField("timeout_ms") and not 100 <= sub.timeout_ms <= 3_600_000:
-        raise InvalidArgument(f"{where}: subagentConfig.timeoutMs must be 100-3600000")
     for field in ("allowed_preset_agent_ids", "allowed_tool_names"):
         if sub.HasField(field):
-            _names(getattr(sub, field), f"{where}: subagentConfig.{_camel(field)}")
+            _names(getattr(sub, field), f"{_at(where)}subagentConfig.{_camel(field)}")
 
 
 def to_json(agent: ap.Agent) -> dict[str, Any]:
@@ -147,3 +174,73 @@ def effective_subagent_config(
         out.allowed_tool_names.CopyFrom(own.allowed_tool_names)
     out.blocked_tool_names.extend((defaults or SubagentDefaults()).blocked_tool_names)
     return out
+
+
+# ---- a user's writes ---------------------------------------------------------------------------------
+
+
+def normalized(agent: ap.Agent, where: str = "") -> ap.Agent:
+    """The agent as it is stored: output-only fields dropped, unset `limits` / `invoke` and an empty
+    prompt or model given their defaults, validated (InvalidArgument naming the field)."""
+    out = ap.Agent()
+    out.CopyFrom(agent)
+    for name, defaults in (("limits", DEFAULT_LIMITS), ("invoke", DEFAULT_INVOKE)):
+        if not out.HasField(name):
+            getattr(out, name).CopyFrom(defaults)
+    if out.HasField("subagent_config") and not out.subagent_config.ByteSize():
+        out.ClearField("subagent_config")  # nothing of its own: the same as no subagent config
+    return from_json(to_json(out), where)
+
+
+def merged(base: ap.Agent, given: ap.Agent, paths: Sequence[str], *, new: bool = False) -> ap.Agent:
+    """`base` with the fields of `paths` taken from `given` (a path whose field `given` leaves unset
+    resets it), normalized. Output-only paths are ignored; `slug` changes only when `new`."""
+    paths = [p for p in paths if p.split(".")[0] not in OUTPUT_ONLY]
+    for path in paths:
+        if not field_mask_pb2.FieldMask(paths=[path]).IsValidForDescriptor(ap.Agent.DESCRIPTOR):
+            raise InvalidArgument(f"unknown field {path!r}")
+    if not new and "slug" in paths and given.slug != base.slug:
+        raise InvalidArgument("slug cannot change: clone the agent to a new slug instead")
+    out = ap.Agent()
+    out.CopyFrom(base)
+    field_mask_pb2.FieldMask(paths=paths).MergeMessage(
+        given, out, replace_message_field=True, replace_repeated_field=True
+    )
+    return normalized(out)
+
+
+def check_references(
+    agent: ap.Agent, known: Collection[str], tools: ToolCatalog, blocked: Collection[str]
+) -> None:
+    """What a user's agent names exists: its tools in the mesh's tool catalog, its agent-invoke callees
+    and subagent presets among the agents the user may use (`known`, or the agent itself); the tools it
+    allows its subagents run in subagents and are not blocked for them. InvalidArgument otherwise."""
+    agents = {*known, agent.slug}
+    for tool in agent.tools:
+        if tool not in tools.specs:
+            raise InvalidArgument(f"tools: unknown tool {tool!r} (the tools are {', '.join(tools.specs)})")
+    for callee in agent.invoke.allowed_callees:
+        if callee != ANY_CALLEE and callee not in agents:
+            raise InvalidArgument(f"invoke.allowedCallees: unknown agent {callee!r}")
+    sub = agent.subagent_config
+    for preset in names(sub, "allowed_preset_agent_ids") or ():
+        if preset not in agents:
+            raise InvalidArgument(f"subagentConfig.allowedPresetAgentIds: unknown agent {preset!r}")
+    for tool in names(sub, "allowed_tool_names") or ():
+        where = f"subagentConfig.allowedToolNames: {tool!r}"
+        if tool in blocked:
+            raise InvalidArgument(f"{where} is blocked for every subagent by the mesh")
+        if tool not in tools.specs:
+            raise InvalidArgument(f"{where} is not a tool (the tools are {', '.join(tools.specs)})")
+        if tool not in tools.choosable(SUBAGENT, blocked):
+            raise InvalidArgument(f"{where} does not run in subagents")
+
+
+def free_slug(base: str, taken: Collection[str]) -> str:
+    """The first of `<base>-copy`, `<base>-copy-2`, ... that is not taken (and fits a slug)."""
+    stem = f"{base[:94]}-copy"
+    slug, n = stem, 1
+    while slug in taken:
+        n += 1
+        slug = f"{stem}-{n}"
+    return slug

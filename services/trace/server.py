@@ -9,6 +9,7 @@ from agentmesh.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from libs.config import MeshSettings
 from libs.identity import Signer, signer_for
 from libs.rpc import Registration, ServiceServer
+from services.trace.agent_handler import AgentHandler
 from services.trace.agents import load_catalog
 from services.trace.handler import TraceHandler
 from services.trace.servicer import AgentServicer, AuthServicer, LeaseServicer, TraceServicer
@@ -42,7 +43,7 @@ async def build(
                     agent_service_pb2,
                     "AgentService",
                     agent_service_pb2_grpc.add_AgentServiceServicer_to_server,
-                    AgentServicer(stores.agents),
+                    AgentServicer(AgentHandler(stores.agents, settings.subagent)),
                 ),
                 Registration.of(
                     auth_service_pb2,

@@ -17,8 +17,9 @@ from agentmesh.trace.v1 import trace_service_pb2 as ts
 from agentmesh.trace.v1 import trace_service_pb2_grpc
 from libs.errors import InvalidArgument, PermissionDenied, grpc_errors
 from libs.identity import current, current_user
+from services.trace.agent_handler import AgentHandler
 from services.trace.handler import TraceHandler
-from services.trace.store.base import AgentStore, Deleted, KeyStore, LeaseStore, MessageQuery
+from services.trace.store.base import Deleted, KeyStore, LeaseStore, MessageQuery
 
 Ctx: TypeAlias = grpc.aio.ServicerContext
 
@@ -161,16 +162,44 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
 
 
 class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
-    def __init__(self, agents: AgentStore) -> None:
-        self.agents = agents
+    def __init__(self, agents: AgentHandler) -> None:
+        self.h = agents
 
     @grpc_errors
     async def GetAgent(self, request: ag.GetAgentRequest, context: Ctx) -> ag.GetAgentResponse:
-        return ag.GetAgentResponse(agent=await self.agents.get_agent(current_user(), request.slug))
+        return ag.GetAgentResponse(agent=await self.h.get(current_user(), request.slug))
 
     @grpc_errors
     async def ListAgents(self, request: ag.ListAgentsRequest, context: Ctx) -> ag.ListAgentsResponse:
-        return ag.ListAgentsResponse(agents=await self.agents.list_agents(current_user()))
+        return ag.ListAgentsResponse(agents=await self.h.list(current_user()))
+
+    @grpc_errors
+    async def CreateAgent(self, request: ag.CreateAgentRequest, context: Ctx) -> ag.CreateAgentResponse:
+        paths = list(request.field_mask.paths)
+        return ag.CreateAgentResponse(agent=await self.h.create(current_user(), request.agent, paths))
+
+    @grpc_errors
+    async def UpdateAgent(self, request: ag.UpdateAgentRequest, context: Ctx) -> ag.UpdateAgentResponse:
+        agent = await self.h.update(
+            current_user(), request.agent, list(request.update_mask.paths), request.expected_version
+        )
+        return ag.UpdateAgentResponse(agent=agent)
+
+    @grpc_errors
+    async def DeleteAgent(self, request: ag.DeleteAgentRequest, context: Ctx) -> ag.DeleteAgentResponse:
+        await self.h.delete(current_user(), request.slug, request.expected_version)
+        return ag.DeleteAgentResponse()
+
+    @grpc_errors
+    async def CloneAgent(self, request: ag.CloneAgentRequest, context: Ctx) -> ag.CloneAgentResponse:
+        agent = await self.h.clone(current_user(), request.slug, request.new_slug, request.name)
+        return ag.CloneAgentResponse(agent=agent)
+
+    @grpc_errors
+    async def GetAgentOptions(
+        self, request: ag.GetAgentOptionsRequest, context: Ctx
+    ) -> ag.GetAgentOptionsResponse:
+        return await self.h.options(current_user())
 
 
 def _mesh_only(what: str = "API keys are managed") -> None:

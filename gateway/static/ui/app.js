@@ -1,6 +1,7 @@
 // Wiring: sign-in, sidebar, chat view, turn controller and the agent-invoke panel.
 // The open session lives in the URL hash (#/s/<id>), so a reload reopens it and resumes a running turn.
 
+import { AgentsPage } from "./agents.js";
 import { auth, json, onUnauthorized } from "./api.js";
 import { ChatController } from "./chat.js";
 import { InvokePanel } from "./invoke-panel.js";
@@ -116,7 +117,9 @@ async function enter() {
   $("signin").hidden = true;
   $("app").hidden = false;
   const id = sessionFromHash();
-  if (id) await openSession(id);
+  const agentSlug = agentsFromHash();
+  if (agentSlug !== null) await openAgents(agentSlug || null);
+  else if (id) await openSession(id);
   else newChat();
 }
 
@@ -145,6 +148,44 @@ $("input").addEventListener("keydown", (event) => {
   $("composer").requestSubmit();
 });
 $("cancel").addEventListener("click", () => chat.cancel().catch(showError));
+
+// ---- The agents page (#/agents, #/agents/<slug>): it takes the chat's place until a chat is opened.
+
+const agentsPage = new AgentsPage({
+  root: $("agents-page"),
+  onChanged: () => sidebar.loadAgents().catch(showError),
+  onChat: async (slug) => {
+    closeAgents();
+    newChat();
+    await sidebar.loadAgents().catch(showError); // a new agent is in the picker before it is picked
+    sidebar.agent = slug;
+    $("agent").dispatchEvent(new Event("change")); // remembered as the picked agent
+  },
+});
+
+function agentsFromHash() {
+  const m = /^#\/agents(?:\/(.+))?$/.exec(location.hash);
+  return m ? decodeURIComponent(m[1] ?? "") : null;
+}
+
+async function openAgents(slug = null) {
+  newChat(); // the chat is left (its turn goes on): coming back opens a session or a new chat
+  $("agents-page").hidden = false;
+  document.querySelector("main.chat").hidden = true;
+  document.body.classList.add("agents-open");
+  await agentsPage.open(slug).catch(showError);
+}
+
+function closeAgents() {
+  $("agents-page").hidden = true;
+  document.querySelector("main.chat").hidden = false;
+  document.body.classList.remove("agents-open");
+}
+
+$("open-agents").addEventListener("click", () => openAgents());
+$("new-chat").addEventListener("click", closeAgents, true); // before newChat() runs
+$("sessions").addEventListener("click", (e) => e.target.closest(".session-open") && closeAgents(), true);
+$("sign-out").addEventListener("click", closeAgents, true);
 
 if (auth.key) enter();
 else showSignin();

@@ -27,9 +27,15 @@ export class Sidebar {
     if ([...this.agentSelect.options].some((o) => o.value === slug)) this.agentSelect.value = slug;
   }
 
+  /** The picker: the caller's own agents (GET /api/agents, owner set), then the built-in ones. */
   async loadAgents() {
     const { agents } = await json("/api/agents");
-    this.agentSelect.replaceChildren(...agents.map((a) => h("option", { value: a.slug }, a.name || a.slug)));
+    const option = (a) => h("option", { value: a.slug }, a.name || a.slug);
+    const own = agents.filter((a) => a.owner);
+    const builtin = agents.filter((a) => !a.owner);
+    const groups = [h("optgroup", { label: own.length ? "Built-in" : "Agents" }, builtin.map(option))];
+    if (own.length) groups.unshift(h("optgroup", { label: "Your agents" }, own.map(option)));
+    this.agentSelect.replaceChildren(...groups);
     this.agent = localStorage.getItem(AGENT) || "";
   }
 

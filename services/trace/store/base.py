@@ -11,7 +11,7 @@ here, a remote store that reads a peer's trace API, a hybrid store that routes b
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from agentmesh.agents.v1 import agent_pb2
@@ -156,6 +156,28 @@ class AgentStore(abc.ABC):
     @abc.abstractmethod
     async def list_agents(self, owner: str) -> list[agent_pb2.Agent]:
         """The owner's own agents and the built-in ones (an own agent hides a built-in of its slug)."""
+
+    @abc.abstractmethod
+    async def create_agent(self, owner: str, agent: agent_pb2.Agent) -> agent_pb2.Agent:
+        """Stores a new agent of the owner at version 1; AlreadyExists when the owner has its slug."""
+
+    @abc.abstractmethod
+    async def update_agent(
+        self,
+        owner: str,
+        slug: str,
+        change: Callable[[agent_pb2.Agent], agent_pb2.Agent],
+        expected_version: int = 0,
+    ) -> agent_pb2.Agent:
+        """Replaces the owner's own agent by `change(current)` in one unit of work, one version up (none
+        when nothing changed). NotFound when the owner has no agent of that slug and there is no
+        built-in one, PermissionDenied for a built-in one, VersionMismatch when `expected_version`
+        (0: no check) is not the current version."""
+
+    @abc.abstractmethod
+    async def delete_agent(self, owner: str, slug: str, expected_version: int = 0) -> None:
+        """Deletes the owner's own agent; references to it in messages, tasks and subagent rows are
+        cleared. Errors as update_agent's."""
 
 
 @dataclass

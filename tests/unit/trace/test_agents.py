@@ -12,6 +12,7 @@ from google.protobuf import struct_pb2
 from agentmesh.agents.v1 import agent_pb2 as ap
 from libs.config import SubagentDefaults
 from libs.errors import InvalidArgument
+from libs.tools import BUILTIN
 from services.trace import agents
 
 DEMO_CATALOG = Path(agents.__file__).parent / "demo_catalog.yaml"
@@ -366,3 +367,66 @@ def test_effective_config_whole(catalog):
     own = agents.effective_subagent_config(catalog["defaults"], mesh)
     assert list(own.blocked_tool_names) == ["clarify"]
     assert own.max_concurrent == 1  # at least one at a time
+
+
+# ---- a user's writes ---------------------------------------------------------------------------------
+
+
+def test_check_references():
+    known = {"coder", "general"}
+    blocked = ["clarify"]
+    fine = agents.from_json(
+        {
+            **MINIMAL,
+            "tools": ["agent-invoke", "clarify"],
+            "invoke": {"allowedCallees": ["*", "x", "coder"]},
+            "subagentConfig": {
+                "allowedPresetAgentIds": ["general", "x"],
+                "allowedToolNames": ["agent-invoke"],
+            },
+        }
+    )
+    agents.check_references(fine, known, BUILTIN, blocked)
+    refused = [
+        ({"tools": ["shell"]}, "tools: unknown tool 'shell'"),
+        ({"invoke": {"allowedCallees": ["ghost"]}}, "invoke.allowedCallees: unknown agent 'ghost'"),
+        (
+            {"subagentConfig": {"allowedPresetAgentIds": ["ghost"]}},
+            "subagentConfig.allowedPresetAgentIds: unknown agent 'ghost'",
+        ),
+        (
+            {"subagentConfig": {"allowedToolNames": ["clarify"]}},
+            "subagentConfig.allowedToolNames: 'clarify' is blocked for every subagent by the mesh",
+        ),
+        (  # not blocked by this mesh, but it has no handler in subagents
+            {"subagentConfig": {"allowedToolNames": ["delegate_task"]}},
+            "subagentConfig.allowedToolNames: 'delegate_task' does not run in subagents",
+        ),
+    ]
+    for fields, message in refused:
+        agent = agents.from_json({**MINIMAL, **fields})
+        with pytest.raises(InvalidArgument) as caught:
+            agents.check_references(agent, known, BUILTIN, blocked)
+        assert caught.value.message.startswith(message), fields
+
+
+def test_merged_takes_the_masked_fields():
+    base = agents.normalized(
+        agents.from_json({**MINIMAL, "limits": {"maxSteps": 3}, "subagentConfig": {"enabled": True}})
+    )
+    given = ap.Agent(slug="x", system_prompt="new", limits=ap.Limits(max_steps=9))
+    out = agents.merged(base, given, ["system_prompt", "limits.max_steps", "subagent_config", "version"])
+    assert (out.system_prompt, out.limits.max_steps, out.limits.timeout_ms) == ("new", 9, 120_000)
+    assert not out.HasField("subagent_config"), "a masked field left unset is reset"
+    assert agents.merged(base, ap.Agent(slug="x"), ["limits"]).limits == agents.DEFAULT_LIMITS
+    with pytest.raises(InvalidArgument, match=r"unknown field 'limits\.nope'"):
+        agents.merged(base, given, ["limits.nope"])
+    with pytest.raises(InvalidArgument, match="slug cannot change"):
+        agents.merged(base, ap.Agent(slug="y"), ["slug"])
+    assert agents.merged(base, ap.Agent(slug="y", name="Y"), ["slug", "name"], new=True).slug == "y"
+
+
+def test_free_slug():
+    assert agents.free_slug("general", {"general"}) == "general-copy"
+    assert agents.free_slug("general", {"general-copy", "general-copy-2"}) == "general-copy-3"
+    assert agents.SLUG.fullmatch(agents.free_slug("a" * 100, set()))

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from sqlalchemy import or_, select
+from sqlalchemy import delete, or_, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from agentmesh.agents.v1 import agent_pb2 as ap
 from libs.config import SubagentDefaults
-from libs.errors import NotFound
+from libs.errors import AlreadyExists, NotFound, PermissionDenied, VersionMismatch
 from services.trace import agents as domain
+from services.trace.domain import need_owner
 from services.trace.store.base import AgentStore
 from services.trace.store.sql.common import Database, now, ts
 from services.trace.store.sql.models import AgentRow, User
@@ -104,3 +106,72 @@ class SqlAgentStore(AgentStore):
             if row.slug not in by_slug or name is not None:
                 by_slug[row.slug] = (row, name)
         return [self._pb(row, name or "") for row, name in by_slug.values()]
+
+    async def create_agent(self, owner: str, agent: ap.Agent) -> ap.Agent:
+        need_owner(owner)
+        try:
+            async with self.db.tx() as db:
+                stamp = now()
+                row = AgentRow(
+                    slug=agent.slug,
+                    owner_user_id=await self.db.user_id(db, owner, create=True),
+                    version=1,
+                    created_at=stamp,
+                    updated_at=stamp,
+                )
+                self._write(row, agent)
+                db.add(row)
+                await db.flush()
+        except IntegrityError as exc:
+            raise AlreadyExists(f"you already have an agent {agent.slug!r}") from exc
+        return self._pb(row, owner)
+
+    async def update_agent(
+        self,
+        owner: str,
+        slug: str,
+        change: Callable[[ap.Agent], ap.Agent],
+        expected_version: int = 0,
+    ) -> ap.Agent:
+        async with self.db.tx() as db:
+            row = await self._own_row(db, owner, slug, expected_version)
+            new = change(self._pb(row, owner))
+            if domain.to_json(new) != row.config or bool(row.public) != new.public:
+                self._write(row, new)
+                row.version += 1
+                row.updated_at = now()
+        return self._pb(row, owner)
+
+    async def delete_agent(self, owner: str, slug: str, expected_version: int = 0) -> None:
+        async with self.db.tx() as db:
+            row = await self._own_row(db, owner, slug, expected_version)
+            # The database clears the references (ON DELETE SET NULL): messages, tasks and subagent
+            # rows stay.
+            await db.execute(delete(AgentRow).where(AgentRow.id == row.id))
+
+    @staticmethod
+    def _write(row: AgentRow, agent: ap.Agent) -> None:
+        row.name, row.description, row.model = agent.name, agent.description, agent.model
+        row.config, row.public = domain.to_json(agent), int(agent.public)
+
+    async def _own_row(self, db: AsyncSession, owner: str, slug: str, expected_version: int) -> AgentRow:
+        """The owner's own agent, locked for the write, at the expected version (0: any)."""
+        need_owner(owner)
+        row = await db.scalar(
+            select(AgentRow)
+            .where(AgentRow.slug == slug, AgentRow.owner_user_id == self.db.owner_uid(owner))
+            .with_for_update()
+        )
+        if row is None:
+            builtin = await db.scalar(
+                select(AgentRow.id).where(AgentRow.slug == slug, AgentRow.owner_user_id.is_(None))
+            )
+            if builtin is not None:
+                raise PermissionDenied(f"built-in agent {slug!r} is read-only: clone it to change it")
+            raise NotFound(f"unknown agent {slug!r}")
+        if expected_version and expected_version != row.version:
+            raise VersionMismatch(
+                f"agent {slug!r} is at version {row.version}, not {expected_version}: "
+                "read it again and redo the change"
+            )
+        return row

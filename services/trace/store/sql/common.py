@@ -244,8 +244,12 @@ class Database:
             raise NotFound(f"{what} not found")
         return row
 
-    async def agent_row(self, db: AsyncSession, owner: str, slug: str) -> AgentRow | None:
-        """The agent `slug` as `owner` sees it (their own, else the built-in); None for ""."""
+    async def agent_row(
+        self, db: AsyncSession, owner: str, slug: str, *, required: bool = True
+    ) -> AgentRow | None:
+        """The agent `slug` as `owner` sees it (their own, else the built-in); None for "". An unknown
+        slug is InvalidArgument, or None when not `required`: a reference kept for provenance only (the
+        caller of a run whose agent was deleted meanwhile), which its deletion would clear anyway."""
         if not slug:
             return None
         rows = (
@@ -257,5 +261,7 @@ class Database:
             )
         ).all()
         if not rows:
+            if not required:
+                return None
             raise InvalidArgument(f"unknown agent {slug!r}")
         return max(rows, key=lambda r: r.owner_user_id is not None)

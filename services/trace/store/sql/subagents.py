@@ -60,7 +60,9 @@ class SqlSubagentStore(SubagentStore):
                     if anchor is None:
                         raise InvalidArgument("parent_message_id is not a message of the trace")
                     anchors.add((trace.id, sub.parent_message_id))
-                parent_agent = await self.db.agent_row(db, owner, sub.parent_agent or trace.agent)
+                parent_agent = await self.db.agent_row(
+                    db, owner, sub.parent_agent or trace.agent, required=False
+                )
                 preset_agent = await self.db.agent_row(db, owner, sub.preset_agent)
                 runner = preset_agent or parent_agent
                 if runner is None:  # a clone, and neither the row nor its trace names an agent

@@ -38,7 +38,7 @@ class SqlTaskStore(TaskStore):
                 uid = await self.db.user_id(db, owner, create=True)
             callee = await self.db.agent_row(db, owner, task.callee_agent)
             assert callee is not None
-            caller = await self.db.agent_row(db, owner, task.caller_agent)
+            caller = await self.db.agent_row(db, owner, task.caller_agent, required=False)
             stamp = now()
             if continue_trace_id:
                 trace = await self.db.trace_row(db, owner, continue_trace_id)

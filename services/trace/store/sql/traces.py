@@ -221,7 +221,7 @@ class SqlTraceStore(TraceStore):
                 parent = parent_sequence
             else:
                 raise InvalidArgument(f"parent_sequence {parent_sequence} is not in the trace")
-            caller_agent = await self.db.agent_row(db, owner, message.caller_agent)
+            caller_agent = await self.db.agent_row(db, owner, message.caller_agent, required=False)
             stamp = now()
             trace.last_sequence += 1
             trace.head_sequence = trace.last_sequence

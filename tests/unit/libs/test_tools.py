@@ -1,0 +1,39 @@
+"""libs/tools.py: the tool vocabulary the runtime's registry and the trace service share."""
+
+from __future__ import annotations
+
+import pytest
+
+from libs import tools
+from libs.tools import A2A_CALLEE, BUILTIN, SUBAGENT, SUPERVISOR, ToolCatalog, ToolSpec
+from services.agent_runtime.builtin_tools import register_all
+from services.agent_runtime.tools import ToolRegistry
+
+
+def test_choosable_tools_per_role():
+    blocked = ["delegate_task", "delegate_parallel", "clarify", "memory_save"]
+    assert BUILTIN.choosable(SUPERVISOR, blocked) == [
+        "agent-invoke",
+        "delegate_task",
+        "delegate_parallel",
+        "clarify",
+    ]
+    assert BUILTIN.choosable(SUBAGENT, blocked) == ["agent-invoke"]
+    assert BUILTIN.choosable(SUBAGENT, ["agent-invoke"]) == [], "the mesh's blocked list applies"
+    assert BUILTIN.choosable(A2A_CALLEE, []) == ["agent-invoke"], "a callee never delegates or asks"
+
+
+def test_the_runtime_binds_a_handler_to_every_tool_and_only_to_those():
+    registry = ToolRegistry()
+    register_all(registry)
+    for role in tools.ROLES:
+        assert set(registry.handlers(role)) == set(BUILTIN.instantiated(role))
+    incomplete = ToolRegistry(
+        ToolCatalog([*BUILTIN.specs.values(), ToolSpec("extra", "x", {}, (SUPERVISOR,))])
+    )
+    with pytest.raises(RuntimeError, match="tools without a handler: extra"):
+        register_all(incomplete)
+    with pytest.raises(ValueError, match="no tool 'nope'"):
+        registry.bind("nope", lambda ctx, args: None)  # type: ignore[arg-type,return-value]
+    with pytest.raises(ValueError, match="declared twice"):
+        ToolCatalog([tools.CLARIFY, tools.CLARIFY])
