@@ -108,8 +108,13 @@ $(PEERS_VENV)/.installed: tests/bench/peers/requirements.txt
 	touch $@
 
 .PHONY: bench
-bench: setup $(VENV)/.bench-installed ## Benchmarks A-D (BENCH_ARGS=--quick for a short run); tests/bench/results/
+bench: setup $(VENV)/.bench-installed ## Benchmarks A-E then the chaos run (BENCH_ARGS=--quick for a short run); tests/bench/results/
 	$(BIN)/python -m tests.bench.run $(BENCH_ARGS)
+	$(BIN)/python -m tests.bench.chaos $(CHAOS_ARGS)
+
+.PHONY: chaos
+chaos: setup $(VENV)/.bench-installed ## Mixed turns while services are killed and restarted (CHAOS_ARGS=--minutes 1)
+	$(BIN)/python -m tests.bench.chaos $(CHAOS_ARGS)
 
 .PHONY: bench-peers
 bench-peers: setup $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## The benchmarks with the LangGraph server beside the mesh

@@ -264,6 +264,8 @@ def from_rpc_error(exc: grpc.RpcError) -> MeshError:
             if detail.Unpack(info) and info.domain == DOMAIN:
                 reason = info.reason
     cls = _BY_REASON.get(reason) or _BY_GRPC.get(code, Internal)
+    if not reason and code == grpc.StatusCode.UNAVAILABLE:  # transport words ("Socket closed") say little
+        message = f"a service of the mesh is unavailable ({message or 'no answer'}); try again shortly"
     return cls(message or code.name)
 
 

@@ -9,8 +9,9 @@ import json
 import os
 import socket
 import sys
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,7 @@ async def start_mesh(
     rules: Any = None,
     catalog: Path | None = None,
     llm_timeout_s: float = 10.0,
+    stream_options: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> Mesh:
     timing = {"ttft_ms": 0.0, "tokens_per_second": 0.0}
@@ -125,7 +127,12 @@ async def start_mesh(
         ),
         "llm": LLMSettings(base_url=mock.base_url, api_key="test", request_timeout_s=llm_timeout_s),
         "stream": StreamSettings(
-            backend=stream_backend, heartbeat_s=5, redis_prefix=f"test-{uuid.uuid4().hex}:"
+            **{
+                "backend": stream_backend,
+                "heartbeat_s": 5,
+                "redis_prefix": f"test-{uuid.uuid4().hex}:",
+                **(stream_options or {}),
+            }
         ),
         "shutdown_grace_s": 2.0,
         "log_json": False,
@@ -174,6 +181,105 @@ async def sse_events(resp: httpx.Response) -> AsyncIterator[dict[str, Any]]:
             yield data
         elif line == "":
             event_id = None
+
+
+class SseReader:
+    """Follows one SSE route to its end, as a browser does: with `reconnect`, a connection or gateway
+    that goes away is retried with Last-Event-ID until a terminal event arrives. `client()` makes the
+    HTTP client (a fresh one per attempt, so a restarted gateway is reached). Each event carries `_t`
+    (monotonic seconds). A 200 JSON `{"active": false}` (no buffer any more) ends it with a synthetic
+    `{"type": "error", "code": "no-buffer"}`; another non-SSE answer with `{"code": "http-<status>"}`.
+    `first` is a response already open (a POST /api/chat) to read before any reconnect to `path`;
+    `on_event(event)` sees each event and may return True to drop the connection there (the reader
+    resumes as after a network cut) or change `path` (a new session's id known from its first event).
+    With `reconnect`, a 502/503/504 is retried too, as the web UI does."""
+
+    def __init__(
+        self,
+        client: Callable[[], httpx.AsyncClient],
+        path: str,
+        *,
+        first: httpx.Response | None = None,
+        reconnect: bool = False,
+        on_event: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> None:
+        self.client, self.path, self.reconnect, self.on_event = client, path, reconnect, on_event
+        self.events: list[dict[str, Any]] = []
+        self.status = 0
+        self.connections = 0
+        self.live = asyncio.Event()  # a text delta arrived
+        self.started = time.monotonic()
+        self.task = asyncio.create_task(self._run(first))
+
+    @property
+    def ended(self) -> bool:
+        return bool(self.events) and self.events[-1]["type"] in ("done", "error")
+
+    @property
+    def end(self) -> dict[str, Any]:
+        return self.events[-1] if self.events else {}
+
+    @property
+    def last(self) -> str:
+        return self.end.get("type", "")
+
+    @property
+    def text(self) -> str:
+        return "".join(e["textDelta"] for e in self.events if e["type"] == "text-delta")
+
+    @property
+    def silence_before_end(self) -> float:
+        """Seconds between the event (or connection) before the terminal event and the terminal one."""
+        if not self.ended:
+            return float("nan")
+        before = self.events[-2]["_t"] if len(self.events) > 1 else self.started
+        return self.events[-1]["_t"] - before
+
+    async def _run(self, first: httpx.Response | None) -> None:
+        while not self.ended:
+            try:
+                if first is not None:
+                    response, first = first, None
+                    try:
+                        await self._read(response)
+                    finally:
+                        await response.aclose()
+                elif not self.path:
+                    self._add({"type": "error", "code": "lost-before-start"})
+                else:
+                    async with self.client() as http:
+                        last = next((e["_id"] for e in reversed(self.events) if e.get("_id")), "")
+                        headers = {"Last-Event-ID": last} if last else {}
+                        async with http.stream("GET", self.path, headers=headers) as resp:
+                            await self._read(resp)
+            except (httpx.TransportError, httpx.RemoteProtocolError):
+                if not self.reconnect:
+                    self._add({"type": "error", "code": "disconnected"})
+            if not self.ended and not self.reconnect:
+                return
+            if not self.ended:
+                await asyncio.sleep(0.2)  # the gateway is away: a browser retries
+
+    async def _read(self, resp: httpx.Response) -> None:
+        self.status = resp.status_code
+        self.connections += 1
+        if resp.status_code in (502, 503, 504) and self.reconnect:
+            return  # a service behind the gateway is coming back: retried
+        if resp.status_code != 200 or not resp.headers["content-type"].startswith("text/event-stream"):
+            body = await resp.aread()
+            gone = resp.status_code == 200 and json.loads(body).get("active") is False
+            self._add({"type": "error", "code": "no-buffer" if gone else f"http-{resp.status_code}"})
+            return
+        async for event in sse_events(resp):
+            self._add(event)
+            if event["type"] == "text-delta":
+                self.live.set()
+            if self.on_event is not None and self.on_event(event) and not self.ended:
+                return
+
+    def _add(self, event: dict[str, Any]) -> None:
+        event["_t"] = time.monotonic()
+        self.events.append(event)
 
 
 async def chat(
@@ -338,6 +444,49 @@ class ProcessMesh:
             await self.clients.close()
         await self.mock.stop()
         self.ports.release()
+
+
+@dataclass
+class Tree:
+    """Every row of a session's tree: its messages, its agent-invoke tasks and subagent rows, and the
+    messages of their child traces."""
+
+    messages: list[Any]
+    tasks: list[Any]
+    subagents: list[Any]
+
+    @property
+    def open_rows(self) -> list[str]:
+        """The rows still pending, submitted, working, queued or running."""
+        from agentmesh.events.v1 import events_pb2 as ev
+        from agentmesh.trace.v1 import trace_pb2 as tp
+
+        out = [f"message {m.id}" for m in self.messages if m.status == tp.MESSAGE_STATUS_PENDING]
+        out += [
+            f"task {t.id}" for t in self.tasks if t.state in (tp.TASK_STATE_SUBMITTED, tp.TASK_STATE_WORKING)
+        ]
+        running = (ev.SUBAGENT_STATUS_QUEUED, ev.SUBAGENT_STATUS_RUNNING)
+        out += [f"subagent {s.id}" for s in self.subagents if s.status in running]
+        return out
+
+
+async def read_tree(mesh: ProcessMesh, session: str) -> Tree | None:
+    """The session's tree as the trace service has it, or None while the trace service is away."""
+    from agentmesh.trace.v1 import trace_service_pb2 as ts
+
+    assert mesh.clients is not None
+    try:
+        with identity.acting_as(mesh.user):
+            t = mesh.clients.trace
+            every = ts.PATH_MODE_ALL
+            msgs = list((await t.ListMessages(ts.ListMessagesRequest(trace_id=session, mode=every))).messages)
+            tasks = (await t.ListA2ATasks(ts.ListA2ATasksRequest(caller_session_id=session))).tasks
+            subs = (await t.ListSubagentSessions(ts.ListSubagentSessionsRequest(trace_id=session))).subagents
+            for child in [task.trace_id for task in tasks] + [s.child_trace_id for s in subs]:
+                msgs += (await t.ListMessages(ts.ListMessagesRequest(trace_id=child, mode=every))).messages
+    except Exception:  # the trace service is coming back
+        return None
+    return Tree(msgs, list(tasks), list(subs))
 
 
 async def start_process_mesh(

@@ -1,7 +1,11 @@
 """The reaper: settles what work left behind when the process running it died. Every orchestrator
 replica runs one (at start, then every half lease): LeaseService.ReapExpired settles the expired rows in
-the trace database (never the same row twice across replicas) and names their buffers, which the reaper
-ends with an `interrupted` error, so every reader of them gets a terminal event."""
+the trace database (never the same row twice across replicas).
+
+The reaper does not end their buffers: the stream service does, with an `interrupted` error, once the
+buffer's own lease runs out (the dead process renewed both). A buffer is ended by its lease, never by
+its key: by the time a row is reaped, the user may have started a new turn whose live buffer has the
+same key (`session:<id>`)."""
 
 from __future__ import annotations
 
@@ -11,10 +15,8 @@ import logging
 import grpc
 
 from agentmesh.leases.v1 import lease_service_pb2 as ls
-from agentmesh.stream.v1 import stream_service_pb2 as ss
 from libs import identity
 from libs.clients import Clients
-from libs.errors import Interrupted
 
 log = logging.getLogger(__name__)
 BATCH = 100
@@ -43,17 +45,15 @@ class Reaper:
             while True:
                 resp = await self.clients.leases.ReapExpired(ls.ReapExpiredRequest(limit=BATCH))
                 settled += resp.messages + resp.tasks + resp.subagents
-                error = Interrupted("the process running this turn stopped; it was settled").to_event()
-                for key in resp.stream_keys:
-                    try:
-                        await self.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=error))
-                    except grpc.aio.AioRpcError as exc:
-                        if exc.code() != grpc.StatusCode.NOT_FOUND:  # gone already: nothing to end
-                            raise
                 if resp.stream_keys or resp.messages or resp.tasks or resp.subagents:
                     log.info(
                         "reaped orphans",
-                        extra={"messages": resp.messages, "tasks": resp.tasks, "subagents": resp.subagents},
+                        extra={
+                            "messages": resp.messages,
+                            "tasks": resp.tasks,
+                            "subagents": resp.subagents,
+                            "buffers": list(resp.stream_keys),
+                        },
                     )
                 if max(resp.messages, resp.tasks, resp.subagents) < BATCH:
                     return settled

@@ -17,11 +17,17 @@ import httpx
 import pytest
 
 from agentmesh.stream.v1 import stream_service_pb2 as ss
-from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events as evlib
 from libs import identity
-from tests.mesh import BACKENDS, ProcessMesh, sse_events, start_process_mesh, wait_until
+from tests.mesh import (
+    BACKENDS,
+    ProcessMesh,
+    SseReader,
+    read_tree,
+    sse_events,
+    start_process_mesh,
+    wait_until,
+)
 
 LEASE_S = 2.0
 BOUND_S = 25.0  # the longest a reader may wait for its terminal event
@@ -61,70 +67,14 @@ async def pmesh(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     await m.stop()
 
 
-class Reader:
-    """Follows one SSE route to its terminal event, reconnecting (Last-Event-ID) when the connection or
-    the gateway goes away, as a browser does."""
-
-    def __init__(self, mesh: ProcessMesh, path: str, first: httpx.Response | None = None) -> None:
-        self.mesh, self.path = mesh, path
-        self.events: list[dict[str, Any]] = []
-        self.live = asyncio.Event()
-        self.task = asyncio.create_task(self._run(first))
-
-    async def _run(self, first: httpx.Response | None) -> None:
-        async with self.mesh.http(timeout=60) as http:
-            while not self.events or self.events[-1]["type"] not in ("done", "error"):
-                try:
-                    if first is not None:
-                        await self._read(first)
-                        first = None
-                        continue
-                    last = next((e["_id"] for e in reversed(self.events) if e.get("_id")), "")
-                    headers = {"Last-Event-ID": last} if last else {}
-                    async with http.stream("GET", self.path, headers=headers) as resp:
-                        if resp.status_code != 200 or not resp.headers["content-type"].startswith(
-                            "text/event"
-                        ):
-                            self.events.append({"type": "error", "code": f"http-{resp.status_code}"})
-                            return
-                        await self._read(resp)
-                except (httpx.TransportError, httpx.RemoteProtocolError):
-                    await asyncio.sleep(0.2)  # the gateway is away: a browser retries
-
-    async def _read(self, resp: httpx.Response) -> None:
-        async for event in sse_events(resp):
-            self.events.append(event)
-            if event["type"] == "text-delta":
-                self.live.set()
-
-    @property
-    def end(self) -> dict[str, Any]:
-        return self.events[-1] if self.events else {}
+def follow(mesh: ProcessMesh, path: str) -> SseReader:
+    return SseReader(lambda: mesh.http(timeout=60), path, reconnect=True)
 
 
 async def settled(mesh: ProcessMesh, session: str) -> bool:
-    """No row of the tree is still pending, working or running."""
-    assert mesh.clients is not None
-    try:
-        with identity.acting_as(mesh.user):
-            t = mesh.clients.trace
-            msgs = (
-                await t.ListMessages(ts.ListMessagesRequest(trace_id=session, mode=ts.PATH_MODE_ALL))
-            ).messages
-            tasks = (await t.ListA2ATasks(ts.ListA2ATasksRequest(caller_session_id=session))).tasks
-            subs = (await t.ListSubagentSessions(ts.ListSubagentSessionsRequest(trace_id=session))).subagents
-            children = [task.trace_id for task in tasks] + [s.child_trace_id for s in subs]
-            for trace in children:
-                child = await t.ListMessages(ts.ListMessagesRequest(trace_id=trace, mode=ts.PATH_MODE_ALL))
-                msgs = [*msgs, *child.messages]
-    except Exception:  # the trace service is coming back
-        return False
-    return (
-        all(m.status != tp.MESSAGE_STATUS_PENDING for m in msgs)
-        and all(task.state not in (tp.TASK_STATE_SUBMITTED, tp.TASK_STATE_WORKING) for task in tasks)
-        and all(s.status in (3, 4, 5) for s in subs)
-        and bool(tasks and subs)
-    )
+    """No row of the tree is still pending, working or running (and the tree has its task and card)."""
+    tree = await read_tree(mesh, session)
+    return tree is not None and not tree.open_rows and bool(tree.tasks and tree.subagents)
 
 
 @pytest.mark.parametrize("victim", ["trace", "stream", "agent-runtime", "orchestrator", "gateway"])
@@ -150,9 +100,9 @@ async def test_a_service_killed_mid_turn_leaves_no_stream_open_and_nothing_pendi
                     break
         session = head[0]["sessionId"]
         readers = [
-            Reader(mesh, f"/api/sessions/{session}/stream"),
-            Reader(mesh, f"/api/agents/a2a/stream?taskId={task_id}"),
-            Reader(mesh, f"/api/subagents/{sub_id}/stream"),
+            follow(mesh, f"/api/sessions/{session}/stream"),
+            follow(mesh, f"/api/agents/a2a/stream?taskId={task_id}"),
+            follow(mesh, f"/api/subagents/{sub_id}/stream"),
         ]
         await asyncio.wait_for(asyncio.gather(*(r.live.wait() for r in readers[1:])), 15)
 

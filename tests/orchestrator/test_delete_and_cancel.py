@@ -9,10 +9,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.mesh import BACKENDS, TEST_CATALOG, Mesh, mesh_on, sse_events, wait_until
+from tests.mesh import BACKENDS, TEST_CATALOG, Mesh, SseReader, mesh_on, sse_events, wait_until
 
 SLOW = 20  # tokens per second: a reply of 200 words takes 10 s
 RULES: dict[str, Any] = {
@@ -61,31 +60,6 @@ async def mesh(
     await m.stop()
 
 
-class Reader:
-    """One SSE reader of one route, collecting events until the stream ends."""
-
-    def __init__(self, http: httpx.AsyncClient, path: str) -> None:
-        self.events: list[dict[str, Any]] = []
-        self.status = 0
-        self.live = asyncio.Event()  # a text delta arrived
-        self.task = asyncio.create_task(self._read(http, path))
-
-    async def _read(self, http: httpx.AsyncClient, path: str) -> None:
-        async with http.stream("GET", path) as resp:
-            self.status = resp.status_code
-            if resp.status_code != 200 or not resp.headers["content-type"].startswith("text/event-stream"):
-                await resp.aread()
-                return
-            async for event in sse_events(resp):
-                self.events.append(event)
-                if event["type"] == "text-delta":
-                    self.live.set()
-
-    @property
-    def last(self) -> str:
-        return self.events[-1]["type"] if self.events else ""
-
-
 async def test_deleting_a_running_session_ends_every_stream_and_leaves_nothing_readable(mesh: Mesh) -> None:
     async with (
         mesh.http(timeout=60) as http,
@@ -109,7 +83,7 @@ async def test_deleting_a_running_session_ends_every_stream_and_leaves_nothing_r
             f"/api/agents/a2a/stream?taskId={task_id}",
             f"/api/subagents/{subagent_id}/stream",
         ]
-        readers = [Reader(http, p) for p in paths]
+        readers = [SseReader(lambda: mesh.http(timeout=60), p) for p in paths]
         # Every reader follows live text before the delete (the model streams at 20 tokens a second).
         await asyncio.wait_for(asyncio.gather(*(r.live.wait() for r in readers[1:])), 20)
         deleted = await http.delete(f"/api/sessions/{session}")
@@ -171,7 +145,8 @@ async def test_cancel_keeps_the_callees_text_and_the_callers_tool_call(mesh: Mes
                 got.append(event)
                 if event["type"] == "a2a-task-started":
                     break
-            callee = Reader(http, f"/api/agents/a2a/stream?taskId={got[-1]['taskId']}")
+            path = f"/api/agents/a2a/stream?taskId={got[-1]['taskId']}"
+            callee = SseReader(lambda: mesh.http(timeout=60), path)
             await asyncio.wait_for(callee.live.wait(), 10)
             await wait_until(
                 lambda: sum(e["type"] == "text-delta" for e in callee.events) >= 5, 10, "callee text"
