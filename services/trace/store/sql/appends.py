@@ -32,7 +32,6 @@ from google.protobuf import json_format
 from sqlalchemy import bindparam, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.trace.v1 import trace_pb2 as tp
 from libs.errors import InvalidArgument, MeshError, NotFound
 from libs.protojson import enum_to_str
@@ -95,28 +94,19 @@ def make_item(owner: str, message: tp.Message, parent: int | None, trace_id: str
     )
 
 
-def stored(item: Item, message_id: int, sequence: int, parent: int | None, stamp: datetime) -> tp.Message:
-    """The message as stored (what a read of it returns), from the item and what the database gave."""
-    m = item.message
-    out = tp.Message(
-        id=message_id,
-        trace_id=item.trace_id,
-        sequence=sequence,
-        parent_sequence=parent or 0,
-        role=m.role,
-        content=m.content,
-        thinking=m.thinking,
-        model=m.model,
-        usage=ev.Usage(input_tokens=m.usage.input_tokens, output_tokens=m.usage.output_tokens),
-        source=m.source or tp.MESSAGE_SOURCE_USER,
-        a2a_task_id=m.a2a_task_id,
-        caller_agent=m.caller_agent,
-        caller_session_id=m.caller_session_id,
-        status=m.status or tp.MESSAGE_STATUS_COMPLETED,
-        create_time=ts(stamp),
-    )
-    if m.HasField("metadata"):
-        out.metadata.CopyFrom(m.metadata)
+def stored(item: Item, message_id: int, sequence: int, parent: int | None, created: Any) -> tp.Message:
+    """The message as stored (what a read of it returns): the item's message (every field of it is
+    stored) with what the database gave it; `created` is the batch's create_time."""
+    out = tp.Message()
+    out.CopyFrom(item.message)
+    out.id = message_id
+    out.trace_id = item.trace_id
+    out.sequence = sequence
+    out.parent_sequence = parent or 0
+    out.source = out.source or tp.MESSAGE_SOURCE_USER
+    out.status = out.status or tp.MESSAGE_STATUS_COMPLETED
+    out.usage.SetInParent()
+    out.create_time.CopyFrom(created)
     return out
 
 
@@ -275,9 +265,10 @@ async def pg_write(conn: AsyncConnection, items: Sequence[Item], stamp: datetime
         (it,) = items
         params = {k: v[0] for k, v in pg_params(items, stamp).items() if k not in ("ord", "grp", "now")}
         row = (await conn.execute(PG_APPEND_ONE, {**params, "now": stamp})).first()
-        return {} if row is None else {0: stored(it, row.id, row.sequence, row.parent_sequence, stamp)}
+        return {} if row is None else {0: stored(it, row.id, row.sequence, row.parent_sequence, ts(stamp))}
     rows = (await conn.execute(PG_APPEND, pg_params(items, stamp))).all()
-    return {r.ord: stored(items[r.ord], r.id, r.sequence, r.parent_sequence, stamp) for r in rows}
+    created = ts(stamp)
+    return {r.ord: stored(items[r.ord], r.id, r.sequence, r.parent_sequence, created) for r in rows}
 
 
 # ---- SQLite: the same steps under its single writer -------------------------------------------------
@@ -378,8 +369,9 @@ async def sqlite_write(
         if sid in last and last[sid] != traces[sid].last_sequence
     ]
     await conn.execute(_SQLITE_BUMP, bumps)
+    created = ts(stamp)
     return {
-        index: stored(items[index], message_id, sequence, parent, stamp)
+        index: stored(items[index], message_id, sequence, parent, created)
         for (index, sequence, parent), message_id in zip(placed, ids, strict=True)
     }
 
