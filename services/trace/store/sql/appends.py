@@ -446,20 +446,23 @@ class AppendBatcher:
             raise
 
     def _take(self) -> list[Item]:
-        """The next batch: pending items of traces no batch in flight holds, whole groups, in order."""
+        """The next batch: pending items of traces no batch in flight holds, in arrival order, up to
+        `max_batch` items (a group is never split; a trace left out keeps all its later items out,
+        so its order holds)."""
         batch: list[Item] = []
         rest: list[Item] = []
-        taken: set[str] = set()
+        held: set[str] = set(self._busy)
         for it in self._pending:
             if it.future.done():  # its caller gave up before it was written
                 continue
-            sid = it.trace_id
-            free = sid in taken or (sid not in self._busy and len(batch) < self.max_batch)
-            (batch if free else rest).append(it)
-            if free:
-                taken.add(sid)
+            full = len(batch) >= self.max_batch and not (batch and batch[-1].group == it.group)
+            if it.trace_id in held or full:
+                held.add(it.trace_id)
+                rest.append(it)
+            else:
+                batch.append(it)
         self._pending = rest
-        self._busy |= taken
+        self._busy |= {it.trace_id for it in batch}
         return batch
 
     async def _flush(self) -> None:
