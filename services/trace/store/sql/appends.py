@@ -4,10 +4,11 @@ arrive while one is being written, written together.
 An append takes the trace's next sequence (`sessions.last_sequence + 1`), follows the head (or the
 parent it names; 0: a new root), and moves the head to itself. On PostgreSQL that is one statement
 and one round trip for a whole batch: the items are passed as arrays, checked (the owner's trace,
-the caller agent, the parent), numbered per trace in arrival order, and the traces' rows locked in
-id order (`FOR NO KEY UPDATE`, so rows that only reference a trace are not blocked), bumped and the
-messages inserted, all in one `WITH` statement that commits on its own. On SQLite the same steps run
-as a few statements in one transaction under the process's single writer.
+the parent; the caller agent is linked when it is one), numbered per trace in arrival order, the
+traces' rows locked in id order (`FOR NO KEY UPDATE`, so rows that only reference a trace are not
+blocked), bumped and the messages inserted, all in one `WITH` statement that commits on its own.
+On SQLite the same steps run as a few statements in one transaction under the process's single
+writer.
 
 `AppendBatcher` collects appends: while a batch is in flight, new appends wait for the next one (at
 most `max_flushes` batches at once, never two holding the same trace, which would only queue on its
@@ -94,9 +95,12 @@ def make_item(owner: str, message: tp.Message, parent: int | None, trace_id: str
     )
 
 
-def stored(item: Item, message_id: int, sequence: int, parent: int | None, created: Any) -> tp.Message:
+def stored(
+    item: Item, message_id: int, sequence: int, parent: int | None, agent_id: int | None, created: Any
+) -> tp.Message:
     """The message as stored (what a read of it returns): the item's message (every field of it is
-    stored) with what the database gave it; `created` is the batch's create_time."""
+    stored) with what the database gave it; `created` is the batch's create_time. A caller agent that
+    is not (or no longer) an agent is provenance the row does not link: it reads back empty."""
     out = tp.Message()
     out.CopyFrom(item.message)
     out.id = message_id
@@ -107,6 +111,8 @@ def stored(item: Item, message_id: int, sequence: int, parent: int | None, creat
     out.status = out.status or tp.MESSAGE_STATUS_COMPLETED
     out.usage.SetInParent()
     out.create_time.CopyFrom(created)
+    if agent_id is None:
+        out.caller_agent = ""
     return out
 
 
@@ -141,7 +147,6 @@ WITH items AS (
 checked AS (
   SELECT i.*, ag.id AS agent_id,
          (s.id IS NOT NULL
-          AND (i.agent = '' OR ag.id IS NOT NULL)
           AND (i.parent IS NULL OR i.parent = 0 OR EXISTS (
                  SELECT 1 FROM messages m WHERE m.session_id = i.sid AND m.sequence = i.parent))) AS ok
   FROM items i
@@ -183,9 +188,9 @@ inserted AS (
          v.role, v.content, v.thinking, CAST(v.meta AS json), v.model, v.tin, v.tout, 0, v.status,
          v.source, NULLIF(v.task, ''), v.agent_id, NULLIF(v.csid, ''), :now
   FROM valid v JOIN locked l ON l.id = v.sid
-  RETURNING id, session_id, sequence, parent_sequence
+  RETURNING id, session_id, sequence, parent_sequence, caller_agent_id
 )
-SELECT v.ord, ins.id, ins.sequence, ins.parent_sequence
+SELECT v.ord, ins.id, ins.sequence, ins.parent_sequence, ins.caller_agent_id
 FROM inserted ins
 JOIN locked l ON l.id = ins.session_id
 JOIN valid v ON v.sid = ins.session_id AND ins.sequence = l.last_sequence + v.k
@@ -203,9 +208,6 @@ WITH locked AS (
     AND s.user_id = (SELECT u.id FROM users u WHERE u.name = :owner)
     AND (CAST(:parent AS bigint) IS NULL OR CAST(:parent AS bigint) = 0 OR EXISTS (
            SELECT 1 FROM messages m WHERE m.session_id = :sid AND m.sequence = CAST(:parent AS bigint)))
-    AND (:agent = '' OR EXISTS (
-           SELECT 1 FROM agents g
-           WHERE g.slug = :agent AND (g.owner_user_id IS NULL OR g.owner_user_id = s.user_id)))
   FOR NO KEY UPDATE
 ),
 bumped AS (
@@ -227,7 +229,7 @@ SELECT l.id, l.last_sequence + 1,
         ORDER BY g.owner_user_id IS NULL LIMIT 1),
        NULLIF(:csid, ''), :now
 FROM locked l
-RETURNING id, sequence, parent_sequence
+RETURNING id, sequence, parent_sequence, caller_agent_id
 """
 )
 
@@ -265,10 +267,15 @@ async def pg_write(conn: AsyncConnection, items: Sequence[Item], stamp: datetime
         (it,) = items
         params = {k: v[0] for k, v in pg_params(items, stamp).items() if k not in ("ord", "grp", "now")}
         row = (await conn.execute(PG_APPEND_ONE, {**params, "now": stamp})).first()
-        return {} if row is None else {0: stored(it, row.id, row.sequence, row.parent_sequence, ts(stamp))}
+        if row is None:
+            return {}
+        return {0: stored(it, row.id, row.sequence, row.parent_sequence, row.caller_agent_id, ts(stamp))}
     rows = (await conn.execute(PG_APPEND, pg_params(items, stamp))).all()
     created = ts(stamp)
-    return {r.ord: stored(items[r.ord], r.id, r.sequence, r.parent_sequence, created) for r in rows}
+    return {
+        r.ord: stored(items[r.ord], r.id, r.sequence, r.parent_sequence, r.caller_agent_id, created)
+        for r in rows
+    }
 
 
 # ---- SQLite: the same steps under its single writer -------------------------------------------------
@@ -321,7 +328,6 @@ async def sqlite_write(
         return (
             trace is not None
             and trace.name == it.owner
-            and (not it.message.caller_agent or agent_of(it) is not None)
             and (not it.parent or (it.trace_id, it.parent) in parents)
         )
 
@@ -329,7 +335,7 @@ async def sqlite_write(
     last = {sid: traces[sid].last_sequence for sid in sids if sid in traces}
     head = {sid: traces[sid].head_sequence for sid in sids if sid in traces}
     rows: list[dict[str, Any]] = []
-    placed: list[tuple[int, int, int | None]] = []  # (index, sequence, parent)
+    placed: list[tuple[int, int, int | None, int | None]] = []  # (index, sequence, parent, agent)
     for index, it in enumerate(items):
         if it.group in bad_groups:
             continue
@@ -338,6 +344,7 @@ async def sqlite_write(
         parent = (head[sid] or None) if it.parent is None else (it.parent or None)
         last[sid] = head[sid] = sequence
         m = it.message
+        agent = agent_of(it)
         rows.append(
             {
                 "session_id": sid,
@@ -354,12 +361,12 @@ async def sqlite_write(
                 "status": it.status,
                 "source": it.source,
                 "a2a_task_id": m.a2a_task_id or None,
-                "caller_agent_id": agent_of(it),
+                "caller_agent_id": agent,
                 "caller_session_id": m.caller_session_id or None,
                 "created_at": stamp,
             }
         )
-        placed.append((index, sequence, parent))
+        placed.append((index, sequence, parent, agent))
     if not rows:
         return {}
     ids = (await conn.execute(_SQLITE_INSERT, rows)).scalars().all()
@@ -371,8 +378,8 @@ async def sqlite_write(
     await conn.execute(_SQLITE_BUMP, bumps)
     created = ts(stamp)
     return {
-        index: stored(items[index], message_id, sequence, parent, created)
-        for (index, sequence, parent), message_id in zip(placed, ids, strict=True)
+        index: stored(items[index], message_id, sequence, parent, agent, created)
+        for (index, sequence, parent, agent), message_id in zip(placed, ids, strict=True)
     }
 
 
@@ -393,16 +400,6 @@ async def explain(db: Database, item: Item) -> MeshError:
             )
             if hit is None:
                 return InvalidArgument(f"parent_sequence {item.parent} is not in the trace")
-        slug = item.message.caller_agent
-        if slug:
-            uid = db.owner_uid(item.owner)
-            hit = await conn.scalar(
-                select(_A.c.id).where(
-                    _A.c.slug == slug, (_A.c.owner_user_id.is_(None)) | (_A.c.owner_user_id == uid)
-                )
-            )
-            if hit is None:
-                return InvalidArgument(f"unknown agent {slug!r}")
         return NotFound("trace not found")  # deleted while the batch ran
 
     return await db.run(work)
