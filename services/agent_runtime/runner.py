@@ -102,17 +102,24 @@ class AgentRunner:
         if req.depth < 0:
             raise InvalidArgument("depth must not be negative")
         agents = AgentDirectory(self.clients)
-        agent = await agents.get(req.agent)  # read for every run: an edit applies to the next one
+        # The agent (read for every run: an edit applies to the next one) and the history at once.
+        agent, history = await asyncio.gather(agents.get(req.agent), self.history(req))
         role = req.role or rt.RUN_ROLE_SUPERVISOR
         timeout_ms = req.timeout_ms or agent.limits.timeout_ms
         try:
             async with asyncio.timeout(timeout_ms / 1000):
-                return await self._loop(req, agent, role, sink, agents)
+                return await self._loop(req, agent, role, sink, agents, history)
         except TimeoutError as exc:
             raise DeadlineExceeded(f"agent {agent.slug} did not finish within {timeout_ms} ms") from exc
 
     async def _loop(
-        self, req: rt.RunAgentRequest, agent: ap.Agent, role: int, sink: EventSink, agents: AgentDirectory
+        self,
+        req: rt.RunAgentRequest,
+        agent: ap.Agent,
+        role: int,
+        sink: EventSink,
+        agents: AgentDirectory,
+        history: list[dict[str, Any]],
     ) -> rt.RunResult:
         o = req.overrides
         allow = list(o.tool_names.names) if o.HasField("tool_names") else None
@@ -123,7 +130,7 @@ class AgentRunner:
         max_steps = o.max_steps or agent.limits.max_steps
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": o.system_prompt or agent.system_prompt},
-            *await self.history(req),
+            *history,
         ]
         state = RunState()
         content, thinking, finish = "", "", int(ev.FINISH_REASON_STOP)

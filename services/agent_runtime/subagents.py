@@ -28,7 +28,7 @@ from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, rpc
 from libs.ids import subagent_key
 from libs.protojson import enum_to_str, to_json
 from libs.tools import MAX_DELEGATE_TASKS
-from services.agent_runtime.children import create_buffer, run_child
+from services.agent_runtime.children import ChildOutcome, create_buffer, run_child
 from services.agent_runtime.tools import SUBAGENT, ToolContext, ToolOutcome, names
 
 MAX_TASKS = MAX_DELEGATE_TASKS
@@ -238,29 +238,16 @@ class SubagentBatch:
             key,
             {"agent": plan.agent.slug, "kind": "subagent", "parentMessageId": str(ctx.anchor_message_id)},
         )
-        await self._update(i, ["status"], status=ev.SUBAGENT_STATUS_RUNNING)
-        prompt = plan.agent.system_prompt + GUIDANCE.format(parent=ctx.agent.name, goal=plan.goal)
-        text = plan.goal if not plan.context else f"{plan.goal}\n\nContext:\n{plan.context}"
-        overrides = rt.RunOverrides(system_prompt=prompt, model=plan.agent.model, max_steps=plan.max_steps)
-        if plan.tool_names is not None:
-            overrides.tool_names.names.extend(plan.tool_names)
-        outcome = await run_child(
-            ctx,
-            orc.RunTurnRequest(
-                trace_id=row.child_trace_id,
-                agent=plan.agent.slug,
-                user_text=text,
-                stream_key=key,
-                stream_created=True,
-                role=SUBAGENT,
-                depth=ctx.depth,
-                source=tp.MESSAGE_SOURCE_SUBAGENT,
-                caller_agent=ctx.agent.slug,
-                caller_session_id=ctx.trace_id,
-                timeout_ms=min(self.cfg.timeout_ms, plan.agent.limits.timeout_ms),  # its own, only its own
-                overrides=overrides,
-            ),
-        )
+        # The row turns running while the child's turn starts: its model request waits on no write
+        # of the batch's bookkeeping (the buffer exists, so a reader who sees `running` finds it).
+        running = asyncio.create_task(self._update(i, ["status"], status=ev.SUBAGENT_STATUS_RUNNING))
+        try:
+            outcome = await self._run(plan, row, key)
+        except BaseException:
+            with contextlib.suppress(MeshError):
+                await to_the_end(running)  # settled before the caller marks the row cancelled
+            raise
+        await running  # its failure fails the batch, as when it ran first
         if outcome.ok:
             assert outcome.result is not None
             r = outcome.result
@@ -284,6 +271,31 @@ class SubagentBatch:
             message = f"{err.code_name}: {err.message}"
             await self._update(i, ["status", "error"], status=status, error=message)
             out.update(status="cancelled" if cancelled else "failed", error=message)
+
+    async def _run(self, plan: _Plan, row: tp.SubagentSession, key: str) -> ChildOutcome:
+        ctx = self.ctx
+        prompt = plan.agent.system_prompt + GUIDANCE.format(parent=ctx.agent.name, goal=plan.goal)
+        text = plan.goal if not plan.context else f"{plan.goal}\n\nContext:\n{plan.context}"
+        overrides = rt.RunOverrides(system_prompt=prompt, model=plan.agent.model, max_steps=plan.max_steps)
+        if plan.tool_names is not None:
+            overrides.tool_names.names.extend(plan.tool_names)
+        return await run_child(
+            ctx,
+            orc.RunTurnRequest(
+                trace_id=row.child_trace_id,
+                agent=plan.agent.slug,
+                user_text=text,
+                stream_key=key,
+                stream_created=True,
+                role=SUBAGENT,
+                depth=ctx.depth,
+                source=tp.MESSAGE_SOURCE_SUBAGENT,
+                caller_agent=ctx.agent.slug,
+                caller_session_id=ctx.trace_id,
+                timeout_ms=min(self.cfg.timeout_ms, plan.agent.limits.timeout_ms),  # its own, only its own
+                overrides=overrides,
+            ),
+        )
 
 
 async def _delegate(ctx: ToolContext, tasks: list[Any], title: str) -> ToolOutcome:

@@ -179,13 +179,17 @@ class TurnEngine:
                     ss.CreateStreamRequest(key=spec.stream_key, metadata=metadata)
                 )
             )
-        try:
-            user = await rpc(
-                self.clients.trace.AppendMessage(
-                    ts.AppendMessageRequest(
-                        message=self._message(
+        try:  # the user message and the placeholder: one call, both stored or neither
+            begun = await rpc(
+                self.clients.trace.BeginTurn(
+                    ts.BeginTurnRequest(
+                        trace_id=spec.trace_id,
+                        user_message=self._message(
                             spec, tp.MESSAGE_ROLE_USER, spec.user_text, tp.MESSAGE_STATUS_COMPLETED
-                        )
+                        ),
+                        assistant_message=self._message(
+                            spec, tp.MESSAGE_ROLE_ASSISTANT, "", tp.MESSAGE_STATUS_PENDING
+                        ),
                     )
                 )
             )
@@ -195,18 +199,11 @@ class TurnEngine:
         except asyncio.CancelledError as exc:
             await to_the_end(self._fail(spec, out, cancel_reason(exc), None, partial))
             raise
-        out.user_message = user.message
+        user, placeholder = begun.user_message, begun.assistant_message
+        out.user_message, out.assistant_message = user, placeholder
         try:
-            placeholder = await rpc(
-                self.clients.trace.AppendMessage(
-                    ts.AppendMessageRequest(
-                        message=self._message(spec, tp.MESSAGE_ROLE_ASSISTANT, "", tp.MESSAGE_STATUS_PENDING)
-                    )
-                )
-            )
-            out.assistant_message = placeholder.message
-            with self.leases.hold(message=placeholder.message.id):
-                await self._stream_turn(spec, user.message, placeholder.message, on_event, partial, out)
+            with self.leases.hold(message=placeholder.id):
+                await self._stream_turn(spec, user, placeholder, on_event, partial, out)
         except asyncio.CancelledError as exc:
             await to_the_end(self._fail(spec, out, cancel_reason(exc), on_event, partial))
             raise

@@ -220,9 +220,9 @@ def markdown(r: dict[str, Any]) -> str:
         if name in sc:
             lines += fn(sc[name])
     if "E" in sc:
-        lines += ["## E: trace appends per second on PostgreSQL", "", *_skipped(sc["E"])]
-        if "messages_per_s" in sc["E"]:
-            lines += [f"{num(sc['E']['messages_per_s'], 0)} messages/s", ""]
+        from tests.bench import scenario_e
+
+        lines += scenario_e.markdown(sc["E"])
     logs = r.get("logs") or {}
     noisy = {k: v for k, v in logs.items() if v.get("lines")}
     if noisy:

@@ -7,7 +7,8 @@ same scripted model server read directly, measured in one run.
      pace, lateness, first delta, errors by code, CPU seconds of the mesh's processes per 1k tokens
   D  delegate_parallel with 8 subagents of 100 tokens at 50 tok/s: wall time over the slowest
      child's own model time
-  E  trace appends per second on PostgreSQL: a hook, skipped (tests/bench/scenario_e.py)
+  E  trace appends per second through the trace service on PostgreSQL (and SQLite) for three shapes,
+     next to the gRPC floor and raw asyncpg ceilings measured in the same run (scenario_e.py)
 
 With --peers langgraph, the LangGraph agent server (`langgraph dev`, in-memory, from its own
 virtual environment) runs A, B and C in the same run against the same model server.
@@ -181,11 +182,8 @@ async def run_scenarios(bench: Bench, selected: list[str], args: argparse.Namesp
             print("  warning: a target still burns CPU from the scenario before", flush=True)
         try:
             if name == "E":
-                if not scenario_e.IMPLEMENTED:
-                    out["E"] = {"skipped": scenario_e.SKIP_REASON}
-                    print(f"  skipped: {scenario_e.SKIP_REASON}", flush=True)
-                    continue
-                ctx = scenario_e.Context(args.e_database_url, 20.0, 16, WORK / "e")
+                z = bench.sizes
+                ctx = scenario_e.Context(args.e_database_url, WORK / "e", z.e_appends, z.e_writers)
                 out["E"] = await scenario_e.run(ctx)
             else:
                 out[name] = await steps[name](bench)

@@ -1,4 +1,4 @@
-"""Scenarios A to D (E is a hook, tests/bench/scenario_e.py) and the figures they report.
+"""Scenarios A to D (E, trace appends, is tests/bench/scenario_e.py) and the figures they report.
 
 Targets: `direct` (the model server read straight, the baseline of every ratio), `mesh` (POST
 /api/chat through `agentmesh up`) and, with --peers langgraph, `langgraph` (`langgraph dev`). All
@@ -53,6 +53,8 @@ class Sizes:
     d_tps: float = 50
     d_turns: int = 5
     d_warmup: int = 1
+    e_appends: int = 3000
+    e_writers: int = 50
 
 
 QUICK = {
@@ -65,6 +67,7 @@ QUICK = {
     "c_spread_s": 2.0,
     "d_turns": 2,
     "d_warmup": 1,
+    "e_appends": 600,
 }
 
 

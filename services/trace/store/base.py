@@ -86,6 +86,23 @@ class TraceStore(abc.ABC):
         and moves the head to it."""
 
     @abc.abstractmethod
+    async def append_messages(
+        self,
+        owner: str,
+        trace_id: str,
+        messages: Sequence[tp.Message],
+        parent_sequence: int | None = None,
+    ) -> list[tp.Message]:
+        """Appends `messages` consecutively (the first after the head or parent_sequence, each next
+        after the one before), all or none, and moves the head to the last."""
+
+    @abc.abstractmethod
+    async def create_trace_with_messages(
+        self, owner: str, trace: tp.Trace, trace_id: str, messages: Sequence[tp.Message]
+    ) -> tuple[tp.Trace, list[tp.Message]]:
+        """A new trace (as create_trace) holding `messages` (as append_messages), all or nothing."""
+
+    @abc.abstractmethod
     async def update_message(self, owner: str, message: tp.Message, paths: Sequence[str]) -> tp.Message:
         """Changes content, thinking, metadata, model, usage and/or status."""
 

@@ -5,23 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
-from sqlalchemy import ColumnElement, and_, or_, select
+from sqlalchemy import ColumnElement, Row, Table, and_, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.trace.v1 import trace_pb2 as tp
-from libs.errors import InvalidArgument, NotFound
+from libs.errors import InvalidArgument, NotFound, Unavailable
 from libs.protojson import enum_to_str, str_to_enum
 from services.trace.domain import aware, need_owner
 from services.trace.store.sql.db import session_factory
 from services.trace.store.sql.models import A2ATaskRow, AgentRow, MessageRow, SessionRow, SubagentRow, User
 
+log = logging.getLogger(__name__)
 CHUNK = 500  # ids per IN (...) clause
 
 KIND = tp.TraceKind.DESCRIPTOR
@@ -124,6 +127,64 @@ def message_pb(row: MessageRow) -> tp.Message:
     )
 
 
+# The tables, for Core statements.
+MESSAGES = cast(Table, MessageRow.__table__)
+SESSIONS = cast(Table, SessionRow.__table__)
+AGENTS = cast(Table, AgentRow.__table__)
+USERS = cast(Table, User.__table__)
+_M, _A = MESSAGES, AGENTS
+
+
+def message_columns(m: Any = _M) -> tuple[Any, ...]:
+    """A message as Core columns of `m` (the table, or a CTE returning its rows), with its caller
+    agent's slug from `agents` joined on caller_agent_id: no ORM objects on the hot paths."""
+    return (
+        m.c.id,
+        m.c.session_id,
+        m.c.sequence,
+        m.c.parent_sequence,
+        m.c.role,
+        m.c.content,
+        m.c.thinking,
+        m.c.metadata.label("meta"),
+        m.c.model,
+        m.c.input_tokens,
+        m.c.output_tokens,
+        m.c.status,
+        m.c.source,
+        m.c.a2a_task_id,
+        _A.c.slug.label("caller_agent_slug"),
+        m.c.caller_session_id,
+        m.c.created_at,
+    )
+
+
+MESSAGE_COLUMNS = message_columns()
+MESSAGES_WITH_AGENT = _M.outerjoin(_A, _A.c.id == _M.c.caller_agent_id)
+
+
+def message_from_row(row: Row[Any]) -> tp.Message:
+    """A message from a row of `message_columns`."""
+    return tp.Message(
+        id=row.id,
+        trace_id=row.session_id,
+        sequence=row.sequence,
+        parent_sequence=row.parent_sequence or 0,
+        role=number_of(ROLE, row.role),
+        content=row.content,
+        thinking=row.thinking,
+        metadata=to_struct(row.meta),
+        model=row.model,
+        usage=ev.Usage(input_tokens=row.input_tokens, output_tokens=row.output_tokens),
+        source=number_of(SOURCE, row.source),
+        a2a_task_id=row.a2a_task_id or "",
+        caller_agent=row.caller_agent_slug or "",
+        caller_session_id=row.caller_session_id or "",
+        status=number_of(MSG_STATUS, row.status),
+        create_time=ts(row.created_at),
+    )
+
+
 def task_pb(row: A2ATaskRow, owner: str) -> tp.A2ATask:
     return tp.A2ATask(
         id=row.id,
@@ -170,24 +231,80 @@ def subagent_pb(row: SubagentRow) -> tp.SubagentSession:
 
 
 R = TypeVar("R", MessageRow, SubagentRow, A2ATaskRow)
+T = TypeVar("T")
+
+
+_UNSENT = ("InterfaceError", "InternalClientError")  # asyncpg's: refused before anything was sent
+
+
+def never_ran(exc: DBAPIError) -> bool:
+    """Whether a statement that failed on a lost connection provably did nothing: the driver refused
+    to send it (the connection was known closed), its protocol had not started the operation, the
+    socket was already closed by the server when it was written (EPIPE), or the server said it was
+    ending the session (57P01-03: what was running is rolled back). A connection that merely broke
+    mid-statement is not among them: that statement may have committed."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc.orig
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if str(getattr(cause, "sqlstate", "") or "").startswith("57P"):
+            return True
+        if isinstance(cause, BrokenPipeError):
+            return True
+        if type(cause).__module__.startswith("asyncpg") and type(cause).__name__ in _UNSENT:
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 class Database:
     """One engine and its session factory. SQLite writes are serialised by a per-process lock;
-    PostgreSQL relies on row locks."""
+    PostgreSQL relies on row locks.
+
+    `tx()` and `read()` are ORM units of work. The hot paths run Core statements with `run()`:
+    on PostgreSQL without an explicit transaction (each statement commits on its own, so a write
+    of one statement is one round trip), retried once on a connection found dead."""
 
     def __init__(self, engine: AsyncEngine, sessionmaker: async_sessionmaker[AsyncSession] | None = None):
         self.engine = engine
         self.sm = sessionmaker or session_factory(engine)
         self.sqlite = engine.dialect.name == "sqlite"
         self._write_lock = asyncio.Lock()
+        # PostgreSQL: no BEGIN/COMMIT around single statements. SQLite keeps its default (its reads
+        # start no transaction; writes go through `write_lock` and `engine.begin()`).
+        self.auto = engine if self.sqlite else engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    @property
+    def write_lock(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """SQLite's one writer per process (a no-op on PostgreSQL)."""
+        return self._write_lock if self.sqlite else contextlib.nullcontext()
 
     @contextlib.asynccontextmanager
     async def tx(self) -> AsyncIterator[AsyncSession]:
         """One write unit of work."""
-        lock = self._write_lock if self.sqlite else contextlib.nullcontext()
-        async with lock, self.sm.begin() as db:
+        async with self.write_lock, self.sm.begin() as db:
             yield db
+
+    async def run(self, work: Callable[[AsyncConnection], Awaitable[T]], *, write: bool = False) -> T:
+        """`work` on a connection of its own: on PostgreSQL each statement its own transaction, on
+        SQLite a write runs under the write lock in one transaction. A unit that meets a dead
+        connection is retried once on a fresh one when that is safe (a read, or a write that
+        provably did nothing); otherwise it fails UNAVAILABLE."""
+        for attempt in (1, 2):
+            try:
+                if self.sqlite and write:
+                    async with self._write_lock, self.engine.begin() as conn:
+                        return await work(conn)
+                async with self.auto.connect() as conn:
+                    return await work(conn)
+            except DBAPIError as exc:
+                if not exc.connection_invalidated:
+                    raise
+                if attempt == 1 and (not write or never_ran(exc)):
+                    log.warning("database connection lost; retrying on a fresh one: %s", exc.orig)
+                    continue
+                raise Unavailable("the database connection was lost") from exc
+        raise AssertionError("unreachable")
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:
@@ -212,6 +329,23 @@ class Database:
     @classmethod
     def owned(cls, owner: str) -> ColumnElement[bool]:
         return and_(SessionRow.user_id == cls.owner_uid(owner), SessionRow.deleted_at.is_(None))
+
+    @classmethod
+    async def owned_trace(cls, conn: AsyncConnection, owner: str, trace_id: str) -> Any:
+        """The trace `owner` owns (Core: id, head_sequence, user_id); NotFound, like a missing one,
+        otherwise."""
+        need_owner(owner)
+        if not trace_id:
+            raise InvalidArgument("trace_id is required")
+        s = SESSIONS
+        row = (
+            await conn.execute(
+                select(s.c.id, s.c.head_sequence, s.c.user_id).where(s.c.id == trace_id, cls.owned(owner))
+            )
+        ).first()
+        if row is None:
+            raise NotFound("trace not found")
+        return row
 
     async def trace_row(
         self, db: AsyncSession, owner: str, trace_id: str, *, lock: bool = False

@@ -10,14 +10,22 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import event, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 HERE = Path(__file__).resolve().parents[2]  # services/trace: alembic.ini and migrations/
 _MIGRATION_LOCK = 0x6167_6D65  # pg advisory lock key: replicas starting together migrate one at a time
+POOL_RECYCLE_S = 1800  # PostgreSQL connections older than this are replaced at their next checkout
 
 
 def create_engine(url: str) -> AsyncEngine:
-    """An async engine; SQLite connections get foreign keys, WAL and a busy timeout."""
+    """An async engine; SQLite connections get foreign keys, WAL and a busy timeout.
+
+    PostgreSQL connections are not pinged at every checkout (a round trip per unit of work, which
+    PostgreSQL counts as a rollback): a connection the server has closed is known closed to asyncpg
+    once the loop has read the server's goodbye, and is swapped for a fresh one at checkout, at no
+    cost; old ones are recycled; and a unit of work that still meets a dead connection is retried
+    once where that is safe (`common.Database.run`)."""
     if url.startswith(("postgres://", "postgresql://")):
         url = "postgresql+asyncpg://" + url.split("://", 1)[1]
     if url.startswith("sqlite"):
@@ -33,7 +41,14 @@ def create_engine(url: str) -> AsyncEngine:
             cur.close()
 
         return engine
-    return create_async_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    engine = create_async_engine(url, pool_size=10, max_overflow=20, pool_recycle=POOL_RECYCLE_S)
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _alive(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+        if dbapi_conn.driver_connection.is_closed():
+            raise DisconnectionError("the server closed this connection")  # the pool takes another
+
+    return engine
 
 
 def session_factory(engine: AsyncEngine) -> async_sessionmaker:  # type: ignore[type-arg]

@@ -25,7 +25,7 @@ from services.trace.store.sql.common import (
     subagent_pb,
     usage_json,
 )
-from services.trace.store.sql.models import MessageRow, SessionRow, SubagentRow
+from services.trace.store.sql.models import AgentRow, MessageRow, SessionRow, SubagentRow
 
 
 class SqlSubagentStore(SubagentStore):
@@ -40,6 +40,15 @@ class SqlSubagentStore(SubagentStore):
         async with self.db.tx() as db:
             traces: dict[str, SessionRow] = {}
             anchors: set[tuple[str, int]] = set()
+            agents: dict[str, AgentRow | None] = {}  # a batch names the same few agents, each read once
+
+            async def agent(slug: str, *, required: bool = True) -> AgentRow | None:
+                if slug not in agents:
+                    agents[slug] = await self.db.agent_row(db, owner, slug, required=False)
+                if agents[slug] is None and slug and required:
+                    raise InvalidArgument(f"unknown agent {slug!r}")
+                return agents[slug]
+
             created: list[SubagentRow] = []
             stamp = now()
             for sub in rows:
@@ -60,10 +69,8 @@ class SqlSubagentStore(SubagentStore):
                     if anchor is None:
                         raise InvalidArgument("parent_message_id is not a message of the trace")
                     anchors.add((trace.id, sub.parent_message_id))
-                parent_agent = await self.db.agent_row(
-                    db, owner, sub.parent_agent or trace.agent, required=False
-                )
-                preset_agent = await self.db.agent_row(db, owner, sub.preset_agent)
+                parent_agent = await agent(sub.parent_agent or trace.agent, required=False)
+                preset_agent = await agent(sub.preset_agent)
                 runner = preset_agent or parent_agent
                 if runner is None:  # a clone, and neither the row nor its trace names an agent
                     raise InvalidArgument("a subagent needs an agent: preset_agent or parent_agent")

@@ -9,24 +9,29 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Select, and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs.errors import AlreadyExists, InvalidArgument
+from libs.errors import AlreadyExists, InvalidArgument, NotFound
 from libs.ids import check_local_id
 from libs.protojson import enum_to_str
 from services.trace import domain
 from services.trace.store.base import Deleted, MessagePage, MessageQuery, TraceStore
+from services.trace.store.sql.appends import AppendBatcher, Item, make_item, pg_write, sqlite_write
 from services.trace.store.sql.common import (
+    AGENTS,
     KIND,
+    MESSAGE_COLUMNS,
+    MESSAGES,
+    MESSAGES_WITH_AGENT,
     MSG_STATUS,
-    ROLE,
-    SOURCE,
+    SESSIONS,
     Database,
     chunks,
     from_struct,
-    message_pb,
+    message_columns,
+    message_from_row,
     name_of,
     now,
     trace_pb,
@@ -59,6 +64,7 @@ _PATH_COUNT = select(func.count()).select_from(MAIN_PATH.subquery())
 class SqlTraceStore(TraceStore):
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.appends = AppendBatcher(db)
 
     @staticmethod
     async def _has_sequence(db: AsyncSession, trace_id: str, sequence: int) -> bool:
@@ -208,102 +214,160 @@ class SqlTraceStore(TraceStore):
     async def append_message(
         self, owner: str, message: tp.Message, parent_sequence: int | None = None
     ) -> tp.Message:
-        role = name_of(ROLE, message.role, "message role")
-        source = enum_to_str(SOURCE, message.source) or "user"
-        status = enum_to_str(MSG_STATUS, message.status) or "completed"
+        (out,) = await self.appends.append([make_item(owner, message, parent_sequence)])
+        return out
+
+    async def append_messages(
+        self,
+        owner: str,
+        trace_id: str,
+        messages: Sequence[tp.Message],
+        parent_sequence: int | None = None,
+    ) -> list[tp.Message]:
+        items = self._items(owner, trace_id, messages, parent_sequence)
+        return await self.appends.append(items)
+
+    @staticmethod
+    def _items(
+        owner: str, trace_id: str, messages: Sequence[tp.Message], parent_sequence: int | None
+    ) -> list[Item]:
+        if not messages:
+            raise InvalidArgument("no messages to append")
+        for m in messages:
+            if m.trace_id and m.trace_id != trace_id:
+                raise InvalidArgument("every message must belong to the trace")
+        return [
+            make_item(owner, m, parent_sequence if i == 0 else None, trace_id) for i, m in enumerate(messages)
+        ]
+
+    async def create_trace_with_messages(
+        self, owner: str, trace: tp.Trace, trace_id: str, messages: Sequence[tp.Message]
+    ) -> tuple[tp.Trace, list[tp.Message]]:
+        """A new trace and its first messages, in one transaction (nothing when any is refused)."""
+        if trace_id:
+            check_local_id(trace_id, "trace_id")
+        tid = trace_id or str(uuid.uuid4())
+        items = self._items(owner, tid, messages, None)
+        kind = enum_to_str(KIND, trace.kind) or "chat"
         async with self.db.tx() as db:
-            trace = await self.db.trace_row(db, owner, message.trace_id, lock=True)
-            if parent_sequence is None:
-                parent = trace.head_sequence or None
-            elif parent_sequence == 0:
-                parent = None
-            elif await self._has_sequence(db, trace.id, parent_sequence):
-                parent = parent_sequence
-            else:
-                raise InvalidArgument(f"parent_sequence {parent_sequence} is not in the trace")
-            caller_agent = await self.db.agent_row(db, owner, message.caller_agent, required=False)
+            uid = await self.db.user_id(db, owner, create=True)
             stamp = now()
-            trace.last_sequence += 1
-            trace.head_sequence = trace.last_sequence
-            trace.updated_at = stamp
-            row = MessageRow(
-                session_id=trace.id,
-                sequence=trace.last_sequence,
-                parent_sequence=parent,
-                role=role,
-                content=message.content,
-                thinking=message.thinking,
-                meta=from_struct(message, "metadata"),
-                model=message.model,
-                input_tokens=message.usage.input_tokens,
-                output_tokens=message.usage.output_tokens,
-                status=status,
-                source=source,
-                a2a_task_id=message.a2a_task_id or None,
-                caller_agent=caller_agent,
-                caller_session_id=message.caller_session_id or None,
+            row = SessionRow(
+                id=tid,
+                user_id=uid,
+                agent=trace.agent,
+                kind=kind,
+                visible_in_sidebar=int(trace.visible_in_sidebar),
+                title=trace.title,
                 created_at=stamp,
+                updated_at=stamp,
             )
             db.add(row)
-            await db.flush()
-            return message_pb(row)
+            try:
+                await db.flush()
+            except IntegrityError as exc:
+                raise AlreadyExists("trace already exists") from exc
+            conn = await db.connection()
+            write = sqlite_write if self.db.sqlite else pg_write
+            written = await write(conn, items, stamp)
+        # A new trace of the caller's, default parents: every message is written.
+        stored = [written[i] for i in range(len(items))]
+        out = trace_pb(row, owner)
+        out.head_sequence = stored[-1].sequence
+        return out, stored
 
     async def update_message(self, owner: str, message: tp.Message, paths: Sequence[str]) -> tp.Message:
         fields = domain.check_mask(paths, domain.MESSAGE_FIELDS)
-        async with self.db.tx() as db:
-            row = await self.db.owned_row(db, MessageRow, MessageRow.id == message.id, owner, "message")
-            if "content" in fields:
-                row.content = message.content
-            if "thinking" in fields:
-                row.thinking = message.thinking
-            if "metadata" in fields:
-                row.meta = from_struct(message, "metadata")
-            if "model" in fields:
-                row.model = message.model
-            if "usage" in fields:
-                row.input_tokens = message.usage.input_tokens
-                row.output_tokens = message.usage.output_tokens
-            if "status" in fields:
-                row.status = name_of(MSG_STATUS, message.status, "message status")
-            await db.execute(
-                update(SessionRow).where(SessionRow.id == row.session_id).values(updated_at=now())
+        values: dict[str, Any] = {}
+        if "content" in fields:
+            values["content"] = message.content
+        if "thinking" in fields:
+            values["thinking"] = message.thinking
+        if "metadata" in fields:
+            values["metadata"] = from_struct(message, "metadata")
+        if "model" in fields:
+            values["model"] = message.model
+        if "usage" in fields:
+            values["input_tokens"] = message.usage.input_tokens
+            values["output_tokens"] = message.usage.output_tokens
+        if "status" in fields:
+            values["status"] = name_of(MSG_STATUS, message.status, "message status")
+        domain.need_owner(owner)
+        owned = select(_S.c.id).where(self.db.owned(owner))
+        changed = update(_M).where(_M.c.id == message.id, _M.c.session_id.in_(owned)).values(**values)
+        stamp = now()
+
+        async def pg(conn: AsyncConnection) -> Any:
+            # One statement: the message, its trace's updated_at, and the row read back.
+            m = changed.returning(*_M.c).cte("changed")
+            touched = update(_S).where(_S.c.id.in_(select(m.c.session_id))).values(updated_at=stamp)
+            stmt = (
+                select(*message_columns(m))
+                .select_from(m.outerjoin(_A, _A.c.id == m.c.caller_agent_id))
+                .add_cte(touched.cte("touched"))
             )
-            return message_pb(row)
+            return (await conn.execute(stmt)).first()
+
+        async def lite(conn: AsyncConnection) -> Any:
+            sid = (await conn.execute(changed.returning(_M.c.session_id))).scalar()
+            if sid is None:
+                return None
+            await conn.execute(update(_S).where(_S.c.id == sid).values(updated_at=stamp))
+            return (await conn.execute(_ONE_MESSAGE, {"mid": message.id})).first()
+
+        row = await self.db.run(lite if self.db.sqlite else pg, write=True)
+        if row is None:
+            raise NotFound("message not found")
+        return message_from_row(row)
 
     async def get_message(self, owner: str, message_id: int) -> tp.Message:
-        async with self.db.read() as db:
-            return message_pb(
-                await self.db.owned_row(db, MessageRow, MessageRow.id == message_id, owner, "message")
-            )
+        domain.need_owner(owner)
+        owned = select(_S.c.id).where(self.db.owned(owner))
+        stmt = _MESSAGES.where(_M.c.id == message_id, _M.c.session_id.in_(owned))
+
+        async def work(conn: AsyncConnection) -> Any:
+            return (await conn.execute(stmt)).first()
+
+        row = await self.db.run(work)
+        if row is None:
+            raise NotFound("message not found")
+        return message_from_row(row)
 
     async def list_messages(self, owner: str, query: MessageQuery) -> MessagePage:
         limit = domain.check_window(query.limit, query.offset, query.since_sequence, query.head_sequence)
         if query.mode not in (ts.PATH_MODE_UNSPECIFIED, ts.PATH_MODE_MAIN_PATH, ts.PATH_MODE_ALL):
             raise InvalidArgument("unknown list mode")
-        async with self.db.read() as db:
-            trace = await self.db.trace_row(db, owner, query.trace_id)
+
+        async def has(conn: AsyncConnection, trace_id: str, sequence: int) -> bool:
+            found = await conn.scalar(
+                select(_M.c.id).where(_M.c.session_id == trace_id, _M.c.sequence == sequence)
+            )
+            return found is not None
+
+        async def work(conn: AsyncConnection) -> MessagePage:
+            trace = await self.db.owned_trace(conn, owner, query.trace_id)
             head = query.head_sequence or trace.head_sequence
             where: list[ColumnElement[bool]] = [
-                MessageRow.session_id == trace.id,
-                MessageRow.sequence > query.since_sequence,
+                _M.c.session_id == trace.id,
+                _M.c.sequence > query.since_sequence,
             ]
             params: dict[str, Any] = {}
             if query.mode == ts.PATH_MODE_ALL:
                 # Every branch is listed whatever the head, but an unknown head is an error in both
                 # modes, on every page (main path mode finds out below, from an empty page).
-                if query.head_sequence and not await self._has_sequence(db, trace.id, query.head_sequence):
+                if query.head_sequence and not await has(conn, trace.id, query.head_sequence):
                     raise InvalidArgument(f"head_sequence {query.head_sequence} is not in the trace")
             else:
                 if not head:
                     return MessagePage([], 0, 0)
-                where.append(MessageRow.sequence.in_(MAIN_PATH))
+                where.append(_M.c.sequence.in_(MAIN_PATH))
                 params = {"sid": trace.id, "head": head}
             # One query: the page, and the total before limit/offset as a window count.
             total_col = func.count().over().label("total")
-            result = await db.execute(
-                select(MessageRow, total_col)
+            result = await conn.execute(
+                _MESSAGES.add_columns(total_col)
                 .where(*where)
-                .order_by(MessageRow.sequence)
+                .order_by(_M.c.sequence)
                 .offset(query.offset)
                 .limit(limit),
                 params,
@@ -312,8 +376,15 @@ class SqlTraceStore(TraceStore):
             if rows:
                 total = int(rows[0].total)
             else:  # an empty page: the total still counts (and an unknown head is an error)
-                if query.head_sequence and not await self._has_sequence(db, trace.id, query.head_sequence):
+                if query.head_sequence and not await has(conn, trace.id, query.head_sequence):
                     raise InvalidArgument(f"head_sequence {query.head_sequence} is not in the trace")
-                count = select(func.count()).select_from(MessageRow).where(*where)
-                total = int(await db.scalar(count, params) or 0)
-            return MessagePage([message_pb(r.MessageRow) for r in rows], head, total)
+                count = select(func.count()).select_from(_M).where(*where)
+                total = int(await conn.scalar(count, params) or 0)
+            return MessagePage([message_from_row(r) for r in rows], head, total)
+
+        return await self.db.run(work)
+
+
+_M, _S, _A = MESSAGES, SESSIONS, AGENTS
+_MESSAGES = select(*MESSAGE_COLUMNS).select_from(MESSAGES_WITH_AGENT)
+_ONE_MESSAGE = _MESSAGES.where(_M.c.id == bindparam("mid"))

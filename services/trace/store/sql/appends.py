@@ -1,0 +1,513 @@
+"""Appending messages: the next sequence, the head and the row in one statement, and the appends that
+arrive while one is being written, written together.
+
+An append takes the trace's next sequence (`sessions.last_sequence + 1`), follows the head (or the
+parent it names; 0: a new root), and moves the head to itself. On PostgreSQL that is one statement
+and one round trip for a whole batch: the items are passed as arrays, checked (the owner's trace,
+the parent; the caller agent is linked when it is one), numbered per trace in arrival order, the
+traces' rows locked in id order (`FOR NO KEY UPDATE`, so rows that only reference a trace are not
+blocked), bumped and the messages inserted, all in one `WITH` statement that commits on its own.
+On SQLite the same steps run as a few statements in one transaction under the process's single
+writer.
+
+`AppendBatcher` collects appends: while a batch is in flight, new appends wait for the next one (at
+most `max_flushes` batches at once, never two holding the same trace, which would only queue on its
+row lock), so concurrent writers cost one transaction per batch instead of one each. An append that
+finds nothing in flight is written at once. The result is the same as writing the items one after
+another in arrival order: gap-free sequences per trace, each default append after the one before.
+Items of one group (a turn's user message and placeholder) are written all or none. A batch that
+fails is retried item group by item group, so one bad message fails only its own caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from google.protobuf import json_format
+from sqlalchemy import bindparam, insert, select, text, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agentmesh.trace.v1 import trace_pb2 as tp
+from libs.errors import InvalidArgument, MeshError, NotFound
+from libs.protojson import enum_to_str
+from services.trace.domain import need_owner
+from services.trace.store.sql.common import (
+    AGENTS,
+    MESSAGES,
+    MSG_STATUS,
+    ROLE,
+    SESSIONS,
+    SOURCE,
+    USERS,
+    Database,
+    name_of,
+    now,
+    ts,
+)
+
+MAX_BATCH = 500  # items per statement
+_M, _S, _A, _U = MESSAGES, SESSIONS, AGENTS, USERS
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    return asyncio.get_running_loop()
+
+
+@dataclass(eq=False)
+class Item:
+    """One message to append, checked for what needs no database."""
+
+    owner: str
+    trace_id: str
+    message: tp.Message
+    parent: int | None  # None: after the head; 0: a new root; n: after message n
+    role: str
+    source: str
+    status: str
+    meta: str | None  # the metadata as JSON text
+    group: int = 0  # items of a group are written all or none, consecutively
+    future: asyncio.Future[tp.Message] = field(default_factory=lambda: _loop().create_future())
+
+
+def make_item(owner: str, message: tp.Message, parent: int | None, trace_id: str = "") -> Item:
+    need_owner(owner)
+    tid = trace_id or message.trace_id
+    if not tid:
+        raise InvalidArgument("trace_id is required")
+    meta = None
+    if message.HasField("metadata"):
+        meta = json.dumps(json_format.MessageToDict(message.metadata), separators=(",", ":"))
+    return Item(
+        owner=owner,
+        trace_id=tid,
+        message=message,
+        parent=parent,
+        role=name_of(ROLE, message.role, "message role"),
+        source=enum_to_str(SOURCE, message.source) or "user",
+        status=enum_to_str(MSG_STATUS, message.status) or "completed",
+        meta=meta,
+    )
+
+
+def stored(
+    item: Item, message_id: int, sequence: int, parent: int | None, agent_id: int | None, created: Any
+) -> tp.Message:
+    """The message as stored (what a read of it returns): the item's message (every field of it is
+    stored) with what the database gave it; `created` is the batch's create_time. A caller agent that
+    is not (or no longer) an agent is provenance the row does not link: it reads back empty."""
+    out = tp.Message()
+    out.CopyFrom(item.message)
+    out.id = message_id
+    out.trace_id = item.trace_id
+    out.sequence = sequence
+    out.parent_sequence = parent or 0
+    out.source = out.source or tp.MESSAGE_SOURCE_USER
+    out.status = out.status or tp.MESSAGE_STATUS_COMPLETED
+    out.usage.SetInParent()
+    out.create_time.CopyFrom(created)
+    if agent_id is None:
+        out.caller_agent = ""
+    return out
+
+
+# ---- PostgreSQL: one statement per batch ------------------------------------------------------------
+
+_COLUMNS = (
+    ("ord", "int"),
+    ("grp", "int"),
+    ("sid", "text"),
+    ("owner", "text"),
+    ("parent", "bigint"),
+    ("role", "text"),
+    ("content", "text"),
+    ("thinking", "text"),
+    ("meta", "text"),
+    ("model", "text"),
+    ("tin", "bigint"),
+    ("tout", "bigint"),
+    ("status", "text"),
+    ("source", "text"),
+    ("task", "text"),
+    ("agent", "text"),
+    ("csid", "text"),
+)
+
+PG_APPEND = text(
+    f"""
+WITH items AS (
+  SELECT * FROM unnest({", ".join(f"CAST(:{n} AS {t}[])" for n, t in _COLUMNS)})
+    AS i({", ".join(n for n, _ in _COLUMNS)})
+),
+checked AS (
+  SELECT i.*, ag.id AS agent_id,
+         (s.id IS NOT NULL
+          AND (i.parent IS NULL OR i.parent = 0 OR EXISTS (
+                 SELECT 1 FROM messages m WHERE m.session_id = i.sid AND m.sequence = i.parent))) AS ok
+  FROM items i
+  LEFT JOIN users u ON u.name = i.owner
+  LEFT JOIN sessions s ON s.id = i.sid AND s.user_id = u.id AND s.deleted_at IS NULL
+  LEFT JOIN LATERAL (
+    SELECT g.id FROM agents g
+    WHERE i.agent <> '' AND g.slug = i.agent AND (g.owner_user_id IS NULL OR g.owner_user_id = u.id)
+    ORDER BY g.owner_user_id IS NULL LIMIT 1
+  ) ag ON true
+),
+valid AS (
+  SELECT c.*, row_number() OVER (PARTITION BY c.sid ORDER BY c.ord) AS k,
+         count(*) OVER (PARTITION BY c.sid) AS n
+  FROM (SELECT checked.*, bool_and(ok) OVER (PARTITION BY grp) AS group_ok FROM checked) c
+  WHERE c.group_ok
+),
+locked AS (
+  SELECT s.id, s.last_sequence, s.head_sequence FROM sessions s
+  WHERE s.id IN (SELECT sid FROM valid) AND s.deleted_at IS NULL
+  ORDER BY s.id
+  FOR NO KEY UPDATE
+),
+bumped AS (
+  UPDATE sessions s
+  SET last_sequence = l.last_sequence + c.n, head_sequence = l.last_sequence + c.n, updated_at = :now
+  FROM locked l JOIN (SELECT DISTINCT sid, n FROM valid) c ON c.sid = l.id
+  WHERE s.id = l.id
+),
+inserted AS (
+  INSERT INTO messages (session_id, sequence, parent_sequence, role, content, thinking, metadata, model,
+                        input_tokens, output_tokens, sort_order, status, source, a2a_task_id,
+                        caller_agent_id, caller_session_id, created_at)
+  SELECT v.sid, l.last_sequence + v.k,
+         CASE WHEN v.parent IS NULL THEN
+                CASE WHEN v.k = 1 THEN NULLIF(l.head_sequence, 0) ELSE l.last_sequence + v.k - 1 END
+              WHEN v.parent = 0 THEN NULL
+              ELSE v.parent END,
+         v.role, v.content, v.thinking, CAST(v.meta AS json), v.model, v.tin, v.tout, 0, v.status,
+         v.source, NULLIF(v.task, ''), v.agent_id, NULLIF(v.csid, ''), :now
+  FROM valid v JOIN locked l ON l.id = v.sid
+  RETURNING id, session_id, sequence, parent_sequence, caller_agent_id
+)
+SELECT v.ord, ins.id, ins.sequence, ins.parent_sequence, ins.caller_agent_id
+FROM inserted ins
+JOIN locked l ON l.id = ins.session_id
+JOIN valid v ON v.sid = ins.session_id AND ins.sequence = l.last_sequence + v.k
+"""
+)
+
+
+# One item: the same steps with scalar parameters, which PostgreSQL plans once (the batch statement
+# is planned for its arrays at every run, which only pays off when they hold several items).
+PG_APPEND_ONE = text(
+    """
+WITH locked AS (
+  SELECT s.id, s.user_id, s.last_sequence, s.head_sequence FROM sessions s
+  WHERE s.id = :sid AND s.deleted_at IS NULL
+    AND s.user_id = (SELECT u.id FROM users u WHERE u.name = :owner)
+    AND (CAST(:parent AS bigint) IS NULL OR CAST(:parent AS bigint) = 0 OR EXISTS (
+           SELECT 1 FROM messages m WHERE m.session_id = :sid AND m.sequence = CAST(:parent AS bigint)))
+  FOR NO KEY UPDATE
+),
+bumped AS (
+  UPDATE sessions s
+  SET last_sequence = l.last_sequence + 1, head_sequence = l.last_sequence + 1, updated_at = :now
+  FROM locked l
+  WHERE s.id = l.id
+)
+INSERT INTO messages (session_id, sequence, parent_sequence, role, content, thinking, metadata, model,
+                      input_tokens, output_tokens, sort_order, status, source, a2a_task_id,
+                      caller_agent_id, caller_session_id, created_at)
+SELECT l.id, l.last_sequence + 1,
+       CASE WHEN CAST(:parent AS bigint) IS NULL THEN NULLIF(l.head_sequence, 0)
+            ELSE NULLIF(CAST(:parent AS bigint), 0) END,
+       :role, :content, :thinking, CAST(:meta AS json), :model, :tin, :tout, 0, :status, :source,
+       NULLIF(:task, ''),
+       (SELECT g.id FROM agents g
+        WHERE :agent <> '' AND g.slug = :agent AND (g.owner_user_id IS NULL OR g.owner_user_id = l.user_id)
+        ORDER BY g.owner_user_id IS NULL LIMIT 1),
+       NULLIF(:csid, ''), :now
+FROM locked l
+RETURNING id, sequence, parent_sequence, caller_agent_id
+"""
+)
+
+
+def pg_params(items: Sequence[Item], stamp: datetime) -> dict[str, Any]:
+    cols: dict[str, list[Any]] = {n: [] for n, _ in _COLUMNS}
+    for i, it in enumerate(items):
+        m = it.message
+        for name, value in (
+            ("ord", i),
+            ("grp", it.group),
+            ("sid", it.trace_id),
+            ("owner", it.owner),
+            ("parent", it.parent),
+            ("role", it.role),
+            ("content", m.content),
+            ("thinking", m.thinking),
+            ("meta", it.meta),
+            ("model", m.model),
+            ("tin", m.usage.input_tokens),
+            ("tout", m.usage.output_tokens),
+            ("status", it.status),
+            ("source", it.source),
+            ("task", m.a2a_task_id),
+            ("agent", m.caller_agent),
+            ("csid", m.caller_session_id),
+        ):
+            cols[name].append(value)
+    return {**cols, "now": stamp}
+
+
+async def pg_write(conn: AsyncConnection, items: Sequence[Item], stamp: datetime) -> dict[int, tp.Message]:
+    """Index in `items` -> the stored message, for every item written."""
+    if len(items) == 1:
+        (it,) = items
+        params = {k: v[0] for k, v in pg_params(items, stamp).items() if k not in ("ord", "grp", "now")}
+        row = (await conn.execute(PG_APPEND_ONE, {**params, "now": stamp})).first()
+        if row is None:
+            return {}
+        return {0: stored(it, row.id, row.sequence, row.parent_sequence, row.caller_agent_id, ts(stamp))}
+    rows = (await conn.execute(PG_APPEND, pg_params(items, stamp))).all()
+    created = ts(stamp)
+    return {
+        r.ord: stored(items[r.ord], r.id, r.sequence, r.parent_sequence, r.caller_agent_id, created)
+        for r in rows
+    }
+
+
+# ---- SQLite: the same steps under its single writer -------------------------------------------------
+
+_SQLITE_INSERT = insert(_M).returning(_M.c.id, sort_by_parameter_order=True)
+_SQLITE_BUMP = (
+    update(_S)
+    .where(_S.c.id == bindparam("b_id"))
+    .values(
+        last_sequence=bindparam("b_last"), head_sequence=bindparam("b_last"), updated_at=bindparam("b_now")
+    )
+)
+
+
+async def sqlite_write(
+    conn: AsyncConnection, items: Sequence[Item], stamp: datetime
+) -> dict[int, tp.Message]:
+    """What `PG_APPEND` does, as statements in the caller's transaction (SQLite has one writer)."""
+    sids = sorted({it.trace_id for it in items})
+    traces = {
+        r.id: r
+        for r in await conn.execute(
+            select(_S.c.id, _S.c.user_id, _S.c.last_sequence, _S.c.head_sequence, _U.c.name)
+            .join(_U, _U.c.id == _S.c.user_id)
+            .where(_S.c.id.in_(sids), _S.c.deleted_at.is_(None))
+        )
+    }
+    slugs = sorted({it.message.caller_agent for it in items if it.message.caller_agent})
+    agents: dict[tuple[str, Any], int] = {}
+    if slugs:
+        found = await conn.execute(select(_A.c.id, _A.c.slug, _A.c.owner_user_id).where(_A.c.slug.in_(slugs)))
+        agents = {(r.slug, r.owner_user_id): r.id for r in found}
+    asked = [(it.trace_id, it.parent) for it in items if it.parent]
+    parents: set[tuple[str, int]] = set()
+    if asked:
+        found = await conn.execute(
+            select(_M.c.session_id, _M.c.sequence).where(
+                _M.c.session_id.in_(sorted({sid for sid, _ in asked})),
+                _M.c.sequence.in_(sorted({p for _, p in asked if p is not None})),
+            )
+        )
+        parents = {(r.session_id, r.sequence) for r in found}
+
+    def agent_of(it: Item) -> int | None:
+        slug, trace = it.message.caller_agent, traces[it.trace_id]
+        return agents.get((slug, trace.user_id), agents.get((slug, None))) if slug else None
+
+    def ok(it: Item) -> bool:
+        trace = traces.get(it.trace_id)
+        return (
+            trace is not None
+            and trace.name == it.owner
+            and (not it.parent or (it.trace_id, it.parent) in parents)
+        )
+
+    bad_groups = {it.group for it in items if not ok(it)}
+    last = {sid: traces[sid].last_sequence for sid in sids if sid in traces}
+    head = {sid: traces[sid].head_sequence for sid in sids if sid in traces}
+    rows: list[dict[str, Any]] = []
+    placed: list[tuple[int, int, int | None, int | None]] = []  # (index, sequence, parent, agent)
+    for index, it in enumerate(items):
+        if it.group in bad_groups:
+            continue
+        sid = it.trace_id
+        sequence = last[sid] + 1
+        parent = (head[sid] or None) if it.parent is None else (it.parent or None)
+        last[sid] = head[sid] = sequence
+        m = it.message
+        agent = agent_of(it)
+        rows.append(
+            {
+                "session_id": sid,
+                "sequence": sequence,
+                "parent_sequence": parent,
+                "role": it.role,
+                "content": m.content,
+                "thinking": m.thinking,
+                "metadata": None if it.meta is None else json.loads(it.meta),
+                "model": m.model,
+                "input_tokens": m.usage.input_tokens,
+                "output_tokens": m.usage.output_tokens,
+                "sort_order": 0,
+                "status": it.status,
+                "source": it.source,
+                "a2a_task_id": m.a2a_task_id or None,
+                "caller_agent_id": agent,
+                "caller_session_id": m.caller_session_id or None,
+                "created_at": stamp,
+            }
+        )
+        placed.append((index, sequence, parent, agent))
+    if not rows:
+        return {}
+    ids = (await conn.execute(_SQLITE_INSERT, rows)).scalars().all()
+    bumps = [
+        {"b_id": sid, "b_last": last[sid], "b_now": stamp}
+        for sid in sids
+        if sid in last and last[sid] != traces[sid].last_sequence
+    ]
+    await conn.execute(_SQLITE_BUMP, bumps)
+    created = ts(stamp)
+    return {
+        index: stored(items[index], message_id, sequence, parent, agent, created)
+        for (index, sequence, parent, agent), message_id in zip(placed, ids, strict=True)
+    }
+
+
+# ---- why an item was not written ---------------------------------------------------------------------
+
+
+async def explain(db: Database, item: Item) -> MeshError:
+    """The error of an item the batch left out (checked in the order a single append checks)."""
+
+    async def work(conn: AsyncConnection) -> MeshError:
+        try:
+            await db.owned_trace(conn, item.owner, item.trace_id)
+        except MeshError as err:
+            return err
+        if item.parent:
+            hit = await conn.scalar(
+                select(_M.c.id).where(_M.c.session_id == item.trace_id, _M.c.sequence == item.parent)
+            )
+            if hit is None:
+                return InvalidArgument(f"parent_sequence {item.parent} is not in the trace")
+        return NotFound("trace not found")  # deleted while the batch ran
+
+    return await db.run(work)
+
+
+# ---- the batcher ---------------------------------------------------------------------------------------
+
+
+class AppendBatcher:
+    """Writes the appends of every caller, batched while a batch is in flight (see the module doc)."""
+
+    def __init__(self, db: Database, *, max_flushes: int | None = None, max_batch: int = MAX_BATCH) -> None:
+        self.db = db
+        self.max_flushes = max_flushes or (1 if db.sqlite else 2)
+        self.max_batch = max_batch
+        self._pending: list[Item] = []
+        self._busy: set[str] = set()  # traces a batch in flight holds
+        self._flushes = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._groups = itertools.count(1)
+        self._write: Callable[[AsyncConnection, Sequence[Item], datetime], Any] = (
+            sqlite_write if db.sqlite else pg_write
+        )
+
+    async def append(self, items: Sequence[Item]) -> list[tp.Message]:
+        """Writes `items` (of one trace, consecutively, all or none) and returns them as stored."""
+        group = next(self._groups)
+        for it in items:
+            it.group = group
+        self._pending.extend(items)
+        if self._flushes < self.max_flushes and items[0].trace_id not in self._busy:
+            self._flushes += 1
+            task = asyncio.get_running_loop().create_task(self._flush())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        try:
+            return [await it.future for it in items]
+        except asyncio.CancelledError:
+            for it in items:
+                it.future.cancel()  # not written yet: it never will be
+            raise
+
+    def _take(self) -> list[Item]:
+        """The next batch: pending items of traces no batch in flight holds, in arrival order, up to
+        `max_batch` items (a group is never split; a trace left out keeps all its later items out,
+        so its order holds)."""
+        batch: list[Item] = []
+        rest: list[Item] = []
+        held: set[str] = set(self._busy)
+        for it in self._pending:
+            if it.future.done():  # its caller gave up before it was written
+                continue
+            full = len(batch) >= self.max_batch and not (batch and batch[-1].group == it.group)
+            if it.trace_id in held or full:
+                held.add(it.trace_id)
+                rest.append(it)
+            else:
+                batch.append(it)
+        self._pending = rest
+        self._busy |= {it.trace_id for it in batch}
+        return batch
+
+    async def _flush(self) -> None:
+        try:
+            while batch := self._take():
+                try:
+                    await self._write_batch(batch)
+                finally:
+                    self._busy -= {it.trace_id for it in batch}
+        finally:
+            self._flushes -= 1
+
+    async def _write_batch(self, batch: list[Item]) -> None:
+        stamp = now()
+        try:
+            written = await self.db.run(lambda conn: self._write(conn, batch, stamp), write=True)
+        except Exception as exc:
+            groups = list(_groups(batch))
+            if len(groups) > 1:  # one bad message must not fail the others: each group on its own
+                for group in groups:
+                    await self._write_batch(group)
+                return
+            for it in batch:
+                if not it.future.done():
+                    it.future.set_exception(exc)
+            return
+        left_out: dict[int, MeshError] = {}
+        for index, it in enumerate(batch):
+            if it.future.done():
+                continue
+            message = written.get(index)
+            if message is not None:
+                it.future.set_result(message)
+                continue
+            err = left_out.get(it.group)
+            if err is None:
+                mates = [m for m in batch if m.group == it.group]
+                for mate in mates:
+                    err = await explain(self.db, mate)
+                    if not isinstance(err, NotFound) or mate is mates[-1]:
+                        break
+                assert err is not None
+                left_out[it.group] = err
+            it.future.set_exception(err)
+
+
+def _groups(batch: list[Item]) -> list[list[Item]]:
+    out: dict[int, list[Item]] = {}
+    for it in batch:
+        out.setdefault(it.group, []).append(it)
+    return list(out.values())
