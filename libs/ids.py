@@ -19,7 +19,8 @@ from libs.errors import InvalidArgument
 
 MAX_ID = 64
 MAX_REF = 300
-_LOCAL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+LOCAL_ID_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"  # also what the gateway's OpenAPI document states
+_LOCAL = re.compile(LOCAL_ID_PATTERN)
 _ALIAS = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 SCHEME = "agent://"
