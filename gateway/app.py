@@ -30,7 +30,9 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
             if own:
                 await app.state.clients.close()
 
-    app = FastAPI(title="agentmesh gateway", lifespan=lifespan)
+    # No redirect from "/x/" to "/x": it kept the method, so DELETE /api/sessions/ (an empty id) became
+    # DELETE /api/sessions, every session; an unknown path is a 404.
+    app = FastAPI(title="agentmesh gateway", lifespan=lifespan, redirect_slashes=False)
     app.state.settings = settings
     app.state.drain = Drain()
     app.state.auth_cache = {}
