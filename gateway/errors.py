@@ -12,6 +12,7 @@ reason from the one table (libs/errors.py), and the OpenAPI document says which 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -20,7 +21,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
-from starlette.routing import Match
 
 from libs.errors import TABLE, Internal, InvalidArgument, MeshError, NotFound, from_rpc_error
 
@@ -52,19 +52,27 @@ def error_response(err: MeshError, headers: Mapping[str, str] | None = None) -> 
     return JSONResponse(err.json_body(), status_code=err.http_status, headers=dict(headers or {}))
 
 
-_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
-
-
 def _allowed_methods(request: Request) -> list[str]:
-    """Every method some route of the app serves on this path (Starlette's own 405 names only the
-    first matching route's)."""
-    routes = request.app.router.routes
-    allowed = [
-        method
-        for method in _METHODS
-        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)
-    ]
-    return allowed or ["GET", "HEAD"]  # no route says: the UI's static files (their own 405)
+    """The methods the OpenAPI document lists for the path, a concrete path before a templated one (as
+    OpenAPI matches): the document says what a path serves (Starlette's own 405 names only the first
+    matching route's methods); paths outside it are the UI's static files (GET, HEAD)."""
+    app = request.app
+    paths = getattr(app.state, "openapi_paths", None)
+    if paths is None:
+        paths = []
+        for template, item in app.openapi()["paths"].items():
+            pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
+            methods = [
+                m.upper() for m in item if m in ("get", "put", "post", "delete", "options", "head", "patch")
+            ]
+            paths.append(("{" in template, re.compile(pattern), methods))
+        paths.sort(key=lambda entry: entry[0])  # concrete paths first
+        app.state.openapi_paths = paths
+    path = request.url.path
+    for _, pattern, methods in paths:
+        if pattern.fullmatch(path):
+            return [m for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS") if m in methods]
+    return ["GET", "HEAD"]
 
 
 def _body_error(exc: HTTPException) -> MeshError | None:
@@ -177,8 +185,10 @@ def error_schema(status: int) -> dict[str, Any]:
 
 _WHY = {
     401: "missing or unknown API key (send Authorization: Bearer KEY)",
+    403: "a built-in agent cannot change",
     404: "no such resource, or one owned by somebody else (the same answer)",
-    409: "the resource is busy: a turn is already running on the session",
+    409: "a conflict: a turn is already running on the session, or an agent of that slug exists",
+    412: "the agent changed since the version If-Match names",
     413: "request body over 1 MiB",
     422: "the request breaks a bound or a format of this document",
     503: "a service of the mesh behind the gateway is unavailable",

@@ -3,11 +3,12 @@ a value outside them is a 422 before any call into the mesh)."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from fastapi import Path, Query
 
-from libs.ids import LOCAL_ID_PATTERN, MAX_ID
+from libs.ids import LOCAL_ID_PATTERN, MAX_ID, SLUG_PATTERN
 
 ID_PATTERN = f"^{LOCAL_ID_PATTERN}$"
 _ID = f"1-{MAX_ID} characters of [A-Za-z0-9_.-], not starting with '.' or '-'"
@@ -88,3 +89,24 @@ RESUME_PARAMETERS = {
 NO_NUL = r"^[^\x00]*$"
 _BLANK = r"\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 MESSAGE_PATTERN = rf"^[^\x00]*[^\x00{_BLANK}][^\x00]*$"
+
+Slug = Annotated[
+    str,
+    Path(
+        pattern=f"^{SLUG_PATTERN}$",
+        max_length=100,
+        description="an agent's slug: 1-100 characters of [a-z0-9_-], not starting with '_' or '-'",
+    ),
+]
+NEW_SLUG_PATTERN = f"^(?:{SLUG_PATTERN})?$"  # a clone's new slug; empty: one is made up
+# If-Match on an agent write: its version as the ETag gives it ("3"; W/"3" and 3 too), or * (any). A
+# version is at most 18 digits (an int64 in the service).
+IF_MATCH = re.compile(r'(?:\*|(?:W/)?"?0*([1-9][0-9]{0,17})"?)?')
+IF_MATCH_PARAMETER = {
+    "name": "If-Match",
+    "in": "header",
+    "required": False,
+    "description": 'the version the write was made against, as the ETag gave it ("3"): 412 when the agent '
+    "changed since; absent or *: no check",
+    "schema": {"type": "string", "pattern": f"^[ \\t]*{IF_MATCH.pattern}[ \\t]*$"},
+}

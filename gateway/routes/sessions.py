@@ -13,7 +13,7 @@ from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from gateway.deps import clients, current_user
 from gateway.errors import AUTH, READ, WRITE, responses
-from gateway.openapi import INTEGER, MESSAGE, SESSION, obj, ok
+from gateway.openapi import INTEGER, MESSAGE, SESSION, obj, ok, session_links
 from gateway.params import NO_NUL, PageToken, SessionId
 from libs.errors import rpc
 from libs.protojson import to_json
@@ -33,7 +33,10 @@ class SessionPatch(BaseModel):
 @router.get(
     "",
     responses={
-        **ok(obj(sessions={"type": "array", "items": SESSION}, nextPageToken={"type": "string"})),
+        **ok(
+            obj(sessions={"type": "array", "items": SESSION}, nextPageToken={"type": "string"}),
+            links=session_links("/sessions/0/id"),
+        ),
         **responses(*AUTH, 422),
     },
 )
@@ -52,7 +55,13 @@ async def list_sessions(
 
 @router.get(
     "/{session_id}",
-    responses={**ok(obj(session=SESSION, messageCount=INTEGER, mainPathCount=INTEGER)), **responses(*READ)},
+    responses={
+        **ok(
+            obj(session=SESSION, messageCount=INTEGER, mainPathCount=INTEGER),
+            links=session_links("/session/id"),
+        ),
+        **responses(*READ),
+    },
 )
 async def get_session(request: Request, user: User, session_id: SessionId) -> dict[str, Any]:
     """{"session": {...}, "messageCount": n, "mainPathCount": n}."""
@@ -66,7 +75,10 @@ async def get_session(request: Request, user: User, session_id: SessionId) -> di
     }
 
 
-@router.patch("/{session_id}", responses={**ok(obj(session=SESSION)), **responses(*WRITE)})
+@router.patch(
+    "/{session_id}",
+    responses={**ok(obj(session=SESSION), links=session_links("/session/id")), **responses(*WRITE)},
+)
 async def rename_session(
     request: Request, user: User, session_id: SessionId, body: SessionPatch
 ) -> dict[str, Any]:

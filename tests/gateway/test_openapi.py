@@ -16,6 +16,7 @@ from gateway.app import create_app
 from gateway.params import ID_PATTERN, MESSAGE_PATTERN, OFFSET_PATTERN
 from libs.config import MeshSettings
 from libs.errors import TABLE
+from libs.ids import SLUG_PATTERN
 from libs.protojson import to_json
 
 STREAMS = {
@@ -29,6 +30,12 @@ ERRORS = {
     ("POST", "/api/chat"): {401, 404, 409, 413, 422, 503, 504},
     ("POST", "/api/sessions/{session_id}/cancel"): {401, 404, 422, 503, 504},
     ("GET", "/api/agents"): {401, 503, 504},
+    ("GET", "/api/agents/options"): {401, 503, 504},
+    ("GET", "/api/agents/{slug}"): {401, 404, 422, 503, 504},
+    ("POST", "/api/agents"): {401, 404, 409, 413, 422, 503, 504},
+    ("PATCH", "/api/agents/{slug}"): {401, 403, 404, 412, 413, 422, 503, 504},
+    ("DELETE", "/api/agents/{slug}"): {401, 403, 404, 412, 422, 503, 504},
+    ("POST", "/api/agents/{slug}/clone"): {401, 404, 409, 413, 422, 503, 504},
     ("GET", "/api/sessions"): {401, 422, 503, 504},
     ("DELETE", "/api/sessions"): {401, 503, 504},
     ("GET", "/api/sessions/{session_id}"): {401, 404, 422, 503, 504},
@@ -62,7 +69,8 @@ def test_every_operation_and_its_error_answers(document: dict[str, Any]) -> None
     assert listed == set(ERRORS)
     for (method, path), errors in ERRORS.items():
         responses = operation(document, method, path)["responses"]
-        assert {int(s) for s in responses} == {200, 414, 431, *errors}, (method, path)
+        ok = 201 if method == "POST" and path.startswith("/api/agents") else 200
+        assert {int(s) for s in responses} == {ok, 414, 431, *errors}, (method, path)
         for status in {414, 431, *errors}:
             schema = responses[str(status)]["content"]["application/json"]["schema"]
             error = schema["properties"]["error"]
@@ -114,12 +122,22 @@ def test_the_bounds_the_gateway_checks(document: dict[str, Any]) -> None:
         for p in operation(document, method, path).get("parameters", []):
             if p["name"] in ("session_id", "subagent_id", "taskId"):
                 assert (p["schema"]["pattern"], p["schema"]["maxLength"]) == (ID_PATTERN, 64), (path, p)
+            if p["name"] == "slug":
+                assert (p["schema"]["pattern"], p["schema"]["maxLength"]) == (f"^{SLUG_PATTERN}$", 100)
+            if p["name"] == "If-Match":
+                assert (method, p["in"]) in {("PATCH", "header"), ("DELETE", "header")}
 
     schemas = document["components"]["schemas"]
     chat = schemas["ChatRequest"]
     assert chat["additionalProperties"] is False and chat["required"] == ["agent", "message"]
     message = chat["properties"]["message"]
     assert (message["minLength"], message["maxLength"], message["pattern"]) == (1, 100_000, MESSAGE_PATTERN)
+    body = operation(document, "POST", "/api/agents")["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/AgentInput"}
+    assert schemas["AgentInput"]["properties"]["name"]["anyOf"][0] == {
+        "type": "string",
+        "pattern": "^[^\\x00]*$",
+    }
     title = schemas["SessionPatch"]["properties"]["title"]
     assert (title["minLength"], title["maxLength"], title["pattern"]) == (1, 500, "^[^\\x00]*$")
 
@@ -130,6 +148,7 @@ def test_the_bounds_the_gateway_checks(document: dict[str, Any]) -> None:
         ("Session", tp.Trace(id="t", create_time={"seconds": 1})),
         ("Message", tp.Message()),
         ("Agent", ag.Agent()),
+        ("Agent", ag.Agent(subagent_config=ag.SubagentConfig(enabled=True))),
     ],
 )
 def test_resource_components_are_what_protojson_writes(
