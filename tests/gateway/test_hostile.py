@@ -369,3 +369,48 @@ async def test_a_trailing_slash_is_not_redirected(mesh: Mesh) -> None:
             r = await http.request(method, "/api/sessions/")
             assert (r.status_code, r.json()) == (404, error(404, "NOT_FOUND", "no route /api/sessions/"))
         assert (await http.get(f"/api/sessions/{session}")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("if_match", "shown"),
+    [
+        ("\u00b2".encode("latin-1"), "²"),
+        (b"9" * 5000, "5000 digits"),
+        (b'W/"0"', "version 0"),
+        (b"v4", "letters"),
+    ],
+    ids=["superscript-two", "5000-digits", "version-0", "letters"],
+)
+async def test_hostile_if_match_is_a_422(mesh: Mesh, if_match: bytes, shown: str) -> None:
+    """str.isdigit() took '²' and int() then refused it; 5,000 digits passed isdigit() and int() refused
+    those too: both were 500s."""
+    async with mesh.http() as http:
+        r = await http.patch("/api/agents/no-such-agent", json={}, headers={"If-Match": if_match})
+    message = 'If-Match must be the version of the agent, as its ETag gives it ("3")'
+    assert (r.status_code, r.json()) == (422, error(422, "INVALID_ARGUMENT", message)), shown
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"name": ' + b"9" * 5000 + b"}",
+        b'{"limits": {"maxSteps": NaN}}',
+        b"\xff",
+    ],
+    ids=["nested-100000", "5000-digit-number", "NaN", "invalid-utf8"],
+)
+async def test_agent_bodies_that_are_not_json_are_a_422(mesh: Mesh, body: bytes) -> None:
+    async with mesh.http() as http:
+        r = await http.post("/api/agents", content=body, headers={"content-type": "application/json"})
+    message = "the body must be a JSON object: an agent"
+    assert (r.status_code, r.json()) == (422, error(422, "INVALID_ARGUMENT", message))
+
+
+async def test_only_get_on_the_agent_options(mesh: Mesh) -> None:
+    """/api/agents/options is a route of its own: no agent is written under that slug."""
+    async with mesh.http() as http:
+        for method in ("PATCH", "DELETE", "POST"):
+            r = await http.request(method, "/api/agents/options", json={})
+            assert (r.status_code, r.headers["allow"]) == (405, "GET"), method
+        assert (await http.get("/api/agents/options")).status_code == 200

@@ -193,3 +193,13 @@ async def test_text_with_u0000_is_a_422_on_both_backends(mesh: Mesh) -> None:
             assert r.json()["error"]["message"].startswith(f"invalid request: {where}: "), r.text
         title = (await http.get(f"/api/sessions/{session}")).json()["session"]["title"]
     assert title == "nul"
+
+
+async def test_an_agent_with_u0000_is_a_422_on_both_backends(mesh: Mesh) -> None:
+    async with mesh.http() as http:
+        for body in ({"slug": "nul", "name": "a\x00b"}, {"slug": "nul", "name": "ok", "tools": ["\x00"]}):
+            r = await http.post("/api/agents", json=body)
+            assert r.status_code == 422, r.text
+            assert r.json()["error"]["message"] == "the agent must not contain U+0000"
+        r = await http.post("/api/agents/general/clone", json={"name": "a\x00"})
+        assert r.status_code == 422 and r.json()["error"]["message"].startswith("invalid request: body.name")
