@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -32,6 +33,9 @@ async def mesh(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Mesh]:
     m = await mesh_on(request, tmp_path_factory.mktemp("gateway-parsers"), catalog=TEST_CATALOG)
+    # A user of its own: PostgreSQL is shared by every mesh of the run (each has an "alice").
+    m.user = f"parsers-{uuid.uuid4().hex[:8]}"
+    m.api_key = await m.new_user(m.user)
     for i in range(3):  # a few sessions, so that a page token's position falls among real rows
         await chat(m, "general", f"hello {i}")
     yield m

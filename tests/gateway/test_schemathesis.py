@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,21 @@ def summary(report: dict[str, Any]) -> str:
 
 @pytest.mark.timeout(BUDGET_S + 180)
 async def test_the_gateway_keeps_its_document(mesh: Mesh, tmp_path: Path) -> None:
-    key = await mesh.new_user("fuzz")  # a user of its own: DELETE /api/sessions takes only its sessions
+    # A user of its own: DELETE /api/sessions takes only its sessions, and its agents go afterwards
+    # (PostgreSQL is shared by every mesh of the run).
+    user = f"fuzz-{uuid.uuid4().hex[:8]}"
+    key = await mesh.new_user(user)
+    try:
+        await fuzz(mesh, key, tmp_path)
+    finally:
+        async with mesh.http(key) as http:
+            for agent in (await http.get("/api/agents")).json()["agents"]:
+                if agent["owner"] == user:
+                    await http.delete(f"/api/agents/{agent['slug']}")
+            assert [a for a in (await http.get("/api/agents")).json()["agents"] if a["owner"] == user] == []
+
+
+async def fuzz(mesh: Mesh, key: str, tmp_path: Path) -> None:
     config = tmp_path / "schemathesis.toml"
     config.write_text(config_with(await known_ids(mesh, key)))
     report_path = tmp_path / "report.json"
