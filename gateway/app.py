@@ -6,18 +6,15 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import grpc
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
+from gateway import errors, openapi
 from gateway.drain import Drain
-from gateway.limits import BodyLimitMiddleware
+from gateway.limits import BodyLimitMiddleware, HeadLimitMiddleware
 from gateway.metrics import Metrics, MetricsMiddleware, metrics_endpoint
 from gateway.routes import agents, chat, sessions, streams, ui
 from libs.clients import Clients
 from libs.config import MeshSettings
-from libs.errors import MeshError, from_rpc_error
 
 log = logging.getLogger(__name__)
 
@@ -33,39 +30,23 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
             if own:
                 await app.state.clients.close()
 
-    app = FastAPI(title="agentmesh gateway", lifespan=lifespan)
+    # No redirect from "/x/" to "/x": it kept the method, so DELETE /api/sessions/ (an empty id) became
+    # DELETE /api/sessions, every session; an unknown path is a 404.
+    app = FastAPI(title="agentmesh gateway", lifespan=lifespan, redirect_slashes=False)
     app.state.settings = settings
     app.state.drain = Drain()
     app.state.auth_cache = {}
     app.state.metrics = Metrics()
     app.add_middleware(BodyLimitMiddleware)
+    app.add_middleware(HeadLimitMiddleware)  # a head over the limits reaches no route (still counted)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     if clients is not None:
         app.state.clients = clients
 
-    @app.exception_handler(MeshError)
-    async def mesh_error(_: Request, err: MeshError) -> JSONResponse:
-        return JSONResponse(err.json_body(), status_code=err.http_status)
+    errors.install(app)
+    openapi.install(app)
 
-    @app.exception_handler(grpc.aio.AioRpcError)
-    async def rpc_error(_: Request, exc: grpc.aio.AioRpcError) -> JSONResponse:
-        err = from_rpc_error(exc)
-        return JSONResponse(err.json_body(), status_code=err.http_status)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        details = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
-        body = {
-            "error": {
-                "code": 422,
-                "reason": "INVALID_ARGUMENT",
-                "message": "invalid request",
-                "details": details,
-            }
-        }
-        return JSONResponse(body, status_code=422)
-
-    @app.get("/healthz")
+    @app.get("/healthz", responses={**openapi.ok(openapi.obj(status={"const": "ok"})), **errors.responses()})
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 

@@ -7,9 +7,10 @@ request's work (libs.identity), and every gRPC call it makes carries that identi
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import Request
+from fastapi import Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from agentmesh.auth.v1 import auth_service_pb2 as au
 from libs import identity
@@ -18,6 +19,9 @@ from libs.config import MeshSettings
 from libs.errors import Unauthenticated, rpc
 
 _AUTH_CACHE_S = 30.0
+# The scheme the OpenAPI document states; `authenticate` reads the header itself (auto_error off: its
+# own 401 body, the same for a missing, malformed or unknown key).
+bearer = HTTPBearer(auto_error=False, description="an API key: Authorization: Bearer am_...")
 
 
 def clients(request: Request) -> Clients:
@@ -53,5 +57,7 @@ async def authenticate(app_state: Any, header: str | None) -> str:
     return user
 
 
-async def current_user(request: Request) -> str:
+async def current_user(
+    request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)] = None
+) -> str:
     return await authenticate(request.app.state, request.headers.get("authorization"))

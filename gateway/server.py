@@ -4,12 +4,34 @@ from __future__ import annotations
 
 import asyncio
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
 from gateway.app import create_app
+from gateway.limits import HEAD_TIMEOUT_S, MAX_BODY_BYTES, MAX_HEAD_BYTES, HeadTimeoutProtocol
 from libs.config import MeshSettings
 from libs.embedded_http import bind
+
+
+def http_limits(head_timeout_s: float = HEAD_TIMEOUT_S) -> dict[str, Any]:
+    """uvicorn options every gateway runs with, this process and the test harness alike (tests/mesh.py):
+    the protocol implementations and their limits (gateway/limits.py has the rest).
+
+    h11 (with a deadline on request heads), never httptools, whose parser takes none of these limits;
+    the `websockets` implementation, deprecated by uvicorn but the one that answers an upgrade with an
+    over-long request line with 400 and closes: `websockets-sansio` (uvicorn 0.54) leaves that socket
+    open with no answer (tests/gateway/test_hostile.py).
+    """
+    protocol: type[HeadTimeoutProtocol] = HeadTimeoutProtocol
+    if head_timeout_s != HEAD_TIMEOUT_S:
+        protocol = type("HeadTimeoutProtocol", (HeadTimeoutProtocol,), {"head_timeout_s": head_timeout_s})
+    return {
+        "http": protocol,
+        "h11_max_incomplete_event_size": MAX_HEAD_BYTES,
+        "ws": "websockets",
+        "ws_max_size": MAX_BODY_BYTES,
+    }
 
 
 class GatewayServer(uvicorn.Server):
@@ -38,7 +60,7 @@ def make_server(settings: MeshSettings) -> GatewayServer:
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
-        ws="websockets",
+        **http_limits(),
     )
     return GatewayServer(config)
 

@@ -22,6 +22,7 @@ from sse_starlette import EventSourceResponse
 
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from gateway.drain import Drain
+from gateway.params import OFFSET_PATTERN
 from libs import events
 from libs.clients import Clients
 from libs.config import MeshSettings
@@ -30,22 +31,22 @@ from libs.errors import InvalidArgument, NotFound, from_rpc_error
 RESUME_RETRIES = 3  # resubscriptions after UNAVAILABLE (a stream replica went away) before giving up
 RESUME_BACKOFF_S = 0.25
 NO_BUFFER = {"active": False, "reason": "no-buffer"}
-_OFFSET = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")  # ASCII digits only: str.isdigit() also takes "²"
-_U64 = 2**64 - 1
+_OFFSET = re.compile(OFFSET_PATTERN)  # ASCII digits only (str.isdigit() also takes "²"), as documented
 
 
 def resume_offset(request: Request) -> str:
     """The offset to resume after: the `Last-Event-ID` header, else `?lastEventId=`, else "".
 
     InvalidArgument (a 422 before any subscription) unless it has the shape of an offset of either
-    backend: 1-20 ASCII digits, optionally `-` and 1-20 more, each part at most 2^64-1.
+    backend: 1-20 ASCII digits, optionally `-` and 1-20 more, each part at most 2^64-1 (the pattern the
+    OpenAPI document states, gateway/params.py).
     """
-    offset = (request.headers.get("last-event-id") or request.query_params.get("lastEventId") or "").strip()
-    if offset and (not _OFFSET.fullmatch(offset) or any(int(part) > _U64 for part in offset.split("-"))):
+    offset = request.headers.get("last-event-id") or request.query_params.get("lastEventId") or ""
+    if not _OFFSET.fullmatch(offset):
         raise InvalidArgument(
             f"invalid Last-Event-ID offset {offset[:40]!r}: expected an event id like 1700000000000-0"
         )
-    return offset
+    return offset.strip(" \t")
 
 
 def drain_options(settings: MeshSettings) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def bind(host: str, port: int) -> socket.socket:
     """A TCP socket bound to host:port (0: a free port), with SO_REUSEADDR and SO_REUSEPORT like
     gRPC servers, so a port a parent process reserved the same way can be taken over."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY only then
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:

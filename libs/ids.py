@@ -1,6 +1,7 @@
 """Every id grammar of the mesh, in one place: local ids, stream keys and trace references.
 
 - A local id (trace, task, subagent): 1-64 characters of [A-Za-z0-9_.-], not starting with "." or "-".
+- An agent's slug: 1-100 characters of [a-z0-9_-], not starting with "_" or "-".
 - A stream key: `session:<trace id>`, `a2a:<task id>` or `subagent:<subagent id>`.
 - A trace reference says where a trace lives (seed cross-device-trace-storage, "Trace ID格式"):
   `abc-123` (here), `agent://host[:port]/abc-123` (on the mesh at that address), or
@@ -19,7 +20,9 @@ from libs.errors import InvalidArgument
 
 MAX_ID = 64
 MAX_REF = 300
-_LOCAL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+LOCAL_ID_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"  # also what the gateway's OpenAPI document states
+SLUG_PATTERN = r"[a-z0-9][a-z0-9_-]{0,99}"  # an agent's slug (services/trace/agents.py, the gateway)
+_LOCAL = re.compile(LOCAL_ID_PATTERN)
 _ALIAS = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 SCHEME = "agent://"

@@ -119,3 +119,104 @@ def given_paths(data: dict[str, Any], desc: Descriptor) -> list[str]:
         else:
             paths.append(field.name)
     return paths
+
+
+_WKT_SCHEMA: dict[str, dict[str, Any]] = {
+    "google.protobuf.Struct": {"type": "object"},
+    "google.protobuf.Value": {},
+    "google.protobuf.ListValue": {"type": "array"},
+    "google.protobuf.Timestamp": {"type": "string", "format": "date-time"},
+    "google.protobuf.Duration": {"type": "string", "pattern": "^-?[0-9]+(\\.[0-9]+)?s$"},
+    "google.protobuf.FieldMask": {"type": "string"},
+}
+_SCALAR_SCHEMA = {
+    FieldDescriptor.TYPE_DOUBLE: {"type": "number"},
+    FieldDescriptor.TYPE_FLOAT: {"type": "number"},
+    FieldDescriptor.TYPE_BOOL: {"type": "boolean"},
+    FieldDescriptor.TYPE_STRING: {"type": "string"},
+    FieldDescriptor.TYPE_BYTES: {"type": "string", "pattern": "^([0-9a-f]{2})*$"},
+}
+
+
+def _field_schema(field: FieldDescriptor, refs: dict[str, str], seen: frozenset[str]) -> dict[str, Any]:
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        return json_schema(field.message_type, refs, seen)
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        names = [enum_to_str(field.enum_type, v.number) for v in field.enum_type.values]
+        return {"type": "string", "enum": sorted(set(names))}  # "" for unset (and unknown) values
+    return dict(_SCALAR_SCHEMA.get(field.type, {"type": "integer"}))
+
+
+def json_schema(
+    desc: Descriptor, refs: dict[str, str] | None = None, seen: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """The JSON Schema of what `to_json` makes of a message of type `desc`: every field, present with
+    its default when unset, but for message fields (absent when unset); nothing else. `refs` maps full
+    message names to `$ref` targets used instead of inline schemas (for named OpenAPI components)."""
+    refs = refs or {}
+    if desc.full_name in refs and seen:  # nested: refer to the component
+        return {"$ref": refs[desc.full_name]}
+    if desc.full_name in _WKT_SCHEMA:
+        return dict(_WKT_SCHEMA[desc.full_name])
+    if desc.full_name in seen:  # pragma: no cover - a recursive message without a component
+        return {"type": "object"}
+    seen = seen | {desc.full_name}
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for field in desc.fields:
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value = field.message_type.fields_by_name["value"]
+            properties[field.json_name] = {
+                "type": "object",
+                "additionalProperties": _field_schema(value, refs, seen),
+            }
+        elif field.is_repeated:
+            properties[field.json_name] = {"type": "array", "items": _field_schema(field, refs, seen)}
+        else:
+            properties[field.json_name] = _field_schema(field, refs, seen)
+            if field.type == FieldDescriptor.TYPE_MESSAGE or _optional(field):
+                continue  # absent when unset
+        required.append(field.json_name)
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
+_INT_RANGES = {
+    FieldDescriptor.CPPTYPE_INT32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.CPPTYPE_UINT32: (0, 2**32 - 1),
+    FieldDescriptor.CPPTYPE_INT64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.CPPTYPE_UINT64: (0, 2**64 - 1),
+}
+
+
+def _input_field_schema(field: FieldDescriptor, seen: frozenset[str]) -> dict[str, Any]:
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        return json_input_schema(field.message_type, seen)
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        return {"type": "string", "enum": [v.name for v in field.enum_type.values]}
+    if field.cpp_type in _INT_RANGES:  # ParseDict takes a number or a string of digits
+        low, high = _INT_RANGES[field.cpp_type]
+        number = {"type": "integer", "minimum": low, "maximum": high}
+        return {"anyOf": [number, {"type": "string", "pattern": "^-?[0-9]+$"}]}
+    if field.type == FieldDescriptor.TYPE_BYTES:
+        return {"type": "string", "contentEncoding": "base64"}
+    return dict(_SCALAR_SCHEMA[field.type])
+
+
+def json_input_schema(desc: Descriptor, seen: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The JSON Schema of what json_format.ParseDict takes for a message of type `desc`, in its canonical
+    form (lowerCamelCase keys): every field optional, `null` for its default, no other key."""
+    if desc.full_name in _WKT_SCHEMA:
+        return dict(_WKT_SCHEMA[desc.full_name])
+    if desc.full_name in seen:  # pragma: no cover - recursive messages
+        return {"type": "object"}
+    seen = seen | {desc.full_name}
+    properties: dict[str, Any] = {}
+    for field in desc.fields:
+        one = _input_field_schema(field, seen)
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value = field.message_type.fields_by_name["value"]
+            one = {"type": "object", "additionalProperties": _input_field_schema(value, seen)}
+        elif field.is_repeated:
+            one = {"type": "array", "items": one}
+        properties[field.json_name] = {"anyOf": [one, {"type": "null"}]}
+    return {"type": "object", "properties": properties, "additionalProperties": False}

@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from agentmesh.auth.v1 import auth_service_pb2 as au
 from agentmesh.mock_llm import DEMO_RULES, MockLLM
 from gateway.app import create_app
+from gateway.server import http_limits
 from libs import embedded_http, identity
 from libs.clients import Clients
 from libs.config import Addresses, LLMSettings, MeshSettings, StreamSettings
@@ -159,7 +160,7 @@ async def start_mesh(
         mesh.servers["orchestrator"] = await orchestrator_server.build(settings, ANY_PORT, signer)
         a.orchestrator = mesh.servers["orchestrator"].target
         mesh.clients = Clients(settings, signer)
-        mesh.gateway = await embedded_http.serve(create_app(settings), ws="websockets")
+        mesh.gateway = await embedded_http.serve(create_app(settings), **http_limits())
         mesh.url = f"http://127.0.0.1:{mesh.gateway.port}"
         mesh.user = "alice"
         mesh.api_key = await mesh.new_user("alice")

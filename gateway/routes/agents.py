@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 from google.protobuf import field_mask_pb2, json_format
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.agents.v1 import agent_service_pb2 as ag
 from gateway.deps import clients, current_user
+from gateway.errors import AUTH, READ, WRITE, responses
+from gateway.openapi import AGENT, AGENT_INPUT, AGENT_OPTIONS, agent_links, obj, ok
+from gateway.params import IF_MATCH, IF_MATCH_PARAMETER, NEW_SLUG_PATTERN, NO_NUL, Slug
 from libs.errors import InvalidArgument, rpc
 from libs.protojson import given_paths, to_json
 
@@ -27,8 +30,8 @@ User = Annotated[str, Depends(current_user)]
 class CloneBody(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    new_slug: str = Field(default="", alias="newSlug", max_length=100)
-    name: str = Field(default="", max_length=200)
+    new_slug: str = Field(default="", alias="newSlug", max_length=100, pattern=NEW_SLUG_PATTERN)
+    name: str = Field(default="", max_length=200, pattern=NO_NUL)
 
 
 def _one(agent: ap.Agent, status: int = 200) -> JSONResponse:
@@ -38,32 +41,63 @@ def _one(agent: ap.Agent, status: int = 200) -> JSONResponse:
 
 def _if_match(request: Request) -> int:
     """The version named by If-Match (`"3"`, `W/"3"` or `3`); 0 when absent or `*` (no check)."""
-    header = request.headers.get("if-match", "").strip()
-    if not header or header == "*":
-        return 0
-    value = header.removeprefix("W/").strip('"')
-    if not value.isdigit() or int(value) < 1:
+    match = IF_MATCH.fullmatch(request.headers.get("if-match", "").strip(" \t"))
+    if match is None:  # (ASCII digits only: str.isdigit() also takes "²", which int() refuses)
         raise InvalidArgument('If-Match must be the version of the agent, as its ETag gives it ("3")')
-    return int(value)
+    return int(match.group(1) or 0)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_text(data: Any) -> None:
+    """InvalidArgument for U+0000 in any string or key of `data` (PostgreSQL cannot store it)."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise InvalidArgument("the agent must not contain U+0000")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 async def _agent_body(request: Request) -> tuple[ap.Agent, list[str]]:
     """The request's JSON agent and the paths of the fields it gives (a merge patch)."""
     try:
-        data = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(await request.body(), parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, NaN, nested too deep, 5000 digits
         raise InvalidArgument("the body must be a JSON object: an agent") from exc
     if not isinstance(data, dict):
         raise InvalidArgument("the body must be a JSON object: an agent")
+    _check_text(data)
     agent = ap.Agent()
     try:
         json_format.ParseDict(data, agent)
+        paths = given_paths(data, ap.Agent.DESCRIPTOR)
     except json_format.ParseError as exc:
-        raise InvalidArgument(str(exc)) from exc
-    return agent, given_paths(data, ap.Agent.DESCRIPTOR)
+        raise InvalidArgument(str(exc)[:500]) from exc
+    except (RecursionError, ValueError, TypeError, OverflowError) as exc:
+        raise InvalidArgument(f"invalid agent: {type(exc).__name__}") from exc
+    return agent, paths
 
 
-@router.get("")
+# An agent as a write takes it (POST creates, PATCH merges it in).
+_AGENT_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": AGENT_INPUT}}}}
+_ONE = ok(obj(agent=AGENT), "the agent; ETag: its version", links=agent_links("/agent/slug"))
+
+
+@router.get(
+    "",
+    responses={
+        **ok(obj(agents={"type": "array", "items": AGENT}), links=agent_links("/agents/0/slug")),
+        **responses(*AUTH),
+    },
+)
 async def list_agents(request: Request, user: User) -> dict[str, Any]:
     """The caller's agents and the built-in ones, each with its agent-invoke limits and its effective
     subagent config: {"agents": [...]}."""
@@ -72,20 +106,31 @@ async def list_agents(request: Request, user: User) -> dict[str, Any]:
 
 
 # Before /{slug}: "options" is a route, not an agent.
-@router.get("/options")
+@router.get("/options", responses={**ok(AGENT_OPTIONS), **responses(*AUTH)})
 async def agent_options(request: Request, user: User) -> Any:
     """What an agent's settings may name: {tools: [{name, description, roles}], presetAgents, callees,
     blockedToolNames, ranges: [{field, min, max}], defaults}."""
     return to_json(await rpc(clients(request).agents.GetAgentOptions(ag.GetAgentOptionsRequest())))
 
 
-@router.get("/{slug}")
-async def get_agent(request: Request, user: User, slug: str) -> JSONResponse:
+@router.api_route("/options", methods=["POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+async def agent_options_other_methods() -> None:
+    """A concrete path wins over /{slug} for every method, as OpenAPI matches paths: 405, no agent."""
+    raise HTTPException(status_code=405)
+
+
+@router.get("/{slug}", responses={**_ONE, **responses(*READ)})
+async def get_agent(request: Request, user: User, slug: Slug) -> JSONResponse:
     """{"agent": {...}}, ETag: its version. 404 for an unknown slug or another user's agent."""
     return _one((await rpc(clients(request).agents.GetAgent(ag.GetAgentRequest(slug=slug)))).agent)
 
 
-@router.post("")
+@router.post(
+    "",
+    status_code=201,
+    responses={201: _ONE[200], **responses(*WRITE, 409)},
+    openapi_extra=_AGENT_BODY,
+)
 async def create_agent(request: Request, user: User) -> JSONResponse:
     """A new agent of the caller's from its JSON (fields not given take their defaults): 201
     {"agent": {...}}. 409 when the caller has one of that slug, 422 naming a bad field."""
@@ -94,8 +139,12 @@ async def create_agent(request: Request, user: User) -> JSONResponse:
     return _one((await rpc(clients(request).agents.CreateAgent(create))).agent, status=201)
 
 
-@router.patch("/{slug}")
-async def update_agent(request: Request, user: User, slug: str) -> JSONResponse:
+@router.patch(
+    "/{slug}",
+    responses={**_ONE, **responses(*WRITE, 403, 412)},
+    openapi_extra={**_AGENT_BODY, "parameters": [IF_MATCH_PARAMETER]},
+)
+async def update_agent(request: Request, user: User, slug: Slug) -> JSONResponse:
     """Changes the fields the JSON body gives (a merge patch: `null` resets a field, nested objects
     change only the keys they give). If-Match: the version it was made against (412 when stale)."""
     agent, paths = await _agent_body(request)
@@ -111,8 +160,12 @@ async def update_agent(request: Request, user: User, slug: str) -> JSONResponse:
     return _one((await rpc(clients(request).agents.UpdateAgent(update))).agent)
 
 
-@router.delete("/{slug}")
-async def delete_agent(request: Request, user: User, slug: str) -> dict[str, bool]:
+@router.delete(
+    "/{slug}",
+    responses={**ok(obj(deleted={"const": True})), **responses(*READ, 403, 412)},
+    openapi_extra={"parameters": [IF_MATCH_PARAMETER]},
+)
+async def delete_agent(request: Request, user: User, slug: Slug) -> dict[str, bool]:
     """Deletes the caller's own agent (If-Match: its version, optional). A turn already running with it
     finishes; messages that name it keep their rows."""
     await rpc(
@@ -123,8 +176,10 @@ async def delete_agent(request: Request, user: User, slug: str) -> dict[str, boo
     return {"deleted": True}
 
 
-@router.post("/{slug}/clone")
-async def clone_agent(request: Request, user: User, slug: str, body: CloneBody | None = None) -> JSONResponse:
+@router.post("/{slug}/clone", status_code=201, responses={201: _ONE[200], **responses(*WRITE, 409)})
+async def clone_agent(
+    request: Request, user: User, slug: Slug, body: CloneBody | None = None
+) -> JSONResponse:
     """A copy of a built-in or an own agent as a new agent of the caller's ({"newSlug", "name"},
     both optional): 201 {"agent": {...}}."""
     body = body or CloneBody()

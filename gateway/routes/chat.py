@@ -18,10 +18,14 @@ from sse_starlette.sse import EventSourceResponse
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from gateway.deps import authenticate, clients, current_user, settings
 from gateway.drain import Drain
+from gateway.errors import READ, SSE, WRITE, responses
+from gateway.openapi import obj, ok
+from gateway.params import ID_PATTERN, MESSAGE_PATTERN, NO_NUL, SessionId
 from gateway.sse import drain_options, sse_message
 from libs import events
 from libs.clients import Clients
 from libs.errors import FailedPrecondition, InvalidArgument, MeshError, from_rpc_error, rpc
+from libs.ids import MAX_ID
 
 router = APIRouter()
 log = logging.getLogger(__name__)
@@ -30,15 +34,22 @@ log = logging.getLogger(__name__)
 class ChatRequest(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
-    agent: str = Field(min_length=1, max_length=200)
-    message: str = Field(min_length=1, max_length=100_000)
-    session_id: str | None = Field(default=None, alias="sessionId", max_length=200)
+    agent: str = Field(min_length=1, max_length=200, pattern=NO_NUL, examples=["general"])
+    message: str = Field(
+        min_length=1,
+        max_length=100_000,
+        json_schema_extra={"pattern": MESSAGE_PATTERN},  # checked below, with a clearer message
+        examples=["hello"],
+    )
+    session_id: str | None = Field(default=None, alias="sessionId", pattern=ID_PATTERN, max_length=MAX_ID)
 
     @field_validator("message")
     @classmethod
     def not_blank(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("message must not be empty")
+        if "\x00" in value:
+            raise ValueError("message must not contain U+0000")
         return value
 
 
@@ -53,7 +64,7 @@ async def _first(call: grpc.aio.UnaryStreamCall) -> Any:
     return await rpc(call.read())
 
 
-@router.post("/api/chat")
+@router.post("/api/chat", response_class=EventSourceResponse, responses={200: SSE, **responses(*WRITE, 409)})
 async def chat(
     body: ChatRequest, request: Request, user: str = Depends(current_user), c: Clients = Depends(clients)
 ) -> EventSourceResponse:
@@ -82,9 +93,12 @@ async def chat(
     return EventSourceResponse(stream(), ping=mesh.stream.heartbeat_s, **drain_options(mesh))
 
 
-@router.post("/api/sessions/{session_id}/cancel")
+@router.post(
+    "/api/sessions/{session_id}/cancel",
+    responses={**ok(obj(cancelled={"type": "boolean"})), **responses(*READ)},
+)
 async def cancel(
-    session_id: str, user: str = Depends(current_user), c: Clients = Depends(clients)
+    session_id: SessionId, user: str = Depends(current_user), c: Clients = Depends(clients)
 ) -> dict[str, bool]:
     resp = await rpc(c.orchestrator.CancelChat(orc.CancelChatRequest(session_id=session_id)))
     return {"cancelled": resp.cancelled}

@@ -12,6 +12,9 @@ from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from gateway.deps import clients, current_user
+from gateway.errors import AUTH, READ, WRITE, responses
+from gateway.openapi import INTEGER, MESSAGE, SESSION, obj, ok, session_links
+from gateway.params import NO_NUL, PageToken, SessionId
 from libs.errors import rpc
 from libs.protojson import to_json
 
@@ -24,15 +27,24 @@ MODES = {"main_path": ts.PATH_MODE_MAIN_PATH, "all": ts.PATH_MODE_ALL}
 class SessionPatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    title: str = Field(min_length=1, max_length=500)
+    title: str = Field(min_length=1, max_length=500, pattern=NO_NUL)
 
 
-@router.get("")
+@router.get(
+    "",
+    responses={
+        **ok(
+            obj(sessions={"type": "array", "items": SESSION}, nextPageToken={"type": "string"}),
+            links=session_links("/sessions/0/id"),
+        ),
+        **responses(*AUTH, 422),
+    },
+)
 async def list_sessions(
     request: Request,
     user: User,
-    page_size: Annotated[int, Query(ge=0, le=200)] = 0,
-    page_token: Annotated[str, Query(max_length=1000)] = "",
+    page_size: Annotated[int, Query(ge=0, le=200, description="0: the default (50)")] = 0,
+    page_token: PageToken = "",
 ) -> dict[str, Any]:
     """The caller's sessions, most recently active first: {"sessions": [...], "nextPageToken": "..."}."""
     resp = await rpc(
@@ -41,8 +53,17 @@ async def list_sessions(
     return {"sessions": [to_json(s) for s in resp.traces], "nextPageToken": resp.next_page_token}
 
 
-@router.get("/{session_id}")
-async def get_session(request: Request, user: User, session_id: str) -> dict[str, Any]:
+@router.get(
+    "/{session_id}",
+    responses={
+        **ok(
+            obj(session=SESSION, messageCount=INTEGER, mainPathCount=INTEGER),
+            links=session_links("/session/id"),
+        ),
+        **responses(*READ),
+    },
+)
+async def get_session(request: Request, user: User, session_id: SessionId) -> dict[str, Any]:
     """{"session": {...}, "messageCount": n, "mainPathCount": n}."""
     resp = await rpc(
         clients(request).trace.GetTrace(ts.GetTraceRequest(trace_id=session_id, view=ts.TRACE_VIEW_FULL))
@@ -54,8 +75,13 @@ async def get_session(request: Request, user: User, session_id: str) -> dict[str
     }
 
 
-@router.patch("/{session_id}")
-async def rename_session(request: Request, user: User, session_id: str, body: SessionPatch) -> dict[str, Any]:
+@router.patch(
+    "/{session_id}",
+    responses={**ok(obj(session=SESSION), links=session_links("/session/id")), **responses(*WRITE)},
+)
+async def rename_session(
+    request: Request, user: User, session_id: SessionId, body: SessionPatch
+) -> dict[str, Any]:
     """Renames a session: {"title": "..."} -> {"session": {...}}."""
     resp = await rpc(
         clients(request).trace.UpdateTrace(
@@ -68,29 +94,35 @@ async def rename_session(request: Request, user: User, session_id: str, body: Se
     return {"session": to_json(resp.trace)}
 
 
-@router.delete("/{session_id}")
-async def delete_session(request: Request, user: User, session_id: str) -> dict[str, bool]:
+@router.delete("/{session_id}", responses={**ok(obj(deleted={"const": True})), **responses(*READ)})
+async def delete_session(request: Request, user: User, session_id: SessionId) -> dict[str, bool]:
     """Deletes the session and everything under it; a running turn stops and its streams end."""
     await rpc(clients(request).orchestrator.DeleteSession(orc.DeleteSessionRequest(session_id=session_id)))
     return {"deleted": True}
 
 
-@router.delete("")
+@router.delete("", responses={**ok(obj(deletedCount=INTEGER)), **responses(*AUTH)})
 async def delete_sessions(request: Request, user: User) -> dict[str, int]:
     """Deletes all of the caller's sessions: {"deletedCount": n} (traces of every kind)."""
     resp = await rpc(clients(request).orchestrator.DeleteSessions(orc.DeleteSessionsRequest()))
     return {"deletedCount": resp.deleted_traces}
 
 
-@router.get("/{session_id}/messages")
+@router.get(
+    "/{session_id}/messages",
+    responses={
+        **ok(obj(messages={"type": "array", "items": MESSAGE}, headSequence=INTEGER, total=INTEGER)),
+        **responses(*READ),
+    },
+)
 async def list_messages(
     request: Request,
     user: User,
-    session_id: str,
+    session_id: SessionId,
     mode: Literal["main_path", "all"] = "main_path",
     head_sequence: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     since_sequence: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
-    limit: Annotated[int, Query(ge=0, le=1000)] = 0,
+    limit: Annotated[int, Query(ge=0, le=1000, description="0: the default (100)")] = 0,
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
 ) -> dict[str, Any]:
     """{"messages": [...], "headSequence": n, "total": n}; mode main_path (default) or all. Subagent

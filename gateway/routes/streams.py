@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from gateway import deps
+from gateway.errors import READ, SSE, responses
+from gateway.params import RESUME_PARAMETERS, SessionId, SubagentId, TaskId
 from gateway.sse import stream_response
 from libs.clients import Clients
 from libs.config import MeshSettings
@@ -15,10 +19,22 @@ from libs.ids import a2a_key, session_key, subagent_key
 
 router = APIRouter(tags=["streams"])
 
+_NO_BUFFER = {
+    "type": "object",
+    "properties": {"active": {"const": False}, "reason": {"const": "no-buffer"}},
+    "required": ["active", "reason"],
+}
+# 200: the events (replay, then live), or {"active": false, "reason": "no-buffer"} when the resource is
+# the caller's but has no buffer (yet, or any more).
+STREAM: dict[int | str, dict[str, Any]] = {
+    200: {**SSE, "content": {**SSE["content"], "application/json": {"schema": _NO_BUFFER}}},
+    **responses(*READ),
+}
 
-@router.get("/api/sessions/{session_id}/stream")
+
+@router.get("/api/sessions/{session_id}/stream", responses=STREAM, openapi_extra=RESUME_PARAMETERS)
 async def session_stream(
-    session_id: str,
+    session_id: SessionId,
     request: Request,
     user: str = Depends(deps.current_user),
     clients: Clients = Depends(deps.clients),
@@ -32,10 +48,10 @@ async def session_stream(
     return await stream_response(request, clients, settings, session_key(session_id), owns)
 
 
-@router.get("/api/agents/a2a/stream")
+@router.get("/api/agents/a2a/stream", responses=STREAM, openapi_extra=RESUME_PARAMETERS)
 async def a2a_stream(
     request: Request,
-    task_id: str = Query(alias="taskId", min_length=1),
+    task_id: TaskId,
     user: str = Depends(deps.current_user),
     clients: Clients = Depends(deps.clients),
     settings: MeshSettings = Depends(deps.settings),
@@ -48,9 +64,9 @@ async def a2a_stream(
     return await stream_response(request, clients, settings, a2a_key(task_id), owns)
 
 
-@router.get("/api/subagents/{subagent_id}/stream")
+@router.get("/api/subagents/{subagent_id}/stream", responses=STREAM, openapi_extra=RESUME_PARAMETERS)
 async def subagent_stream(
-    subagent_id: str,
+    subagent_id: SubagentId,
     request: Request,
     user: str = Depends(deps.current_user),
     clients: Clients = Depends(deps.clients),

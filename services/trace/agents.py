@@ -16,9 +16,10 @@ from google.protobuf import field_mask_pb2, json_format, struct_pb2
 from agentmesh.agents.v1 import agent_pb2 as ap
 from libs.config import SubagentDefaults
 from libs.errors import InvalidArgument
+from libs.ids import SLUG_PATTERN
 from libs.tools import SUBAGENT, ToolCatalog, names
 
-SLUG = re.compile(r"[a-z0-9][a-z0-9_-]{0,99}")
+SLUG = re.compile(SLUG_PATTERN)
 DEFAULT_LIMITS = ap.Limits(max_steps=8, max_output_tokens=4096, timeout_ms=120_000)
 DEFAULT_INVOKE = ap.InvokeConfig(
     max_recursion_depth=3, timeout_ms=60_000, max_output_tokens=2048, max_parallel=4

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.trace.v1 import trace_pb2 as tp
 from libs.errors import InvalidArgument
+from libs.ids import is_local_id
 
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 50, 200
 DEFAULT_LIMIT, MAX_LIMIT = 100, 1000
@@ -89,8 +90,8 @@ def decode_page_token(token: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         stamp, trace_id = json.loads(raw)
-        if not isinstance(stamp, str) or not isinstance(trace_id, str):
-            raise TypeError("wrong types")
-        return aware(datetime.fromisoformat(stamp)), trace_id
+        if not isinstance(stamp, str) or not isinstance(trace_id, str) or not is_local_id(trace_id):
+            raise TypeError("wrong types")  # an id of ours: no U+0000 or lone surrogate reaches SQL
+        return aware(datetime.fromisoformat(stamp)).astimezone(UTC), trace_id  # UTC: may overflow here
     except (binascii.Error, ValueError, TypeError, UnicodeDecodeError, OverflowError, RecursionError) as exc:
         raise InvalidArgument("invalid page_token") from exc

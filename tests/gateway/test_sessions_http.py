@@ -119,14 +119,19 @@ async def test_session_routes(gateway_http, trace_stub, auth_stub, unique):
     assert branch.status_code == 200
     assert branch.json() == {"messages": [to_json(m1), to_json(m2)], "headSequence": 2, "total": 2}
 
-    for params in ({"mode": "sideways"}, {"limit": -1}, {"limit": 5000}, {"offset": -3}):
+    for params, why in (
+        ({"mode": "sideways"}, "query.mode: Input should be 'main_path' or 'all'"),
+        ({"limit": -1}, "query.limit: Input should be greater than or equal to 0"),
+        ({"limit": 5000}, "query.limit: Input should be less than or equal to 1000"),
+        ({"offset": -3}, "query.offset: Input should be greater than or equal to 0"),
+    ):
         bad = await gateway_http.get(f"/api/sessions/{second.id}/messages", params=params, headers=h)
         assert bad.status_code == 422, params
         error = bad.json()["error"]
         assert (error["code"], error["reason"], error["message"]) == (
             422,
             "INVALID_ARGUMENT",
-            "invalid request",
+            f"invalid request: {why}",
         )
         assert [d["loc"][-1] for d in error["details"]] == list(params), params
     unknown_head = await gateway_http.get(
@@ -134,9 +139,14 @@ async def test_session_routes(gateway_http, trace_stub, auth_stub, unique):
     )
     assert unknown_head.status_code == 422
     assert unknown_head.json() == _error(422, "INVALID_ARGUMENT", "head_sequence 99 is not in the trace")
-    bad_token = await gateway_http.get("/api/sessions", params={"page_token": "garbage!"}, headers=h)
+    bad_token = await gateway_http.get("/api/sessions", params={"page_token": "garbage"}, headers=h)
     assert bad_token.status_code == 422
     assert bad_token.json() == _error(422, "INVALID_ARGUMENT", "invalid page_token")
+    not_base64 = await gateway_http.get("/api/sessions", params={"page_token": "garbage!"}, headers=h)
+    assert not_base64.status_code == 422
+    assert not_base64.json()["error"]["message"].startswith(
+        "invalid request: query.page_token: String should match pattern"
+    )
 
     renamed = await gateway_http.patch(f"/api/sessions/{first.id}", json={"title": "renamed"}, headers=h)
     assert renamed.status_code == 200

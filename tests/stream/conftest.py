@@ -23,6 +23,7 @@ from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from agentmesh.stream.v1 import stream_service_pb2_grpc
 from gateway.app import create_app
+from gateway.server import http_limits
 from libs import embedded_http, events, identity
 from libs.clients import Clients
 from libs.config import MeshSettings, StreamSettings
@@ -221,7 +222,9 @@ async def gateway_factory(
         settings = harness.settings.model_copy(deep=True)
         settings.addresses.trace = trace_address
         clients = Clients(settings, signer)
-        server = await embedded_http.serve(create_app(settings, clients), timeout_graceful_shutdown=1)
+        server = await embedded_http.serve(
+            create_app(settings, clients), timeout_graceful_shutdown=1, **http_limits()
+        )
         base = f"http://127.0.0.1:{server.port}"
         client = httpx.AsyncClient(
             base_url=base, timeout=10.0, headers={"Authorization": f"Bearer {keys['alice']}"}
