@@ -28,6 +28,12 @@ _LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 SCHEME = "agent://"
 
 
+def shown(text: str, limit: int = 80) -> str:
+    """`text` quoted for an error message, at most about `limit` characters however it escapes."""
+    quoted = repr(text[:limit])
+    return quoted if len(quoted) <= limit else quoted[: limit - 3] + "..."
+
+
 def new_id() -> str:
     """A fresh random id (a UUID): traces, tasks."""
     return str(uuid.uuid4())
@@ -44,7 +50,7 @@ def is_local_id(value: str) -> bool:
 
 def check_local_id(value: str, what: str = "id") -> str:
     if not is_local_id(value):
-        raise InvalidArgument(f"{what} must be 1-{MAX_ID} characters of [A-Za-z0-9_.-]: {value[:80]!r}")
+        raise InvalidArgument(f"{what} must be 1-{MAX_ID} characters of [A-Za-z0-9_.-]: {shown(value, 80)}")
     return value
 
 
@@ -79,10 +85,12 @@ def parse_stream_key(key: str) -> StreamKey:
     kind, sep, ident = key.partition(":")
     if not sep or kind not in STREAM_KINDS:
         raise InvalidArgument(
-            f"invalid stream key {key[:80]!r}: expected session:<id>, a2a:<id> or subagent:<id>"
+            f"invalid stream key {shown(key, 80)}: expected session:<id>, a2a:<id> or subagent:<id>"
         )
     if not is_local_id(ident):
-        raise InvalidArgument(f"invalid stream key {key[:80]!r}: the id must be 1-{MAX_ID} of [A-Za-z0-9_.-]")
+        raise InvalidArgument(
+            f"invalid stream key {shown(key, 80)}: the id must be 1-{MAX_ID} of [A-Za-z0-9_.-]"
+        )
     return StreamKey(kind, ident)
 
 
@@ -97,17 +105,17 @@ def _host(text: str) -> str:
         try:
             return f"[{ipaddress.IPv6Address(text[1:-1]).compressed}]"
         except ValueError as exc:
-            raise InvalidArgument(f"invalid IPv6 host {text[:60]!r}") from exc
+            raise InvalidArgument(f"invalid IPv6 host {shown(text, 60)}") from exc
     if not text or len(text) > 253:
         raise InvalidArgument("the host must be 1-253 characters")
     labels = text.split(".")
     if not all(_LABEL.fullmatch(label) for label in labels):
-        raise InvalidArgument(f"invalid host {text[:60]!r}")
+        raise InvalidArgument(f"invalid host {shown(text, 60)}")
     if all(label.isdigit() for label in labels):
         try:
             return str(ipaddress.IPv4Address(text))
         except ValueError as exc:
-            raise InvalidArgument(f"invalid IPv4 host {text[:60]!r}") from exc
+            raise InvalidArgument(f"invalid IPv4 host {shown(text, 60)}") from exc
     return text.lower()
 
 
@@ -130,9 +138,9 @@ class TraceRef:
         if not 0 <= self.port <= 65535:
             raise InvalidArgument("the port must be 1-65535")
         if self.alias and not _ALIAS.fullmatch(self.alias):
-            raise InvalidArgument(f"invalid peer alias {self.alias[:60]!r}")
+            raise InvalidArgument(f"invalid peer alias {shown(self.alias, 60)}")
         if self.host and _host(self.host) != self.host:
-            raise InvalidArgument(f"invalid host {self.host[:60]!r}")
+            raise InvalidArgument(f"invalid host {shown(self.host, 60)}")
 
     @property
     def is_local(self) -> bool:
@@ -169,22 +177,22 @@ class TraceRef:
             if not authority.endswith("]") and ":" in authority:
                 host, _, port_text = authority.rpartition(":")
                 if not port_text.isascii() or not port_text.isdigit() or len(port_text) > 5:
-                    raise InvalidArgument(f"invalid port {port_text[:10]!r}")
+                    raise InvalidArgument(f"invalid port {shown(port_text, 10)}")
                 port = int(port_text)
                 if not 1 <= port <= 65535:
                     raise InvalidArgument("the port must be 1-65535")
             if not is_local_id(ident):
-                raise InvalidArgument(f"invalid trace id {ident[:80]!r} after the host")
+                raise InvalidArgument(f"invalid trace id {shown(ident, 80)} after the host")
             return cls(ident, host=_host(host), port=port)
         if text.startswith("@"):
             alias, sep, ident = text[1:].partition("/")
             if not sep or not _ALIAS.fullmatch(alias):
                 raise InvalidArgument("@alias ids look like @peer-name/id")
             if not is_local_id(ident):
-                raise InvalidArgument(f"invalid trace id {ident[:80]!r} after the alias")
+                raise InvalidArgument(f"invalid trace id {shown(ident, 80)} after the alias")
             return cls(ident, alias=alias)
         if not is_local_id(text):
             raise InvalidArgument(
-                f"invalid trace id {text[:80]!r}: expected id, agent://host[:port]/id or @alias/id"
+                f"invalid trace id {shown(text, 80)}: expected id, agent://host[:port]/id or @alias/id"
             )
         return cls(text)
