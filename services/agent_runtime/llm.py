@@ -14,6 +14,7 @@ from openai import AsyncOpenAI
 from agentmesh.events.v1 import events_pb2 as ev
 from libs.config import LLMSettings
 from libs.errors import ModelError, ModelTimeout
+from libs.metrics import RuntimeMetrics
 
 YIELD_EVERY_S = 0.002
 FINISH_REASONS = {
@@ -46,7 +47,10 @@ class Step:
 
 
 class LLM:
-    def __init__(self, settings: LLMSettings, client: AsyncOpenAI | None = None) -> None:
+    def __init__(
+        self, settings: LLMSettings, client: AsyncOpenAI | None = None, metrics: RuntimeMetrics | None = None
+    ) -> None:
+        self.metrics = metrics or RuntimeMetrics()
         self.client = client or AsyncOpenAI(
             base_url=settings.base_url,
             api_key=settings.api_key,
@@ -74,6 +78,10 @@ class LLM:
         kwargs: dict[str, Any] = {}
         if tools:
             kwargs["tools"] = tools
+        sent = time.monotonic()
+        first = 0.0  # when the first token (text, reasoning or a tool call's) arrived
+        deltas = 0
+        outcome = "error"
         try:
             stream = await self.client.chat.completions.create(  # type: ignore[call-overload]
                 model=model,
@@ -91,6 +99,11 @@ class LLM:
                     out.model = chunk.model
                 for choice in chunk.choices:
                     delta = choice.delta
+                    if delta.content or delta.tool_calls or getattr(delta, "reasoning_content", None):
+                        deltas += 1
+                        if not first:
+                            first = time.monotonic()
+                            self.metrics.ttft.labels(model).observe(first - sent)
                     reasoning = getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
                     if reasoning:
                         out.reasoning += reasoning
@@ -115,13 +128,31 @@ class LLM:
                 if now >= next_yield and (out.content or out.reasoning):
                     next_yield = now + YIELD_EVERY_S
                     await asyncio.sleep(0)
+            outcome = "ok"
         except openai.APITimeoutError as exc:
+            outcome = "timeout"
             raise ModelTimeout(f"model {model} timed out: {exc}") from exc
         except openai.APIStatusError as exc:
             raise ModelError(f"model {model} failed with HTTP {exc.status_code}: {exc.message}") from exc
         except openai.APIError as exc:
             raise ModelError(f"model {model} failed: {exc}") from exc
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            self._observe(model, outcome, out, first, deltas)
         out.tool_calls = [calls[i] for i in sorted(calls)]
         if not out.finish_reason:
             raise ModelError(f"model {model} ended the stream without a finish reason")
         return out
+
+    def _observe(self, model: str, outcome: str, out: Step, first: float, deltas: int) -> None:
+        m = self.metrics
+        m.model_calls.labels(model, outcome).inc()
+        if out.input_tokens or out.output_tokens:
+            m.tokens.labels(model, "input").inc(out.input_tokens)
+            m.tokens.labels(model, "output").inc(out.output_tokens)
+        tokens = out.output_tokens or deltas
+        elapsed = time.monotonic() - first if first else 0.0
+        if outcome == "ok" and tokens > 1 and elapsed > 0:
+            m.tokens_per_second.labels(model).observe((tokens - 1) / elapsed)  # the pace after the first

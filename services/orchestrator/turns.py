@@ -43,6 +43,7 @@ from libs.errors import (
     rpc,
 )
 from libs.leases import LeaseKeeper
+from libs.metrics import OrchestratorMetrics
 from libs.protojson import to_json
 
 log = logging.getLogger(__name__)
@@ -114,10 +115,17 @@ class Partial:
 
 
 class TurnEngine:
-    def __init__(self, clients: Clients, leases: LeaseKeeper | None = None, grace_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        clients: Clients,
+        leases: LeaseKeeper | None = None,
+        grace_s: float = 5.0,
+        metrics: OrchestratorMetrics | None = None,
+    ) -> None:
         self.clients = clients
         self.leases = leases or LeaseKeeper(clients, lease_s=30.0)  # started by the process that runs it
         self.grace_s = grace_s
+        self.metrics = metrics or OrchestratorMetrics()
 
     async def _append(self, key: str, event: ev.Event, on_event: OnEvent | None) -> None:
         resp = await rpc(self.clients.stream.AppendEvents(ss.AppendEventsRequest(key=key, events=[event])))
@@ -166,8 +174,17 @@ class TurnEngine:
         and the buffer is closed with them when this turn created it. While it runs, the turn keeps the
         leases of its buffer and of its placeholder alive (so if this process dies, a reaper settles
         them)."""
-        with self.leases.hold(stream=spec.stream_key):
-            return await self._run(spec, on_event)
+        outcome = "cancelled"
+        try:
+            with self.leases.hold(stream=spec.stream_key):
+                out = await self._run(spec, on_event)
+            outcome = out.error.code_name if out.error is not None else "ok"
+            return out
+        except MeshError as err:
+            outcome = err.code_name
+            raise
+        finally:
+            self.metrics.turns.labels(outcome).inc()
 
     async def _run(self, spec: orc.RunTurnRequest, on_event: OnEvent | None) -> TurnOutcome:
         out = TurnOutcome()
