@@ -162,6 +162,8 @@ class OrchestratorMetrics:
         self.reaped = Counter(
             "agentmesh_orchestrator_reaped_rows", "Orphaned rows settled by the reaper", ["kind"], registry=r
         )
+        for kind in ("message", "task", "subagent"):
+            self.reaped.labels(kind)  # at zero from the start: a dashboard plots nothing reaped yet
 
 
 Refresh = Callable[[], Awaitable[None]]
