@@ -17,7 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
-from libs import identity
+from libs import identity, telemetry
 from libs.errors import Unauthenticated, to_status
 from libs.identity import Signer
 from libs.metrics import MetricsServer, Refresh, RpcMetrics
@@ -106,7 +106,11 @@ class ServiceServer:
         self.metrics_server: MetricsServer | None = None
         self.server = grpc.aio.server(
             options=options,
-            interceptors=[MetricsInterceptor(self.rpc_metrics), IdentityInterceptor(self.signer)],
+            interceptors=[
+                MetricsInterceptor(self.rpc_metrics),
+                *telemetry.server_interceptors(),  # a span per call, its parent from the caller's traceparent
+                IdentityInterceptor(self.signer),
+            ],
         )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -215,11 +219,14 @@ def channel(
     target: str, signer: Signer, unary_timeout_s: float = 10.0, stream_timeout_s: float = 3600.0
 ) -> grpc.aio.Channel:
     """An insecure loopback/cluster channel whose RPCs always carry a deadline and the caller's identity.
-    A `dns:///name:port` target with several addresses is balanced round robin."""
+    A `dns:///name:port` target with several addresses is balanced round robin. With tracing on, the
+    OpenTelemetry interceptors run first (outermost): the client span covers ours, and the metadata they
+    add (`traceparent`) is kept by ours, which add the identity beside it."""
     return grpc.aio.insecure_channel(
         target,
         options=[*_CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")],
         interceptors=[
+            *telemetry.client_interceptors(),
             _UnaryUnaryOut(unary_timeout_s, signer),
             _UnaryStreamOut(stream_timeout_s, signer),
             _StreamUnaryOut(unary_timeout_s, signer),

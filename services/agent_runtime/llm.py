@@ -12,6 +12,7 @@ import openai
 from openai import AsyncOpenAI
 
 from agentmesh.events.v1 import events_pb2 as ev
+from libs import telemetry
 from libs.config import LLMSettings
 from libs.errors import ModelError, ModelTimeout
 from libs.metrics import RuntimeMetrics
@@ -72,12 +73,28 @@ class LLM:
         on_reasoning: Callable[[str], object],
     ) -> Step:
         """Streams one completion; calls on_text/on_reasoning per delta; returns the whole step."""
-        out = Step(model=model)
-        calls: dict[int, ToolCall] = {}
-        next_yield = 0.0
         kwargs: dict[str, Any] = {}
         if tools:
             kwargs["tools"] = tools
+        with telemetry.model_span(model, str(self.client.base_url)) as span:
+            kwargs["extra_headers"] = telemetry.headers()  # the model server may join the trace
+            out = await self._step(model, messages, max_tokens, on_text, on_reasoning, kwargs)
+            span.set_attribute("gen_ai.usage.input_tokens", out.input_tokens)
+            span.set_attribute("gen_ai.usage.output_tokens", out.output_tokens)
+            return out
+
+    async def _step(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        max_tokens: int,
+        on_text: Callable[[str], object],
+        on_reasoning: Callable[[str], object],
+        kwargs: dict[str, Any],
+    ) -> Step:
+        out = Step(model=model)
+        calls: dict[int, ToolCall] = {}
+        next_yield = 0.0
         sent = time.monotonic()
         first = 0.0  # when the first token (text, reasoning or a tool call's) arrived
         deltas = 0

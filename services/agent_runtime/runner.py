@@ -15,7 +15,7 @@ from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs import events
+from libs import events, telemetry
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import DeadlineExceeded, InvalidArgument, MeshError, PermissionDenied, rpc
@@ -118,19 +118,22 @@ class AgentRunner:
         role = role_name(req.role)
         outcome = "internal"
         self.metrics.running.inc()
-        try:
-            result = await self._run(req, sink)
-            outcome = "ok"
-            return result
-        except MeshError as err:
-            outcome = err.code_name
-            raise
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
-        finally:
-            self.metrics.running.dec()
-            self.metrics.runs.labels(role, outcome).inc()
+        with telemetry.span(f"run {req.agent}", agent=req.agent, role=role, trace_id=req.trace_id) as span:
+            try:
+                result = await self._run(req, sink)
+                outcome = "ok"
+                return result
+            except MeshError as err:
+                outcome = err.code_name
+                raise
+            except asyncio.CancelledError:
+                outcome = "cancelled"
+                raise
+            finally:
+                self.metrics.running.dec()
+                self.metrics.runs.labels(role, outcome).inc()
+                if outcome != "ok":
+                    telemetry.fail(span, outcome)
 
     async def _run(self, req: rt.RunAgentRequest, sink: EventSink) -> rt.RunResult:
         if req.depth < 0:
@@ -270,6 +273,36 @@ class AgentRunner:
                 )
             )
         )
+        with telemetry.span(f"tool {call.name}", tool=call.name, tool_call_id=call.id) as span:
+            outcome = await self._run_tool(req, agent, role, call, args, tools, sink, state, agents)
+            if not outcome.ok:
+                code = outcome.output.get("code") if isinstance(outcome.output, dict) else None
+                telemetry.fail(span, str(code or "failed"))
+        sink.emit(
+            ev.Event(
+                tool_output_available=ev.ToolOutputAvailable(
+                    tool_call_id=call.id,
+                    tool_name=call.name,
+                    output=events.value(outcome.output),
+                    metadata=events.struct(outcome.metadata),
+                    ok=outcome.ok,
+                )
+            )
+        )
+        return args, outcome
+
+    async def _run_tool(
+        self,
+        req: rt.RunAgentRequest,
+        agent: ap.Agent,
+        role: int,
+        call: ToolCall,
+        args: Any,
+        tools: dict[str, Any],
+        sink: EventSink,
+        state: RunState,
+        agents: AgentDirectory,
+    ) -> ToolOutcome:
         started = time.monotonic()
         handler = tools.get(call.name)
         if handler is None:
@@ -300,15 +333,4 @@ class AgentRunner:
         outcome.metadata.setdefault("durationMs", int((time.monotonic() - started) * 1000))
         tool = call.name if handler is not None else "unknown"  # a label never named by the model
         self.metrics.tool_calls.labels(tool, str(outcome.ok).lower()).inc()
-        sink.emit(
-            ev.Event(
-                tool_output_available=ev.ToolOutputAvailable(
-                    tool_call_id=call.id,
-                    tool_name=call.name,
-                    output=events.value(outcome.output),
-                    metadata=events.struct(outcome.metadata),
-                    ok=outcome.ok,
-                )
-            )
-        )
-        return args, outcome
+        return outcome

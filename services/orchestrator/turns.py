@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs import events
+from libs import events, telemetry
 from libs.aio import to_the_end
 from libs.clients import Clients
 from libs.errors import (
@@ -175,16 +176,31 @@ class TurnEngine:
         leases of its buffer and of its placeholder alive (so if this process dies, a reaper settles
         them)."""
         outcome = "cancelled"
-        try:
-            with self.leases.hold(stream=spec.stream_key):
-                out = await self._run(spec, on_event)
-            outcome = out.error.code_name if out.error is not None else "ok"
-            return out
-        except MeshError as err:
-            outcome = err.code_name
-            raise
-        finally:
-            self.metrics.turns.labels(outcome).inc()
+        started = time.monotonic()
+        with telemetry.span(
+            "turn", trace_id=spec.trace_id, agent=spec.agent, stream_key=spec.stream_key, depth=spec.depth
+        ) as span:
+            try:
+                with self.leases.hold(stream=spec.stream_key):
+                    out = await self._run(spec, on_event)
+                outcome = out.error.code_name if out.error is not None else "ok"
+                return out
+            except MeshError as err:
+                outcome = err.code_name
+                raise
+            finally:
+                self.metrics.turns.labels(outcome).inc()
+                if outcome != "ok":
+                    telemetry.fail(span, outcome)
+                log.info(
+                    "turn ended",
+                    extra={
+                        "trace": spec.trace_id,
+                        "agent": spec.agent,
+                        "outcome": outcome,
+                        "duration_s": round(time.monotonic() - started, 3),
+                    },
+                )
 
     async def _run(self, spec: orc.RunTurnRequest, on_event: OnEvent | None) -> TurnOutcome:
         out = TurnOutcome()

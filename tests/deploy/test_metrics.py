@@ -44,7 +44,9 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 @pytest.fixture(params=BACKENDS, scope="module")
-async def mesh(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
+async def mesh(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Mesh]:
     every = MetricsAddresses(orchestrator=ANY_PORT, agent_runtime=ANY_PORT, trace=ANY_PORT, stream=ANY_PORT)
     m = await mesh_on(
         request, tmp_path_factory.mktemp("metrics"), rules=RULES, catalog=TEST_CATALOG, metrics=every
