@@ -217,13 +217,15 @@ async def test_one_turn_is_one_trace_across_the_five_processes(traced: tuple[Pro
     ended = [line for line in lines if line["msg"] == "turn ended"]
     assert len(ended) == 3 and {line.get("trace_id") for line in ended} == {trace_id}
 
-    # A request without traceparent starts a trace of its own (and no span lands in the first one).
-    count = len(receiver.of(trace_id))
+    # A request without traceparent starts a trace of its own, with its turn in it (not in the first).
     await turn(mesh, "hello")
-    own = await wait_until(
-        lambda: [s for s in receiver.spans if s.name == "POST /api/chat" and s.trace_id != trace_id],
-        10,
-        "a new trace",
-    )
-    assert own[0].parent_id == ""
-    assert len(receiver.of(trace_id)) == count
+
+    def new_trace() -> list[Span]:
+        for root in (s for s in receiver.spans if s.name == "POST /api/chat" and s.trace_id != trace_id):
+            if any(s.name == "turn" for s in receiver.of(root.trace_id)):
+                return [root]
+        return []
+
+    (root,) = await wait_until(new_trace, 10, "a new trace with its turn")
+    assert root.parent_id == ""
+    assert [s.name for s in receiver.of(trace_id)].count("turn") == 3
