@@ -39,10 +39,15 @@ def _serve(name: str) -> int:
     else:
         print(f"unknown service {name!r}; one of {', '.join(SERVICES)}", file=sys.stderr)
         return 2
+    from libs import telemetry
     from libs.log import setup_logging
 
     setup_logging(name, settings.log_level, settings.log_json)
-    asyncio.run(run(settings))
+    telemetry.setup(name)  # only with OTEL_EXPORTER_OTLP_ENDPOINT
+    try:
+        asyncio.run(run(settings))
+    finally:
+        telemetry.shutdown()
     return 0
 
 

@@ -182,6 +182,29 @@ def check_references(objs: list[Obj]) -> list[str]:
         elif "." in host and host.split(".")[1] != target["metadata"].get("namespace"):
             problems.append(f"AGENTMESH_ADDRESSES__{key}={value}: Service is in another namespace")
 
+    for comp, port in MESH.items():
+        key = comp.upper().replace("-", "_")
+        listen = mesh_env(f"AGENTMESH_LISTEN__{key}")
+        if comp != "gateway" and (listen is None or not listen.endswith(f":{port}")):
+            problems.append(f"AGENTMESH_LISTEN__{key}={listen}: the pods of {comp} must bind port {port}")
+    for w in workloads:
+        notes = w["spec"]["template"]["metadata"].get("annotations", {})
+        if pod_labels(w).get("app.kubernetes.io/part-of") == "agentmesh" and notes.get(
+            "prometheus.io/scrape"
+        ):
+            want = notes.get("prometheus.io/port", "")
+            cports = [
+                p["containerPort"]
+                for c in w["spec"]["template"]["spec"]["containers"]
+                for p in c.get("ports", [])
+            ]
+            comp = pod_labels(w).get("app.kubernetes.io/name", "")
+            metrics = mesh_env(f"AGENTMESH_METRICS__{comp.upper().replace('-', '_')}")
+            if not want.isdigit() or int(want) not in cports:
+                problems.append(f"{name_of(w)}: prometheus.io/port {want!r} is not a container port")
+            elif comp != "gateway" and (metrics is None or not metrics.endswith(f":{want}")):
+                problems.append(f"{name_of(w)}: AGENTMESH_METRICS__ does not serve port {want}")
+
     deployments = by_kind.get("Deployment", {})
     for comp in MESH:
         for kind, name in (("Deployment", comp), ("Service", comp), ("PodDisruptionBudget", comp)):

@@ -13,6 +13,7 @@ from gateway.drain import Drain
 from gateway.limits import BodyLimitMiddleware, HeadLimitMiddleware
 from gateway.metrics import Metrics, MetricsMiddleware, metrics_endpoint
 from gateway.routes import agents, chat, sessions, streams, ui
+from libs import telemetry
 from libs.clients import Clients
 from libs.config import MeshSettings
 
@@ -56,4 +57,5 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     app.include_router(streams.router)  # before agents: /api/agents/a2a/stream
     app.include_router(agents.router)
     app.include_router(ui.router)
+    telemetry.instrument_app(app)  # with tracing on: the browser's traceparent starts the request's span
     return app

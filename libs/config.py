@@ -9,12 +9,33 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Addresses(BaseModel):
-    """Where each service listens (host:port). Port 0 lets the OS pick (tests)."""
+    """Where each service is reached (host:port, `dns:///name:port`, or `ipv4:a:p,b:q` for several
+    replicas), and where it listens unless `listen` says otherwise. Port 0 lets the OS pick (tests)."""
 
     orchestrator: str = "127.0.0.1:50051"
     agent_runtime: str = "127.0.0.1:50052"
     trace: str = "127.0.0.1:50053"
     stream: str = "127.0.0.1:50054"
+
+
+class Listen(BaseModel):
+    """Where each service binds when that is not its address in `addresses`: in a container it binds
+    0.0.0.0:PORT while the others dial its Service's DNS name. Empty: the address in `addresses`."""
+
+    orchestrator: str = ""
+    agent_runtime: str = ""
+    trace: str = ""
+    stream: str = ""
+
+
+class MetricsAddresses(BaseModel):
+    """Where each gRPC service serves Prometheus text at GET /metrics (host:port); empty: no metrics
+    server. (The gateway serves /metrics on its own HTTP port.)"""
+
+    orchestrator: str = ""
+    agent_runtime: str = ""
+    trace: str = ""
+    stream: str = ""
 
 
 class LLMSettings(BaseModel):
@@ -66,6 +87,8 @@ class MeshSettings(BaseSettings):
     mesh_secret: str = ""  # HMAC key of caller identities; empty: <data_dir>/mesh_secret (created once)
     catalog: Path = Path(__file__).resolve().parent.parent / "services" / "trace" / "demo_catalog.yaml"
     addresses: Addresses = Field(default_factory=Addresses)
+    listen: Listen = Field(default_factory=Listen)
+    metrics: MetricsAddresses = Field(default_factory=MetricsAddresses)
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8080
     llm: LLMSettings = Field(default_factory=LLMSettings)
@@ -73,11 +96,18 @@ class MeshSettings(BaseSettings):
     subagent: SubagentDefaults = Field(default_factory=SubagentDefaults)
     rpc_timeout_s: float = 10.0  # deadline of every unary RPC
     stream_rpc_timeout_s: float = 3600.0  # deadline of every server-streaming RPC
+    # A server sends GOAWAY to a connection this old (in-flight calls finish on it), so clients
+    # reconnect and re-resolve: round_robin over a DNS name then reaches replicas added since. 0: never.
+    max_connection_age_s: float = 300.0
     turn_timeout_s: float = 600.0  # a whole chat turn
     lease_s: float = 30.0  # work in progress whose runner stopped renewing it for this long is settled
     shutdown_grace_s: float = 10.0  # drain in-flight streams on SIGTERM
     log_level: str = "INFO"
     log_json: bool = True
+
+    def listen_address(self, service: str) -> str:
+        """Where `service` (orchestrator, agent_runtime, trace, stream) binds: `listen`, else its address."""
+        return getattr(self.listen, service) or getattr(self.addresses, service)
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -1,4 +1,5 @@
-"""Structured logs: one JSON object a line, with the service name."""
+"""Structured logs: one JSON object a line, with the service name and, inside a traced request, its
+OpenTelemetry trace and span ids (`trace_id`, `span_id`), so a line leads to its trace."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import logging
 import sys
 import time
+
+from libs.telemetry import current_ids
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
@@ -24,6 +27,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        trace_id, span_id = current_ids()
+        if trace_id:
+            out["trace_id"], out["span_id"] = trace_id, span_id
         for key, value in record.__dict__.items():
             if key not in _RESERVED and not key.startswith("_"):
                 out[key] = value if isinstance(value, str | int | float | bool | None) else repr(value)

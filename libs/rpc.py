@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import logging
 import signal
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,10 +15,12 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
 
-from libs import identity
+from libs import identity, telemetry
 from libs.errors import Unauthenticated, to_status
 from libs.identity import Signer
+from libs.metrics import MetricsServer, Refresh, RpcMetrics
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +67,22 @@ class Registration:
         return cls(add, servicer, pb2.DESCRIPTOR.services_by_name[service].full_name)
 
 
+def server_settings(settings: Any, service: str) -> dict[str, Any]:
+    """The ServiceServer arguments of `service` (orchestrator, agent_runtime, trace, stream) from the
+    mesh settings: where it binds, its drain grace, its metrics address, its connection age."""
+    return {
+        "address": settings.listen_address(service),
+        "grace_s": settings.shutdown_grace_s,
+        "metrics_address": getattr(settings.metrics, service),
+        "max_connection_age_s": settings.max_connection_age_s,
+    }
+
+
 @dataclass
 class ServiceServer:
-    """A grpc.aio server with health and reflection; `stop` drains in-flight RPCs within a grace."""
+    """A grpc.aio server with health and reflection; `stop` drains in-flight RPCs within a grace.
+    Every RPC is counted in `registry` (served at GET /metrics on `metrics_address` when one is set,
+    with the components' own series registered on the same registry)."""
 
     registrations: Sequence[Registration]
     signer: Signer
@@ -75,10 +91,26 @@ class ServiceServer:
     on_stop: list[Callable[[], Any]] = field(default_factory=list)
     port: int = 0
     stop_grace_s: float = 0.0  # the grace of the stop under way, for on_stop hooks
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    metrics_address: str = ""  # host:port of GET /metrics; empty: none
+    metrics_refresh: list[Refresh] = field(default_factory=list)  # run before each scrape
+    max_connection_age_s: float = 0.0  # GOAWAY to connections this old (0: never)
 
     def __post_init__(self) -> None:
+        options = list(_SERVER_OPTIONS)
+        if self.max_connection_age_s > 0:
+            # Clients reconnect (and re-resolve) on GOAWAY; calls in flight finish on the old connection
+            # (no max_connection_age_grace: a turn's stream may last minutes).
+            options.append(("grpc.max_connection_age_ms", int(self.max_connection_age_s * 1000)))
+        self.rpc_metrics = RpcMetrics(self.registry)
+        self.metrics_server: MetricsServer | None = None
         self.server = grpc.aio.server(
-            options=_SERVER_OPTIONS, interceptors=[IdentityInterceptor(self.signer)]
+            options=options,
+            interceptors=[
+                MetricsInterceptor(self.rpc_metrics),
+                *telemetry.server_interceptors(),  # a span per call, its parent from the caller's traceparent
+                IdentityInterceptor(self.signer),
+            ],
         )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -102,8 +134,16 @@ class ServiceServer:
         for reg in self.registrations:
             await self.health.set(reg.name, health_pb2.HealthCheckResponse.SERVING)
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        if self.metrics_address:
+            self.metrics_server = MetricsServer(self.metrics_address, self.registry, self.metrics_refresh)
+            await self.metrics_server.start()
         log.info("serving", extra={"address": self.target})
         return self
+
+    @property
+    def metrics_port(self) -> int:
+        """The bound port of GET /metrics (0: none)."""
+        return self.metrics_server.port if self.metrics_server is not None else 0
 
     async def stop(self, grace_s: float | None = None) -> None:
         """NOT_SERVING first, then stop taking RPCs and let in-flight ones finish within the grace;
@@ -119,6 +159,8 @@ class ServiceServer:
             if asyncio.iscoroutine(result):
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(result, grace + 10)
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         log.info("stopped", extra={"address": self.target})
 
     async def serve_until_signal(self) -> None:
@@ -177,11 +219,14 @@ def channel(
     target: str, signer: Signer, unary_timeout_s: float = 10.0, stream_timeout_s: float = 3600.0
 ) -> grpc.aio.Channel:
     """An insecure loopback/cluster channel whose RPCs always carry a deadline and the caller's identity.
-    A `dns:///name:port` target with several addresses is balanced round robin."""
+    A `dns:///name:port` target with several addresses is balanced round robin. With tracing on, the
+    OpenTelemetry interceptors run first (outermost): the client span covers ours, and the metadata they
+    add (`traceparent`) is kept by ours, which add the identity beside it."""
     return grpc.aio.insecure_channel(
         target,
         options=[*_CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")],
         interceptors=[
+            *telemetry.client_interceptors(),
             _UnaryUnaryOut(unary_timeout_s, signer),
             _UnaryStreamOut(stream_timeout_s, signer),
             _StreamUnaryOut(unary_timeout_s, signer),
@@ -209,6 +254,83 @@ class IdentityInterceptor(grpc.aio.ServerInterceptor):
         except Unauthenticated as err:
             return _rewrap(handler, _refuse(err))
         return _rewrap(handler, _as(principal))
+
+
+class MetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Counts every RPC (health and reflection excepted): started, handled by status code, handling time
+    (a stream's whole life) and in flight, by service, method and type."""
+
+    def __init__(self, metrics: RpcMetrics) -> None:
+        self.metrics = metrics
+
+    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method.startswith(IdentityInterceptor.OPEN):
+            return handler
+        service, _, name = method.lstrip("/").rpartition("/")
+        kind = {
+            (False, False): "unary",
+            (False, True): "server_stream",
+            (True, False): "client_stream",
+            (True, True): "bidi_stream",
+        }[(bool(handler.request_streaming), bool(handler.response_streaming))]
+        return _rewrap(handler, _counted(self.metrics, (service, name, kind)))
+
+
+def _code_of(context: grpc.aio.ServicerContext, failed: BaseException | None) -> str:
+    """The status the RPC ended with: what the handler set or aborted with, else OK or UNKNOWN."""
+    if isinstance(failed, asyncio.CancelledError | GeneratorExit):
+        return "CANCELLED"  # the caller went away
+    with contextlib.suppress(Exception):
+        code = context.code()
+        if isinstance(code, grpc.StatusCode):
+            return code.name
+        if isinstance(code, int) and code:
+            return grpc.StatusCode(code).name  # type: ignore[call-arg]
+    return "UNKNOWN" if failed is not None else "OK"
+
+
+def _counted(metrics: RpcMetrics, labels: tuple[str, str, str]) -> Callable[[Any, bool], Any]:
+    def begin() -> float:
+        metrics.started.labels(*labels).inc()
+        metrics.in_flight.labels(*labels).inc()
+        return time.perf_counter()
+
+    def end(started: float, context: grpc.aio.ServicerContext, failed: BaseException | None) -> None:
+        metrics.in_flight.labels(*labels).dec()
+        metrics.seconds.labels(*labels).observe(time.perf_counter() - started)
+        metrics.handled.labels(*labels, _code_of(context, failed)).inc()
+
+    def wrap(behavior: Any, streaming_response: bool) -> Any:
+        if streaming_response and inspect.isasyncgenfunction(behavior):
+
+            async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                started, failed = begin(), None
+                try:
+                    async for item in behavior(request, context):
+                        yield item
+                except BaseException as exc:
+                    failed = exc
+                    raise
+                finally:
+                    end(started, context, failed)
+
+            return stream
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            started, failed = begin(), None
+            try:
+                return await behavior(request, context)
+            except BaseException as exc:
+                failed = exc
+                raise
+            finally:
+                end(started, context, failed)
+
+        return unary
+
+    return wrap
 
 
 def _refuse(err: Unauthenticated) -> Callable[[Any, bool], Any]:

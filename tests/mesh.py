@@ -380,9 +380,21 @@ def log_file(path: Path) -> Any:
 
 
 @dataclass
+class Instance:
+    """One process of a ProcessMesh: which service it runs and what its environment adds to the mesh's
+    (with replicas: where this one listens, its metrics port, its gateway port)."""
+
+    service: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class ProcessMesh:
-    """A mesh of real processes (`agentmesh serve <service>`), one per service, on reserved loopback
-    ports, with the scripted model server in the test's loop: for killing and restarting services."""
+    """A mesh of real processes (`agentmesh serve <service>`) on reserved loopback ports, with the
+    scripted model server in the test's loop: for killing and restarting services. With replicas, each
+    service but trace runs as `<service>-1`, `<service>-2`, ...: each binds its own port
+    (AGENTMESH_LISTEN__*) and the mesh dials them all round robin (`ipv4:a,b` in AGENTMESH_ADDRESSES__*);
+    the gateways are independent processes on their own ports (a browser picks one)."""
 
     env: dict[str, str]
     ports: Ports
@@ -392,35 +404,66 @@ class ProcessMesh:
     clients: Clients | None = None
     api_key: str = ""
     user: str = "alice"
+    instances: dict[str, Instance] = field(default_factory=dict)  # by process name
+
+    def instance(self, name: str) -> Instance:
+        return self.instances.get(name) or Instance(name)
+
+    def names(self, service: str) -> list[str]:
+        """The process names of `service`, in order."""
+        return [n for n in self.instances if self.instances[n].service == service] or [service]
+
+    def env_of(self, name: str) -> dict[str, str]:
+        return {**self.env, **self.instance(name).env}
+
+    def gateway_url(self, name: str = "") -> str:
+        """The URL of gateway `name` (default: the first one still running, else the first)."""
+        gateways = self.names("gateway")
+        if not name:
+            name = next((g for g in gateways if g in self.procs), gateways[0])
+        return f"http://127.0.0.1:{self.env_of(name)['AGENTMESH_GATEWAY_PORT']}"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.env['AGENTMESH_GATEWAY_PORT']}"
+        return self.gateway_url(self.names("gateway")[0])
 
-    def http(self, timeout: float = 30.0) -> httpx.AsyncClient:
+    def http(self, timeout: float = 30.0, gateway: str | None = None) -> httpx.AsyncClient:
+        """A client of one gateway: `gateway` by name, "" for the first one running, None for the first."""
+        url = self.url if gateway is None else self.gateway_url(gateway)
         return httpx.AsyncClient(
-            base_url=self.url, headers={"Authorization": f"Bearer {self.api_key}"}, timeout=timeout
+            base_url=url, headers={"Authorization": f"Bearer {self.api_key}"}, timeout=timeout
         )
 
+    def metrics_url(self, name: str) -> str:
+        """GET /metrics of process `name` (the gateway's is on its HTTP port)."""
+        inst = self.instance(name)
+        if inst.service == "gateway":
+            return f"{self.gateway_url(name)}/metrics"
+        key = inst.service.upper().replace("-", "_")
+        return f"http://{self.env_of(name)[f'AGENTMESH_METRICS__{key}']}/metrics"
+
     async def start(self, name: str) -> None:
-        """Starts `name` and waits until it serves."""
-        log = log_file(Path(self.env["AGENTMESH_DATA_DIR"]) / f"{name}.log")
+        """Starts process `name` and waits until it serves."""
+        inst = self.instance(name)
+        env = self.env_of(name)
+        log = log_file(Path(env["AGENTMESH_DATA_DIR"]) / f"{name}.log")
         self.procs[name] = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agentmesh.cli", "serve", name, env=self.env,
+            sys.executable, "-m", "agentmesh.cli", "serve", inst.service, env=env,
             stdout=asyncio.subprocess.DEVNULL, stderr=log,
         )  # fmt: skip
         log.close()
-        if name == "gateway":
-            await wait_until(self._gateway_up, 30, "the gateway to answer")
+        if inst.service == "gateway":
+            await wait_until(lambda: self._gateway_up(name), 30, f"{name} to answer")
             return
         from libs.rpc import wait_serving
 
-        target = getattr(self.settings.addresses, name.replace("-", "_"))
+        key = inst.service.upper().replace("-", "_")
+        target = env.get(f"AGENTMESH_LISTEN__{key}") or env[f"AGENTMESH_ADDRESSES__{key}"]
         await wait_serving(target, timeout_s=30)
 
-    async def _gateway_up(self) -> bool:
+    async def _gateway_up(self, name: str = "") -> bool:
         try:
-            async with httpx.AsyncClient(base_url=self.url, timeout=1) as http:
+            async with httpx.AsyncClient(base_url=self.gateway_url(name), timeout=1) as http:
                 return (await http.get("/healthz")).status_code == 200
         except httpx.HTTPError:
             return False
@@ -432,9 +475,10 @@ class ProcessMesh:
         await proc.wait()
 
     async def stop(self) -> None:
-        for name in reversed(SERVICE_ORDER):
-            proc = self.procs.pop(name, None)
-            if proc is not None and proc.returncode is None:
+        order = {service: i for i, service in enumerate(SERVICE_ORDER)}
+        for name in sorted(self.procs, key=lambda n: -order.get(self.instance(n).service, 0)):
+            proc = self.procs.pop(name)
+            if proc.returncode is None:
                 proc.terminate()
                 try:
                     await asyncio.wait_for(proc.wait(), 10)
@@ -491,10 +535,20 @@ async def read_tree(mesh: ProcessMesh, session: str) -> Tree | None:
 
 
 async def start_process_mesh(
-    tmp: Path, rules: Any, *, database_url: str = "", redis_url: str = "", lease_s: float = 2.0
+    tmp: Path,
+    rules: Any,
+    *,
+    database_url: str = "",
+    redis_url: str = "",
+    lease_s: float = 2.0,
+    replicas: int = 1,
+    metrics: bool = False,
+    extra_env: dict[str, str] | None = None,
 ) -> ProcessMesh:
-    """Every service as its own process; the model server here. Short leases (`lease_s`) so what a
-    killed process leaves behind is settled within seconds."""
+    """Every service as its own process (`replicas` of each but trace, which owns the database
+    connection pool and runs once); the model server here. Short leases (`lease_s`) so what a killed
+    process leaves behind is settled within seconds. `metrics`: each gRPC process serves GET /metrics
+    on a port of its own (ProcessMesh.metrics_url)."""
     mock = MockLLM(rules, ttft_ms=0.0, tokens_per_second=0.0)
     await mock.start()
     ports = Ports()
@@ -509,6 +563,7 @@ async def start_process_mesh(
         "AGENTMESH_SHUTDOWN_GRACE_S": "1",
         "AGENTMESH_LOG_LEVEL": "INFO",
         "AGENTMESH_DATABASE_URL": database_url,
+        **(extra_env or {}),
     }
     if redis_url:
         extra.update(
@@ -517,6 +572,24 @@ async def start_process_mesh(
             AGENTMESH_STREAM__REDIS_PREFIX=f"test-{uuid.uuid4().hex}:",
         )
     env = process_env(tmp, ports, **extra)
+    instances: dict[str, Instance] = {}
+    for service in SERVICE_ORDER:
+        key = service.upper().replace("-", "_")
+        count = 1 if service == "trace" else replicas
+        names = [service] if count == 1 else [f"{service}-{i + 1}" for i in range(count)]
+        listen = [env[f"AGENTMESH_ADDRESSES__{key}"]] if service != "gateway" else []
+        if service != "gateway" and count > 1:
+            listen = [f"127.0.0.1:{ports.take()}" for _ in names]
+            env[f"AGENTMESH_ADDRESSES__{key}"] = "ipv4:" + ",".join(listen)
+        for i, name in enumerate(names):
+            own: dict[str, str] = {}
+            if service == "gateway":
+                own["AGENTMESH_GATEWAY_PORT"] = env["AGENTMESH_GATEWAY_PORT"] if i == 0 else str(ports.take())
+            else:
+                own[f"AGENTMESH_LISTEN__{key}"] = listen[i]
+                if metrics:
+                    own[f"AGENTMESH_METRICS__{key}"] = f"127.0.0.1:{ports.take()}"
+            instances[name] = Instance(service, own)
     a = Addresses(
         trace=env["AGENTMESH_ADDRESSES__TRACE"],
         stream=env["AGENTMESH_ADDRESSES__STREAM"],
@@ -524,10 +597,10 @@ async def start_process_mesh(
         orchestrator=env["AGENTMESH_ADDRESSES__ORCHESTRATOR"],
     )
     settings = MeshSettings(data_dir=tmp, mesh_secret=secret, addresses=a, database_url=database_url)
-    mesh = ProcessMesh(env=env, ports=ports, mock=mock, settings=settings)
+    mesh = ProcessMesh(env=env, ports=ports, mock=mock, settings=settings, instances=instances)
     try:
-        for name in SERVICE_ORDER:
-            await mesh.start(name)
+        for service in SERVICE_ORDER:  # callees first; the replicas of one service together
+            await asyncio.gather(*(mesh.start(name) for name in mesh.names(service)))
         mesh.clients = Clients(settings)
         with identity.acting_as(""):
             mesh.api_key = (

@@ -11,6 +11,7 @@ import grpc
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.stream.v1 import stream_service_pb2 as ss
+from libs import telemetry
 from libs.errors import MeshError, from_event, from_rpc_error, rpc
 from services.agent_runtime.tools import ToolContext
 
@@ -46,16 +47,27 @@ async def close_buffer(ctx: ToolContext, key: str, err: MeshError) -> None:
 async def run_child(ctx: ToolContext, request: orc.RunTurnRequest) -> ChildOutcome:
     """Runs the child turn to its end; a failure is in the outcome, a cancellation propagates."""
     timeout_s = request.timeout_ms / 1000 + GRACE_S if request.timeout_ms else ctx.settings.turn_timeout_s
-    try:
-        resp = await ctx.clients.orchestrator.RunTurn(request, timeout=timeout_s)
-    except grpc.aio.AioRpcError as exc:
-        err = from_rpc_error(exc)
-        if request.stream_created:
-            await close_buffer(ctx, request.stream_key, err)
-        return ChildOutcome(error=err)
-    out = ChildOutcome(user_message_id=resp.user_message_id, assistant_message_id=resp.assistant_message_id)
-    if resp.HasField("result"):
-        out.result = resp.result
-    else:
-        out.error = from_event(resp.error)
-    return out
+    with telemetry.span(
+        f"child-run {request.agent}",
+        agent=request.agent,
+        trace_id=request.trace_id,
+        stream_key=request.stream_key,
+        depth=request.depth,
+    ) as span:
+        try:
+            resp = await ctx.clients.orchestrator.RunTurn(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            err = from_rpc_error(exc)
+            telemetry.fail(span, err.code_name, err.message)
+            if request.stream_created:
+                await close_buffer(ctx, request.stream_key, err)
+            return ChildOutcome(error=err)
+        out = ChildOutcome(
+            user_message_id=resp.user_message_id, assistant_message_id=resp.assistant_message_id
+        )
+        if resp.HasField("result"):
+            out.result = resp.result
+        else:
+            out.error = from_event(resp.error)
+            telemetry.fail(span, out.error.code_name, out.error.message)
+        return out

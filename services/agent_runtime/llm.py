@@ -12,8 +12,10 @@ import openai
 from openai import AsyncOpenAI
 
 from agentmesh.events.v1 import events_pb2 as ev
+from libs import telemetry
 from libs.config import LLMSettings
 from libs.errors import ModelError, ModelTimeout
+from libs.metrics import RuntimeMetrics
 
 YIELD_EVERY_S = 0.002
 FINISH_REASONS = {
@@ -46,7 +48,10 @@ class Step:
 
 
 class LLM:
-    def __init__(self, settings: LLMSettings, client: AsyncOpenAI | None = None) -> None:
+    def __init__(
+        self, settings: LLMSettings, client: AsyncOpenAI | None = None, metrics: RuntimeMetrics | None = None
+    ) -> None:
+        self.metrics = metrics or RuntimeMetrics()
         self.client = client or AsyncOpenAI(
             base_url=settings.base_url,
             api_key=settings.api_key,
@@ -68,12 +73,32 @@ class LLM:
         on_reasoning: Callable[[str], object],
     ) -> Step:
         """Streams one completion; calls on_text/on_reasoning per delta; returns the whole step."""
-        out = Step(model=model)
-        calls: dict[int, ToolCall] = {}
-        next_yield = 0.0
         kwargs: dict[str, Any] = {}
         if tools:
             kwargs["tools"] = tools
+        with telemetry.model_span(model, str(self.client.base_url)) as span:
+            kwargs["extra_headers"] = telemetry.headers()  # the model server may join the trace
+            out = await self._step(model, messages, max_tokens, on_text, on_reasoning, kwargs)
+            span.set_attribute("gen_ai.usage.input_tokens", out.input_tokens)
+            span.set_attribute("gen_ai.usage.output_tokens", out.output_tokens)
+            return out
+
+    async def _step(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        max_tokens: int,
+        on_text: Callable[[str], object],
+        on_reasoning: Callable[[str], object],
+        kwargs: dict[str, Any],
+    ) -> Step:
+        out = Step(model=model)
+        calls: dict[int, ToolCall] = {}
+        next_yield = 0.0
+        sent = time.monotonic()
+        first = 0.0  # when the first token (text, reasoning or a tool call's) arrived
+        deltas = 0
+        outcome = "error"
         try:
             stream = await self.client.chat.completions.create(  # type: ignore[call-overload]
                 model=model,
@@ -91,6 +116,11 @@ class LLM:
                     out.model = chunk.model
                 for choice in chunk.choices:
                     delta = choice.delta
+                    if delta.content or delta.tool_calls or getattr(delta, "reasoning_content", None):
+                        deltas += 1
+                        if not first:
+                            first = time.monotonic()
+                            self.metrics.ttft.labels(model).observe(first - sent)
                     reasoning = getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
                     if reasoning:
                         out.reasoning += reasoning
@@ -115,13 +145,31 @@ class LLM:
                 if now >= next_yield and (out.content or out.reasoning):
                     next_yield = now + YIELD_EVERY_S
                     await asyncio.sleep(0)
+            outcome = "ok"
         except openai.APITimeoutError as exc:
+            outcome = "timeout"
             raise ModelTimeout(f"model {model} timed out: {exc}") from exc
         except openai.APIStatusError as exc:
             raise ModelError(f"model {model} failed with HTTP {exc.status_code}: {exc.message}") from exc
         except openai.APIError as exc:
             raise ModelError(f"model {model} failed: {exc}") from exc
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            self._observe(model, outcome, out, first, deltas)
         out.tool_calls = [calls[i] for i in sorted(calls)]
         if not out.finish_reason:
             raise ModelError(f"model {model} ended the stream without a finish reason")
         return out
+
+    def _observe(self, model: str, outcome: str, out: Step, first: float, deltas: int) -> None:
+        m = self.metrics
+        m.model_calls.labels(model, outcome).inc()
+        if out.input_tokens or out.output_tokens:
+            m.tokens.labels(model, "input").inc(out.input_tokens)
+            m.tokens.labels(model, "output").inc(out.output_tokens)
+        tokens = out.output_tokens or deltas
+        elapsed = time.monotonic() - first if first else 0.0
+        if outcome == "ok" and tokens > 1 and elapsed > 0:
+            m.tokens_per_second.labels(model).observe((tokens - 1) / elapsed)  # the pace after the first

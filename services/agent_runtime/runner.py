@@ -15,11 +15,12 @@ from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs import events
+from libs import events, telemetry
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import DeadlineExceeded, InvalidArgument, MeshError, PermissionDenied, rpc
 from libs.leases import LeaseKeeper
+from libs.metrics import RuntimeMetrics
 from services.agent_runtime.directory import AgentDirectory
 from services.agent_runtime.llm import LLM, ToolCall
 from services.agent_runtime.sink import EventSink
@@ -69,19 +70,34 @@ def history_to_openai(messages: list[tp.Message]) -> list[dict[str, Any]]:
     return out
 
 
+def role_name(role: int) -> str:
+    """supervisor, subagent, a2a_callee (a metric label; unset is the supervisor)."""
+    try:
+        return rt.RunRole.Name(role or rt.RUN_ROLE_SUPERVISOR).removeprefix("RUN_ROLE_").lower()  # type: ignore[arg-type]
+    except ValueError:
+        return "unknown"
+
+
 def tool_text(output: Any) -> str:
     return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
 
 
 class AgentRunner:
     def __init__(
-        self, settings: MeshSettings, clients: Clients, llm: LLM, registry: ToolRegistry, leases: LeaseKeeper
+        self,
+        settings: MeshSettings,
+        clients: Clients,
+        llm: LLM,
+        registry: ToolRegistry,
+        leases: LeaseKeeper,
+        metrics: RuntimeMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.clients = clients
         self.llm = llm
         self.registry = registry
         self.leases = leases
+        self.metrics = metrics or llm.metrics
 
     async def history(self, req: rt.RunAgentRequest) -> list[dict[str, Any]]:
         if not req.trace_id:
@@ -99,6 +115,27 @@ class AgentRunner:
         return history_to_openai(list(resp.messages))
 
     async def run(self, req: rt.RunAgentRequest, sink: EventSink) -> rt.RunResult:
+        role = role_name(req.role)
+        outcome = "internal"
+        self.metrics.running.inc()
+        with telemetry.span(f"run {req.agent}", agent=req.agent, role=role, trace_id=req.trace_id) as span:
+            try:
+                result = await self._run(req, sink)
+                outcome = "ok"
+                return result
+            except MeshError as err:
+                outcome = err.code_name
+                raise
+            except asyncio.CancelledError:
+                outcome = "cancelled"
+                raise
+            finally:
+                self.metrics.running.dec()
+                self.metrics.runs.labels(role, outcome).inc()
+                if outcome != "ok":
+                    telemetry.fail(span, outcome)
+
+    async def _run(self, req: rt.RunAgentRequest, sink: EventSink) -> rt.RunResult:
         if req.depth < 0:
             raise InvalidArgument("depth must not be negative")
         agents = AgentDirectory(self.clients)
@@ -236,6 +273,36 @@ class AgentRunner:
                 )
             )
         )
+        with telemetry.span(f"tool {call.name}", tool=call.name, tool_call_id=call.id) as span:
+            outcome = await self._run_tool(req, agent, role, call, args, tools, sink, state, agents)
+            if not outcome.ok:
+                code = outcome.output.get("code") if isinstance(outcome.output, dict) else None
+                telemetry.fail(span, str(code or "failed"))
+        sink.emit(
+            ev.Event(
+                tool_output_available=ev.ToolOutputAvailable(
+                    tool_call_id=call.id,
+                    tool_name=call.name,
+                    output=events.value(outcome.output),
+                    metadata=events.struct(outcome.metadata),
+                    ok=outcome.ok,
+                )
+            )
+        )
+        return args, outcome
+
+    async def _run_tool(
+        self,
+        req: rt.RunAgentRequest,
+        agent: ap.Agent,
+        role: int,
+        call: ToolCall,
+        args: Any,
+        tools: dict[str, Any],
+        sink: EventSink,
+        state: RunState,
+        agents: AgentDirectory,
+    ) -> ToolOutcome:
         started = time.monotonic()
         handler = tools.get(call.name)
         if handler is None:
@@ -264,15 +331,6 @@ class AgentRunner:
             except MeshError as err:
                 outcome = ToolOutcome.failed(err)
         outcome.metadata.setdefault("durationMs", int((time.monotonic() - started) * 1000))
-        sink.emit(
-            ev.Event(
-                tool_output_available=ev.ToolOutputAvailable(
-                    tool_call_id=call.id,
-                    tool_name=call.name,
-                    output=events.value(outcome.output),
-                    metadata=events.struct(outcome.metadata),
-                    ok=outcome.ok,
-                )
-            )
-        )
-        return args, outcome
+        tool = call.name if handler is not None else "unknown"  # a label never named by the model
+        self.metrics.tool_calls.labels(tool, str(outcome.ok).lower()).inc()
+        return outcome

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry
+
 from agentmesh.runtime.v1 import runtime_service_pb2, runtime_service_pb2_grpc
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.identity import Signer, signer_for
 from libs.leases import LeaseKeeper
-from libs.rpc import Registration, ServiceServer
+from libs.metrics import RuntimeMetrics
+from libs.rpc import Registration, ServiceServer, server_settings
 from services.agent_runtime import builtin_tools
 from services.agent_runtime.llm import LLM
 from services.agent_runtime.runner import AgentRunner
@@ -26,9 +29,11 @@ async def build(
 ) -> ServiceServer:
     signer = signer or signer_for(settings)
     clients = Clients(settings, signer)
-    llm = LLM(settings.llm)
+    registry = CollectorRegistry()
+    metrics = RuntimeMetrics(registry)
+    llm = LLM(settings.llm, metrics=metrics)
     leases = LeaseKeeper(clients, settings.lease_s)
-    runner = AgentRunner(settings, clients, llm, build_registry(), leases)
+    runner = AgentRunner(settings, clients, llm, build_registry(), leases, metrics)
     server = ServiceServer(
         [
             Registration.of(
@@ -39,8 +44,8 @@ async def build(
             )
         ],
         signer=signer,
-        address=address or settings.addresses.agent_runtime,
-        grace_s=settings.shutdown_grace_s,
+        registry=registry,
+        **{**server_settings(settings, "agent_runtime"), **({"address": address} if address else {})},
     )
     server.on_stop.append(leases.stop)
     server.on_stop.append(clients.close)

@@ -30,6 +30,7 @@ from libs.config import MeshSettings
 from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, from_rpc_error, rpc
 from libs.ids import a2a_key, session_key, subagent_key
 from libs.leases import LeaseKeeper
+from libs.metrics import OrchestratorMetrics
 from services.orchestrator.turns import SHUTDOWN, TurnEngine, TurnOutcome, cancel_reason
 
 log = logging.getLogger(__name__)
@@ -42,10 +43,16 @@ class _End:
 
 
 class ChatOrchestrator:
-    def __init__(self, settings: MeshSettings, clients: Clients, leases: LeaseKeeper | None = None) -> None:
+    def __init__(
+        self,
+        settings: MeshSettings,
+        clients: Clients,
+        leases: LeaseKeeper | None = None,
+        metrics: OrchestratorMetrics | None = None,
+    ) -> None:
         self.settings = settings
         self.clients = clients
-        self.turns = TurnEngine(clients, leases)
+        self.turns = TurnEngine(clients, leases, metrics=metrics)
         self.running: dict[str, asyncio.Task[TurnOutcome]] = {}
 
     async def execute(self, agent: str, message: str, session_id: str) -> AsyncIterator[list[ev.Event]]:

@@ -17,14 +17,16 @@ import grpc
 from agentmesh.leases.v1 import lease_service_pb2 as ls
 from libs import identity
 from libs.clients import Clients
+from libs.metrics import OrchestratorMetrics
 
 log = logging.getLogger(__name__)
 BATCH = 100
 
 
 class Reaper:
-    def __init__(self, clients: Clients, lease_s: float) -> None:
+    def __init__(self, clients: Clients, lease_s: float, metrics: OrchestratorMetrics | None = None) -> None:
         self.clients = clients
+        self.metrics = metrics or OrchestratorMetrics()
         self.interval_s = max(lease_s / 2, 0.05)
         self._loop: asyncio.Task[None] | None = None
 
@@ -45,6 +47,13 @@ class Reaper:
             while True:
                 resp = await self.clients.leases.ReapExpired(ls.ReapExpiredRequest(limit=BATCH))
                 settled += resp.messages + resp.tasks + resp.subagents
+                for kind, count in (
+                    ("message", resp.messages),
+                    ("task", resp.tasks),
+                    ("subagent", resp.subagents),
+                ):
+                    if count:
+                        self.metrics.reaped.labels(kind).inc(count)
                 if resp.stream_keys or resp.messages or resp.tasks or resp.subagents:
                     log.info(
                         "reaped orphans",

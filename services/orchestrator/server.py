@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry
+
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2, orchestrator_service_pb2_grpc
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.identity import Signer, signer_for
 from libs.leases import LeaseKeeper
-from libs.rpc import Registration, ServiceServer
+from libs.metrics import OrchestratorMetrics
+from libs.rpc import Registration, ServiceServer, server_settings
 from services.orchestrator.chat import ChatOrchestrator
 from services.orchestrator.reaper import Reaper
 from services.orchestrator.servicer import OrchestratorServicer
@@ -18,9 +21,11 @@ async def build(
 ) -> ServiceServer:
     signer = signer or signer_for(settings)
     clients = Clients(settings, signer)
+    registry = CollectorRegistry()
+    metrics = OrchestratorMetrics(registry)
     leases = LeaseKeeper(clients, settings.lease_s)
-    reaper = Reaper(clients, settings.lease_s)
-    chat = ChatOrchestrator(settings, clients, leases)
+    reaper = Reaper(clients, settings.lease_s, metrics)
+    chat = ChatOrchestrator(settings, clients, leases, metrics)
     server = ServiceServer(
         [
             Registration.of(
@@ -31,8 +36,8 @@ async def build(
             )
         ],
         signer=signer,
-        address=address or settings.addresses.orchestrator,
-        grace_s=settings.shutdown_grace_s,
+        registry=registry,
+        **{**server_settings(settings, "orchestrator"), **({"address": address} if address else {})},
     )
     server.on_stop.append(lambda: chat.drain(server.stop_grace_s))
     server.on_stop.append(reaper.stop)

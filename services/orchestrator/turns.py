@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs import events
+from libs import events, telemetry
 from libs.aio import to_the_end
 from libs.clients import Clients
 from libs.errors import (
@@ -43,6 +44,7 @@ from libs.errors import (
     rpc,
 )
 from libs.leases import LeaseKeeper
+from libs.metrics import OrchestratorMetrics
 from libs.protojson import to_json
 
 log = logging.getLogger(__name__)
@@ -114,10 +116,17 @@ class Partial:
 
 
 class TurnEngine:
-    def __init__(self, clients: Clients, leases: LeaseKeeper | None = None, grace_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        clients: Clients,
+        leases: LeaseKeeper | None = None,
+        grace_s: float = 5.0,
+        metrics: OrchestratorMetrics | None = None,
+    ) -> None:
         self.clients = clients
         self.leases = leases or LeaseKeeper(clients, lease_s=30.0)  # started by the process that runs it
         self.grace_s = grace_s
+        self.metrics = metrics or OrchestratorMetrics()
 
     async def _append(self, key: str, event: ev.Event, on_event: OnEvent | None) -> None:
         resp = await rpc(self.clients.stream.AppendEvents(ss.AppendEventsRequest(key=key, events=[event])))
@@ -166,8 +175,32 @@ class TurnEngine:
         and the buffer is closed with them when this turn created it. While it runs, the turn keeps the
         leases of its buffer and of its placeholder alive (so if this process dies, a reaper settles
         them)."""
-        with self.leases.hold(stream=spec.stream_key):
-            return await self._run(spec, on_event)
+        outcome = "cancelled"
+        started = time.monotonic()
+        with telemetry.span(
+            "turn", trace_id=spec.trace_id, agent=spec.agent, stream_key=spec.stream_key, depth=spec.depth
+        ) as span:
+            try:
+                with self.leases.hold(stream=spec.stream_key):
+                    out = await self._run(spec, on_event)
+                outcome = out.error.code_name if out.error is not None else "ok"
+                return out
+            except MeshError as err:
+                outcome = err.code_name
+                raise
+            finally:
+                self.metrics.turns.labels(outcome).inc()
+                if outcome != "ok":
+                    telemetry.fail(span, outcome)
+                log.info(
+                    "turn ended",
+                    extra={
+                        "trace": spec.trace_id,
+                        "agent": spec.agent,
+                        "outcome": outcome,
+                        "duration_s": round(time.monotonic() - started, 3),
+                    },
+                )
 
     async def _run(self, spec: orc.RunTurnRequest, on_event: OnEvent | None) -> TurnOutcome:
         out = TurnOutcome()

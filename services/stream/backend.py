@@ -24,6 +24,7 @@ from libs.config import StreamSettings
 from libs.errors import IdleTimeout, Interrupted, InvalidArgument, NotFound, Shutdown
 from libs.events import is_terminal
 from libs.ids import parse_stream_key
+from libs.metrics import StreamMetrics
 
 BATCH = 256  # events a subscriber reads (and holds) at once
 
@@ -102,8 +103,9 @@ def _consume(task: asyncio.Future[Any]) -> None:
 class StreamBackend(abc.ABC):
     """Live buffers by key. Subclasses store them; this class owns validation and the subscribe loop."""
 
-    def __init__(self, settings: StreamSettings | None = None) -> None:
+    def __init__(self, settings: StreamSettings | None = None, metrics: StreamMetrics | None = None) -> None:
         self.settings = settings or StreamSettings()
+        self.metrics = metrics or StreamMetrics()  # the stream server gives its registry's
         self._stopping = asyncio.Event()
         self._subscribers = 0
         self._max_batch = 0
@@ -148,6 +150,14 @@ class StreamBackend(abc.ABC):
 
     @abc.abstractmethod
     def stats(self) -> BackendStats: ...
+
+    @abc.abstractmethod
+    async def open_buffers(self) -> int:
+        """How many buffers are open (memory: in this process; Redis: in every replica, by lease)."""
+
+    async def refresh_metrics(self) -> None:
+        """Before a scrape: the gauges that are read, not counted."""
+        self.metrics.buffers_open.set(await self.open_buffers())
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Starts background work (expiry sweeps, closing buffers whose lease expired)."""
@@ -194,6 +204,7 @@ class StreamBackend(abc.ABC):
             return
         loop = asyncio.get_running_loop()
         self._subscribers += 1
+        self.metrics.subscribers.inc()
         try:
             deadline = loop.time() + idle_s
             while True:
@@ -206,12 +217,16 @@ class StreamBackend(abc.ABC):
                     continue
                 self._max_batch = max(self._max_batch, len(batch))
                 deadline = loop.time() + idle_s
-                for event in coalesce(batch):
+                merged = coalesce(batch)
+                if len(merged) < len(batch):
+                    self.metrics.coalesced.inc(len(batch) - len(merged))
+                for event in merged:
                     yield event
                     if is_terminal(event):
                         return
         finally:
             self._subscribers -= 1
+            self.metrics.subscribers.dec()
 
     async def _guard(self, aw: Awaitable[T]) -> T:
         """Awaits `aw` unless shutdown comes first (then Unavailable); cancels it on the way out."""

@@ -115,6 +115,7 @@ class MemoryBackend(StreamBackend):
         if buf is not None and buf.expires_at <= self.clock():
             if not buf.closed:
                 self._end(buf, interrupted())  # its writer died: end it, readers get the terminal event
+                self.metrics.interrupted.inc()
                 return buf
             del self._buffers[key]
             return None
@@ -173,6 +174,7 @@ class MemoryBackend(StreamBackend):
         offsets = [buf.push(event) for event in batch]
         if offsets:
             buf.notify()
+            self.metrics.appended_to(key, len(offsets))
         return offsets
 
     async def close(self, key: str, terminal: ev.Event, writer: str = "") -> tuple[str, bool]:
@@ -221,6 +223,9 @@ class MemoryBackend(StreamBackend):
         if buf.closed and index >= len(buf.events):
             return None
         return _MemoryCursor(buf, index)
+
+    async def open_buffers(self) -> int:
+        return sum(1 for b in self._buffers.values() if not b.closed)
 
     def stats(self) -> BackendStats:
         return BackendStats(

@@ -276,7 +276,10 @@ class RedisBackend(StreamBackend):
     async def sweep(self, limit: int = 100) -> list[str]:
         """Ends the open buffers whose lease expired; returns their keys."""
         args: list[Any] = [self.prefix, limit, interrupted().SerializeToString(), self._ttl_ms()]
-        return [_s(k) for k in await self._sweep(keys=[self._leases], args=args)]
+        ended = [_s(k) for k in await self._sweep(keys=[self._leases], args=args)]
+        if ended:
+            self.metrics.interrupted.inc(len(ended))
+        return ended
 
     async def _sweep_forever(self) -> None:
         interval = min(max(self.settings.lease_s / 4, 0.05), 10.0)
@@ -328,6 +331,7 @@ class RedisBackend(StreamBackend):
                 f"stream {key} is full: {reply[1]} events, appending {len(batch)} would pass "
                 f"the cap of {self.settings.max_events}"
             )
+        self.metrics.appended_to(key, len(batch))
         return reply[1:]
 
     async def close(self, key: str, terminal: ev.Event, writer: str = "") -> tuple[str, bool]:
@@ -380,6 +384,9 @@ class RedisBackend(StreamBackend):
         if _s(closed) == "1" and after and _id_tuple(after) >= _id_tuple(_s(close_offset)):
             return None
         return _RedisCursor(self.client, stream_key, after, meta_key, gen)
+
+    async def open_buffers(self) -> int:
+        return int(await self.client.zcard(self._leases))
 
     def stats(self) -> BackendStats:
         """Subscribers and batch sizes of this process; buffers live in Redis and are not counted here."""

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry
+
 from agentmesh.stream.v1 import stream_service_pb2, stream_service_pb2_grpc
 from libs.config import MeshSettings
 from libs.identity import Signer, signer_for
-from libs.rpc import Registration, ServiceServer
+from libs.metrics import StreamMetrics
+from libs.rpc import Registration, ServiceServer, server_settings
 from services.stream.backend import StreamBackend
 from services.stream.memory import MemoryBackend
 from services.stream.redis_backend import RedisBackend
@@ -47,7 +50,9 @@ async def build(
     """An unstarted server. A backend passed in stays the caller's to close; one built here from the
     settings is closed when the server stops."""
     owned = backend is None
+    registry = CollectorRegistry()
     backend = backend or make_backend(settings)
+    backend.metrics = StreamMetrics(registry)  # this server's series, whoever made the backend
     await backend.start()
     servicer = StreamServicer(backend)
     return StreamServer(
@@ -60,10 +65,11 @@ async def build(
             )
         ],
         signer=signer or signer_for(settings),
-        address=address or settings.addresses.stream,
-        grace_s=settings.shutdown_grace_s,
         on_stop=[backend.aclose] if owned else [],
         backend=backend,
+        registry=registry,
+        metrics_refresh=[backend.refresh_metrics],
+        **{**server_settings(settings, "stream"), **({"address": address} if address else {})},
     )
 
 

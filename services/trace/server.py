@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry
+
 from agentmesh.agents.v1 import agent_service_pb2, agent_service_pb2_grpc
 from agentmesh.auth.v1 import auth_service_pb2, auth_service_pb2_grpc
 from agentmesh.leases.v1 import lease_service_pb2, lease_service_pb2_grpc
 from agentmesh.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from libs.config import MeshSettings
 from libs.identity import Signer, signer_for
-from libs.rpc import Registration, ServiceServer
+from libs.metrics import TraceStoreMetrics
+from libs.rpc import Registration, ServiceServer, server_settings
 from services.trace.agent_handler import AgentHandler
 from services.trace.agents import load_catalog
 from services.trace.handler import TraceHandler
 from services.trace.servicer import AgentServicer, AuthServicer, LeaseServicer, TraceServicer
 from services.trace.store.sql import SqlStores
-from services.trace.store.sql.db import create_engine, migrate
+from services.trace.store.sql.db import create_engine, migrate, time_queries
 
 
 async def build(
@@ -26,6 +29,8 @@ async def build(
     if url.startswith("sqlite"):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url)
+    registry = CollectorRegistry()
+    time_queries(engine, TraceStoreMetrics(registry))
     try:
         await migrate(engine)
         stores = SqlStores.open(engine, settings.subagent, settings.lease_s)
@@ -59,9 +64,9 @@ async def build(
                 ),
             ],
             signer=signer or signer_for(settings),
-            address=address or settings.addresses.trace,
-            grace_s=settings.shutdown_grace_s,
             on_stop=[engine.dispose],
+            registry=registry,
+            **{**server_settings(settings, "trace"), **({"address": address} if address else {})},
         )
         return await server.start()
     except BaseException:

@@ -81,6 +81,18 @@ BREAKAGES = {
         "dns:///stream-headles.",
         "AGENTMESH_ADDRESSES__STREAM=dns:///stream-headles.",
     ),
+    "listen on another port than the container's": (
+        "deploy/k8s/base/kustomization.yaml",
+        "AGENTMESH_LISTEN__TRACE=0.0.0.0:50053",
+        "AGENTMESH_LISTEN__TRACE=0.0.0.0:50055",
+        "AGENTMESH_LISTEN__TRACE=0.0.0.0:50055: the pods of trace must bind port 50053",
+    ),
+    "metrics annotation names no container port": (
+        "deploy/k8s/base/stream.yaml",
+        'prometheus.io/port: "9090"',
+        'prometheus.io/port: "9091"',
+        "Deployment/stream: prometheus.io/port '9091' is not a container port",
+    ),
     "render fails": (
         "deploy/k8s/base/kustomization.yaml",
         "- network-policy.yaml",

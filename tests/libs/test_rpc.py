@@ -9,12 +9,14 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
+from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2_grpc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.runtime.v1 import runtime_service_pb2_grpc
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.stream.v1 import stream_service_pb2_grpc
+from libs import events as evlib
 from libs import identity
 from libs.identity import HEADER, Signer
 from libs.rpc import channel
@@ -83,3 +85,33 @@ async def test_a_call_without_a_valid_identity_is_unauthenticated(mesh: Mesh, se
         # A valid identity gets past the interceptor: the request itself is what fails.
         code = await _code(call(timeout=5, metadata=((HEADER, good),)))  # type: ignore[operator]
         assert code == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_stream_outlives_its_connections_age(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Servers send GOAWAY to connections older than max_connection_age_s (so round robin clients
+    re-resolve and reach new replicas): a subscription open across several ages keeps every event,
+    and the unary calls made meanwhile, on fresh connections, all succeed."""
+    mesh = await start_mesh(
+        tmp_path_factory.mktemp("age"), catalog=TEST_CATALOG, rules={"rules": []}, max_connection_age_s=0.3
+    )
+    try:
+        assert mesh.clients is not None
+        key = "session:aged-connection"
+        with identity.acting_as(mesh.user):
+            stream = mesh.clients.stream
+            await stream.CreateStream(ss.CreateStreamRequest(key=key))
+            call = stream.SubscribeStream(ss.SubscribeStreamRequest(key=key))
+            loop = asyncio.get_running_loop()
+            started, appended = loop.time(), 0
+            while loop.time() - started < 2.0:  # more than six connection ages
+                await stream.AppendEvents(
+                    ss.AppendEventsRequest(key=key, events=[evlib.text_delta(f"{appended} ")])
+                )
+                appended += 1
+                await asyncio.sleep(0.1)  # the pace of a slow model
+            await stream.CloseStream(ss.CloseStreamRequest(key=key, done=ev.StreamDone()))
+            received = [r.event async for r in call]
+    finally:
+        await mesh.stop()
+    text = "".join(e.text_delta.text_delta for e in received)
+    assert text == "".join(f"{i} " for i in range(appended)) and received[-1].HasField("done")

@@ -3,6 +3,7 @@ via asyncpg)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
+_OPERATIONS = frozenset({"select", "insert", "update", "delete", "with", "begin", "commit", "rollback"})
 HERE = Path(__file__).resolve().parents[2]  # services/trace: alembic.ini and migrations/
 _MIGRATION_LOCK = 0x6167_6D65  # pg advisory lock key: replicas starting together migrate one at a time
 POOL_RECYCLE_S = 1800  # PostgreSQL connections older than this are replaced at their next checkout
@@ -49,6 +51,30 @@ def create_engine(url: str) -> AsyncEngine:
             raise DisconnectionError("the server closed this connection")  # the pool takes another
 
     return engine
+
+
+def time_queries(engine: AsyncEngine, metrics: Any) -> None:
+    """Times every statement of `engine` into `metrics.query_seconds` (a TraceStoreMetrics), by
+    operation: select, insert, update, delete, with, or other."""
+
+    @event.listens_for(engine.sync_engine, "before_cursor_execute")
+    def _start(conn: Any, _cursor: Any, _statement: str, _params: Any, _context: Any, _many: bool) -> None:
+        conn.info.setdefault("agentmesh_query_started", []).append(time.perf_counter())
+
+    @event.listens_for(engine.sync_engine, "after_cursor_execute")
+    def _end(conn: Any, _cursor: Any, statement: str, _params: Any, _context: Any, _many: bool) -> None:
+        started = conn.info.get("agentmesh_query_started")
+        if not started:
+            return
+        elapsed = time.perf_counter() - started.pop()
+        word = statement.lstrip().split(None, 1)[0].lower() if statement.strip() else ""
+        metrics.query_seconds.labels(word if word in _OPERATIONS else "other").observe(elapsed)
+
+    @event.listens_for(engine.sync_engine, "handle_error")
+    def _failed(context: Any) -> None:
+        conn = context.connection
+        if conn is not None and conn.info.get("agentmesh_query_started"):
+            conn.info["agentmesh_query_started"].pop()
 
 
 def session_factory(engine: AsyncEngine) -> async_sessionmaker:  # type: ignore[type-arg]
