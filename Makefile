@@ -82,6 +82,10 @@ run: setup ## Start the whole mesh on loopback with the demo agents
 test: setup $(CHROMIUM) $(filter $(LOCAL_KUBECTL),$(KUBECTL)) ## Run every test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+.PHONY: screenshots
+screenshots: setup $(CHROMIUM) ## Retake the README's screenshots (tests/ui/screenshots) with the UI tests
+	AGENTMESH_SCREENSHOTS=1 $(BIN)/python -m pytest tests/ui -q
+
 .PHONY: lint
 lint: setup $(NPM_STAMP) ## buf lint/format/breaking, ruff, mypy
 	$(BUF) lint

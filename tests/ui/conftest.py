@@ -27,6 +27,14 @@ CHROMIUM_ARGS = [
 ]
 
 pytestmark = pytest.mark.browser
+README_SHOTS = Path(__file__).parent / "screenshots"  # the README's pictures
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where a test saves its screenshots: the README's folder under `make screenshots`
+    (AGENTMESH_SCREENSHOTS=1), the test's own temporary folder otherwise (a test run changes no file)."""
+    return README_SHOTS if os.environ.get("AGENTMESH_SCREENSHOTS") else tmp_path
 
 
 @pytest.fixture(scope="module")

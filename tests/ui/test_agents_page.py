@@ -16,7 +16,6 @@ from playwright.async_api import Page, expect
 
 from tests.mesh import BACKENDS, Mesh, mesh_on, system_of, wait_request
 
-SHOTS = Path(__file__).parent / "screenshots"  # the README's screenshots, taken by the UI tests
 T = 15_000  # ms: the longest any page condition may take
 FIRST, SECOND = "You are the first prompt.", "You are the second prompt."
 RULES: dict[str, Any] = {"rules": [], "default": {"text": "Reply: {user}"}}
@@ -52,7 +51,7 @@ def last_user(body: dict[str, Any]) -> str:
     return str([m for m in body["messages"] if m["role"] == "user"][-1]["content"])
 
 
-async def test_create_chat_edit_and_the_next_turn_uses_the_edit(page: Page, mesh: Mesh) -> None:
+async def test_create_chat_edit_and_the_next_turn_uses_the_edit(page: Page, mesh: Mesh, shots: Path) -> None:
     await sign_in(page, mesh)
     await page.click("#open-agents")
     await expect(page.locator("#agents-page")).to_be_visible()
@@ -119,7 +118,7 @@ async def test_create_chat_edit_and_the_next_turn_uses_the_edit(page: Page, mesh
     await expect(page.locator("#agent-version")).to_have_text("version 2")
     await page.set_viewport_size({"width": 1280, "height": 1000})
     await page.locator(".agent-editor").evaluate("editor => { editor.scrollTop = 0; }")
-    await page.screenshot(path=str(SHOTS / "agents.png"))
+    await page.screenshot(path=str(shots / "agents.png"))
     await page.set_viewport_size({"width": 1280, "height": 800})
 
     await page.locator("#sessions .session-open").first.click()

@@ -6,6 +6,7 @@ buffer expired). The tests also take the README's screenshots."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from playwright.async_api import Page, Route, expect
 
 from libs.config import StreamSettings
 from tests.mesh import TEST_CATALOG, Mesh, start_mesh, wait_until
-from tests.ui.test_ui import SHOTS, T, send, sign_in
+from tests.ui.test_ui import T, send, sign_in
 
 STORY = "A story told slowly: " + " ".join(f"word{i}" for i in range(60))
 CODE = "```python\ndef fizzbuzz(n):\n    return 'fizz' * (n % 3 == 0) + 'buzz' * (n % 5 == 0) or str(n)\n```"
@@ -71,7 +72,7 @@ async def test_a_refused_call_never_opens_the_panel(page: Page, mesh: Mesh) -> N
     await expect(tool.locator(".open-trace")).to_have_count(0), "no trace to open"
 
 
-async def test_the_panel_text_grows_before_the_tool_card_is_done(page: Page, mesh: Mesh) -> None:
+async def test_the_panel_text_grows_before_the_tool_card_is_done(page: Page, mesh: Mesh, shots: Path) -> None:
     await sign_in(page, mesh)
     reply = await send(page, "invoke coder: slow story")
     panel_text = page.locator("#invoke-body .panel-text")
@@ -82,8 +83,7 @@ async def test_the_panel_text_grows_before_the_tool_card_is_done(page: Page, mes
     first = len(await panel_text.inner_text())
     await expect(panel_text).to_contain_text("word20", timeout=T)
     assert len(await panel_text.inner_text()) > first, "and it keeps growing"
-    SHOTS.mkdir(exist_ok=True)
-    await page.screenshot(path=str(SHOTS / "panel.png"))
+    await page.screenshot(path=str(shots / "panel.png"))
     await expect(tool_badge).to_have_text("ok", timeout=T)
     await expect(page.locator("#invoke-status")).to_have_text("done", timeout=T)
     await expect(panel_text).to_contain_text("word59")
@@ -105,7 +105,7 @@ async def test_a_dropped_stream_says_the_connection_was_lost(page: Page, mesh: M
     await expect(page.locator("#invoke-body .panel-text")).to_contain_text("def fizzbuzz")
 
 
-async def test_the_history_reopens_every_delegated_run(page: Page, mesh: Mesh) -> None:
+async def test_the_history_reopens_every_delegated_run(page: Page, mesh: Mesh, shots: Path) -> None:
     await sign_in(page, mesh)
     reply = await send(page, "invoke coder: fizzbuzz")
     await expect(reply.locator(".content")).to_have_text("All done.", timeout=T)
@@ -113,8 +113,7 @@ async def test_the_history_reopens_every_delegated_run(page: Page, mesh: Mesh) -
     await expect(reply.locator(".content")).to_have_text("All done.", timeout=T)
     card = reply.locator(".batch")
     await expect(card.locator(".batch-summary")).to_have_text("2/2 completed · 0 failed", timeout=T)
-    SHOTS.mkdir(exist_ok=True)
-    await card.screenshot(path=str(SHOTS / "subagents.png"))
+    await card.screenshot(path=str(shots / "subagents.png"))
     sub = card.locator(".sub").first
     sub_id = await sub.get_attribute("data-subagent-id")
 

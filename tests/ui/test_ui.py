@@ -6,7 +6,6 @@ model output inert (live, mid-stream and restored)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,7 +18,6 @@ from tests.mesh import Mesh, start_mesh
 
 CATALOG = Path(__file__).parent.parent / "catalogs" / "mesh.yaml"
 T = 15_000  # ms: the longest any page condition may take
-SHOTS = Path(__file__).parent / "screenshots"  # the README's screenshots, taken by these tests
 STORY = " ".join(f"word{i}" for i in range(40))
 CODE = "def add(a, b):\n    return a + b  # for {user}"
 # Markdown with a fenced block (the reply of "show code").
@@ -171,7 +169,7 @@ async def card_rows(card: Locator) -> list[list[str]]:
     ]
 
 
-async def test_subagent_batch_card_inline_live_and_restored(page: Page, mesh: Mesh, tmp_path: Path) -> None:
+async def test_subagent_batch_card_inline_live_and_restored(page: Page, mesh: Mesh, shots: Path) -> None:
     await sign_in(page, mesh)
     reply = await send(page, "fan out")
     card = reply.locator(".batch")
@@ -205,7 +203,6 @@ async def test_subagent_batch_card_inline_live_and_restored(page: Page, mesh: Me
     live = await card_rows(card)
     title = await card.locator(".batch-title").inner_text()
     assert title == "3 parallel subtasks"
-    shots = Path(os.environ.get("UI_SCREENSHOTS", tmp_path))
     await page.screenshot(path=str(shots / "ui-subagents.png"))
 
     await page.reload()
@@ -332,7 +329,7 @@ def assert_inert(probe: dict[str, Any]) -> None:
     assert probe["jsUrls"] == [], probe
 
 
-async def test_a_fenced_block_renders_as_code_live_and_restored(page: Page, mesh: Mesh) -> None:
+async def test_a_fenced_block_renders_as_code_live_and_restored(page: Page, mesh: Mesh, shots: Path) -> None:
     await sign_in(page, mesh)
     reply = await send(page, "show code")
     code = reply.locator(".content pre > code")
@@ -344,8 +341,7 @@ async def test_a_fenced_block_renders_as_code_live_and_restored(page: Page, mesh
     await expect(page.locator(".msg.streaming")).to_have_count(0)
     # The user's own message stays plain text.
     await expect(page.locator(".msg.user .content").last).to_have_text("show code")
-    SHOTS.mkdir(exist_ok=True)
-    await page.screenshot(path=str(SHOTS / "chat.png"))  # the README's picture of a chat
+    await page.screenshot(path=str(shots / "chat.png"))  # the README's picture of a chat
 
     await page.reload()  # the session is in the URL: the restored message renders the same
     restored = page.locator(".msg.assistant").last
