@@ -10,9 +10,9 @@ from fastapi import FastAPI
 
 from gateway import errors, openapi
 from gateway.drain import Drain
-from gateway.limits import BodyLimitMiddleware, HeadLimitMiddleware
+from gateway.limits import BodyLimitMiddleware, HeadLimitMiddleware, TraceGZipMiddleware
 from gateway.metrics import Metrics, MetricsMiddleware, metrics_endpoint
-from gateway.routes import agents, chat, sessions, streams, ui
+from gateway.routes import agents, chat, sessions, streams, traces, ui
 from libs import telemetry
 from libs.clients import Clients
 from libs.config import MeshSettings
@@ -41,6 +41,7 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(HeadLimitMiddleware)  # a head over the limits reaches no route (still counted)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(TraceGZipMiddleware)  # the trace API, when the client accepts gzip (never SSE)
     if clients is not None:
         app.state.clients = clients
 
@@ -54,6 +55,7 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     app.add_route("/metrics", metrics_endpoint, methods=["GET"], include_in_schema=False)
     app.include_router(chat.router)
     app.include_router(sessions.router)
+    app.include_router(traces.router)
     app.include_router(streams.router)  # before agents: /api/agents/a2a/stream
     app.include_router(agents.router)
     app.include_router(ui.router)

@@ -58,7 +58,9 @@ def _error_from(peer: Peer, status: int, body: bytes) -> MeshError:
 class PeerClient:
     """One peer's HTTP client (a connection pool), opened on first use."""
 
-    def __init__(self, peer: Peer, settings: FederationSettings, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self, peer: Peer, settings: FederationSettings, transport: httpx.AsyncBaseTransport | None = None
+    ):
         self.peer = peer
         self.settings = settings
         self._transport = transport
@@ -97,8 +99,11 @@ class PeerClient:
     async def _read_body(self, resp: httpx.Response) -> bytes:
         limit = self.settings.max_response_bytes
         declared = resp.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit and "gzip" not in resp.headers.get(
-            "content-encoding", ""
+        if (
+            declared
+            and declared.isdigit()
+            and int(declared) > limit
+            and "gzip" not in resp.headers.get("content-encoding", "")
         ):
             raise ResourceExhausted(f"peer {self.peer.alias!r} answered more than {limit} bytes")
         chunks, size = [], 0

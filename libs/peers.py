@@ -212,7 +212,9 @@ class PeerRegistry:
         if ref.alias:
             peer = self._by_alias.get(ref.alias)
             if peer is None:
-                raise PermissionDenied(f"unknown peer {shown(ref.alias, 60)}: only registered peers are contacted")
+                raise PermissionDenied(
+                    f"unknown peer {shown(ref.alias, 60)}: only registered peers are contacted"
+                )
             return peer
         for peer in self._by_alias.values():
             host = f"[{peer.host}]" if ":" in peer.host else peer.host

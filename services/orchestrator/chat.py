@@ -28,7 +28,7 @@ from libs import events
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, from_rpc_error, rpc
-from libs.ids import a2a_key, session_key, subagent_key
+from libs.ids import a2a_key, is_local_id, session_key, subagent_key
 from libs.leases import LeaseKeeper
 from libs.metrics import OrchestratorMetrics
 from services.orchestrator.turns import SHUTDOWN, TurnEngine, TurnOutcome, cancel_reason
@@ -55,15 +55,28 @@ class ChatOrchestrator:
         self.turns = TurnEngine(clients, leases, metrics=metrics)
         self.running: dict[str, asyncio.Task[TurnOutcome]] = {}
 
-    async def execute(self, agent: str, message: str, session_id: str) -> AsyncIterator[list[ev.Event]]:
+    async def execute(
+        self, agent: str, message: str, session_id: str, *, any_kind: bool = False
+    ) -> AsyncIterator[list[ev.Event]]:
         """Starts a chat turn of the calling user and yields its events (with offsets), in batches of
-        what is ready, until the buffer closes."""
+        what is ready, until the buffer closes. `any_kind` (ContinueTrace, POST /api/traces/{id}/run):
+        the trace may be of any kind, and an empty `agent` is the trace's own."""
         if not message.strip():
             raise InvalidArgument("message must not be empty")
         if len(message) > MAX_MESSAGE_CHARS:
             raise InvalidArgument(f"message is longer than {MAX_MESSAGE_CHARS} characters")
+        if any_kind:
+            if not is_local_id(session_id):
+                raise InvalidArgument(
+                    "a peer's trace is continued at its home (its POST /api/traces/{id}/run), or by "
+                    "agent-invoke with continueFrom"
+                )
+            session = (await rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))).trace
+            agent = agent or session.agent
         found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
-        if session_id:
+        if any_kind:
+            pass
+        elif session_id:
             session = (await rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))).trace
             if session.kind != tp.TRACE_KIND_CHAT:
                 raise InvalidArgument("only chat sessions take chat turns")

@@ -24,6 +24,15 @@ class OrchestratorServicer(orc_grpc.OrchestratorServiceServicer):
             yield orc.ExecuteChatResponse(events=batch)
 
     @grpc_errors
+    async def ContinueTrace(
+        self, request: orc.ContinueTraceRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[orc.ContinueTraceResponse]:
+        if not request.trace_id:
+            raise InvalidArgument("trace_id is required")
+        async for batch in self.chat.execute(request.agent, request.input, request.trace_id, any_kind=True):
+            yield orc.ContinueTraceResponse(events=batch)
+
+    @grpc_errors
     async def CancelChat(
         self, request: orc.CancelChatRequest, context: grpc.aio.ServicerContext
     ) -> orc.CancelChatResponse:

@@ -13,6 +13,7 @@ from agentmesh.auth.v1 import auth_service_pb2 as au
 from agentmesh.auth.v1 import auth_service_pb2_grpc
 from agentmesh.leases.v1 import lease_service_pb2 as ls
 from agentmesh.leases.v1 import lease_service_pb2_grpc
+from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from agentmesh.trace.v1 import trace_service_pb2_grpc
 from libs.errors import InvalidArgument, PermissionDenied, grpc_errors
@@ -83,6 +84,20 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
         return ts.AppendMessageResponse(message=message)
 
     @grpc_errors
+    async def AppendMessages(
+        self, request: ts.AppendMessagesRequest, context: Ctx
+    ) -> ts.AppendMessagesResponse:
+        if any(m.status == tp.MESSAGE_STATUS_PENDING for m in request.messages):
+            raise InvalidArgument("appended messages are finished: completed, failed or cancelled")
+        if len(request.messages) > 100:
+            raise InvalidArgument("at most 100 messages per append")
+        parent = request.parent_sequence if request.HasField("parent_sequence") else None
+        stored = await self.h.traces.append_messages(
+            current_user(), request.trace_id, list(request.messages), parent
+        )
+        return ts.AppendMessagesResponse(messages=stored)
+
+    @grpc_errors
     async def BeginTurn(self, request: ts.BeginTurnRequest, context: Ctx) -> ts.BeginTurnResponse:
         owner = current_user()
         messages = [request.user_message, request.assistant_message]
@@ -120,13 +135,16 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
             offset=request.offset,
         )
         page = await self.h.list_messages(current_user(), query, request.view)
-        return ts.ListMessagesResponse(
-            messages=page.messages, head_sequence=page.head_sequence, total=page.total
+        resp = ts.ListMessagesResponse(
+            messages=page.messages, head_sequence=page.head_sequence, total=page.total, stale=page.stale
         )
+        if page.sync_time is not None:
+            resp.sync_time.FromDatetime(page.sync_time)
+        return resp
 
     @grpc_errors
     async def CreateA2ATask(self, request: ts.CreateA2ATaskRequest, context: Ctx) -> ts.CreateA2ATaskResponse:
-        task = await self.h.tasks.create_task(current_user(), request.task, request.continue_trace_id)
+        task = await self.h.create_task(current_user(), request.task, request.continue_trace_id)
         return ts.CreateA2ATaskResponse(task=task)
 
     @grpc_errors

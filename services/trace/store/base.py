@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from agentmesh.agents.v1 import agent_pb2
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -36,6 +37,20 @@ class MessagePage:
     messages: list[tp.Message]
     head_sequence: int
     total: int
+    stale: bool = False  # a peer's trace whose peer did not answer: read from the cached copy
+    sync_time: datetime | None = None  # a peer's trace: when its cached copy was last brought up to date
+
+
+@dataclass
+class CopyState:
+    """A cached copy of a peer's trace (one per owner and home)."""
+
+    trace_id: str  # the copy's local id
+    home: str  # the trace's location-bearing id, @alias/id
+    home_sequence: int  # the last of the peer's sequences the copy holds
+    synced_at: datetime | None
+    outbox: int = 0  # messages appended here, not yet at home (a turn running on the copy)
+    pending_from: int = 0  # the lowest sequence of a message still pending at home (0: none)
 
 
 @dataclass
@@ -113,6 +128,37 @@ class TraceStore(abc.ABC):
     @abc.abstractmethod
     async def list_messages(self, owner: str, query: MessageQuery) -> MessagePage:
         """The main path (or every branch), by sequence, paged."""
+
+
+class CopyStore(abc.ABC):
+    """Cached copies of peers' traces (federation): trace rows with a `home`, owned by the user who read
+    them (invisible to anyone else, deleted with the owner's data), holding the peer's messages under
+    the peer's sequences. Messages appended here after home_sequence are the outbox: a turn of a local
+    agent running on the copy, sent home when it completes."""
+
+    @abc.abstractmethod
+    async def find(self, owner: str, home: str) -> CopyState | None:
+        """The owner's copy of `home`, or None."""
+
+    @abc.abstractmethod
+    async def of_trace(self, owner: str, trace_id: str) -> CopyState | None:
+        """The copy state of a local trace id, or None when it is not a copy."""
+
+    @abc.abstractmethod
+    async def save(
+        self, owner: str, home: str, trace: tp.Trace, messages: Sequence[tp.Message], final: bool
+    ) -> CopyState:
+        """Creates or updates the owner's copy of `home`: the trace's fields (agent, kind, title, head)
+        and `messages` by sequence (an existing one is replaced: a pending message completed at home).
+        `final`: the sync is complete, so synced_at moves."""
+
+    @abc.abstractmethod
+    async def outbox(self, owner: str, trace_id: str) -> list[tp.Message]:
+        """The messages appended to the copy after home_sequence, by sequence."""
+
+    @abc.abstractmethod
+    async def drop_outbox(self, owner: str, trace_id: str) -> None:
+        """Removes the outbox (sent home, or given up)."""
 
 
 class TaskStore(abc.ABC):

@@ -42,7 +42,9 @@ class SqlTaskStore(TaskStore):
             stamp = now()
             if continue_trace_id:
                 trace = await self.db.trace_row(db, owner, continue_trace_id)
-                if trace.kind != "a2a":
+                if trace.home:  # a cached copy of a peer's trace: its kind and agent are the peer's
+                    pass
+                elif trace.kind != "a2a":
                     raise FailedPrecondition("continue_trace_id is not the trace of an agent-invoke call")
                 if trace.agent != callee.slug:
                     raise InvalidArgument(f"trace {continue_trace_id} belongs to agent {trace.agent!r}")
