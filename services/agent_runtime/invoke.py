@@ -32,8 +32,9 @@ from libs.errors import (
     PermissionDenied,
     rpc,
 )
-from libs.ids import a2a_key
+from libs.ids import TraceRef, a2a_key
 from services.agent_runtime.children import close_buffer, create_buffer, run_child
+from services.agent_runtime.remote_agents import RemoteCallee, parse_remote_slug
 from services.agent_runtime.tools import A2A_CALLEE, ToolContext, ToolOutcome
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class InvokeResult:
     task_id: str
     trace_id: str
     error: MeshError | None = None
+    remote: bool = False  # the trace lives on a peer (trace_id is location-bearing)
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -54,6 +56,8 @@ class InvokeResult:
             "taskId": self.task_id,
             "traceId": self.trace_id,
         }
+        if self.remote or not TraceRef.parse(self.trace_id or "x").is_local:
+            out["remote"] = True
         if self.error is not None:
             out["error"] = self.error.message
             out["code"] = self.error.code_name
@@ -144,7 +148,7 @@ class LocalCallee:
         if outcome.ok:
             assert outcome.result is not None
             await self._state(ctx, task.id, tp.TASK_STATE_COMPLETED)
-            return InvokeResult(outcome.result.content, True, task.id, task.trace_id)
+            return InvokeResult(outcome.result.content, True, task.id, task.trace_id)  # @alias/id: remote
         failure = outcome.error or Internal("the callee failed")
         state = tp.TASK_STATE_CANCELED if isinstance(failure, Cancelled) else tp.TASK_STATE_FAILED
         await self._state(ctx, task.id, state)
@@ -165,8 +169,15 @@ class LocalCallee:
 
 
 async def resolve_callee(ctx: ToolContext, slug: str) -> Callee:
-    """Checks the caller may call `slug`; raises before anything is created."""
+    """Checks the caller may call `slug` (a local agent, or `@alias/slug` of a registered peer); raises
+    before anything is created."""
     allowed = ctx.agent.invoke.allowed_callees
+    remote = parse_remote_slug(slug)
+    if remote is not None:
+        if "*" not in allowed and slug not in allowed:
+            raise PermissionDenied(f"agent {ctx.agent.slug!r} may not call {slug!r}")
+        peer = ctx.clients.peers.registry.resolve(TraceRef("x", alias=remote[0]))
+        return RemoteCallee(peer, ctx.clients.peers.http.of(peer), remote[1])
     agent = await ctx.agents.find(slug)
     if agent is None:
         raise NotFound(f"unknown agent {slug!r}")

@@ -221,7 +221,11 @@ def check_references(
         if tool not in tools.specs:
             raise InvalidArgument(f"tools: unknown tool {tool!r} (the tools are {', '.join(tools.specs)})")
     for callee in agent.invoke.allowed_callees:
-        if callee != ANY_CALLEE and callee not in agents:
+        if callee.startswith("@"):  # a peer's agent, @alias/slug (the alias is checked when it is called)
+            alias, _, slug = callee[1:].partition("/")
+            if not alias or not SLUG.fullmatch(slug):
+                raise InvalidArgument(f"invoke.allowedCallees: a peer's agent is @alias/slug, not {callee!r}")
+        elif callee != ANY_CALLEE and callee not in agents:
             raise InvalidArgument(f"invoke.allowedCallees: unknown agent {callee!r}")
     sub = agent.subagent_config
     for preset in names(sub, "allowed_preset_agent_ids") or ():

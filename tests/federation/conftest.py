@@ -108,6 +108,35 @@ class Proxy:
         await asyncio.gather(pump(reader, up_w, False), pump(up_r, writer, True))
 
 
+class Canary:
+    """A listener that only counts the connections made to it (every one is a failure of SSRF checks),
+    or, with `redirect_to`, answers every request with a 302 to that URL."""
+
+    def __init__(self, port: int, redirect_to: str = "") -> None:
+        self.port, self.redirect_to = port, redirect_to
+        self.connections = 0
+        self.server: asyncio.base_events.Server | None = None
+
+    async def up(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port, reuse_port=True)
+
+    async def down(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        if self.redirect_to:
+            with contextlib.suppress(Exception):
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(
+                    f"HTTP/1.1 302 Found\r\nLocation: {self.redirect_to}\r\nContent-Length: 0\r\n\r\n".encode()
+                )
+                await writer.drain()
+        writer.close()
+
+
 @dataclass
 class Fed:
     cloud: Mesh  # org A, PostgreSQL shared with terminal
@@ -118,6 +147,8 @@ class Fed:
     peers_a: Path
     peers_b: Path
     proxy: Proxy  # org B behind a relay, registered in A's peer file as `orgbp`
+    canary: Canary  # unregistered as 127.0.0.1; registered by name only: `named` is http://localhost:<port>
+    redirector: Canary  # registered as `redir`: answers 302 to the canary
 
 
 def _catalog(tmp: Path) -> Path:
@@ -136,6 +167,7 @@ async def fed(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> AsyncIte
     tmp = tmp_path_factory.mktemp("fed")
     ports = Ports()
     cloud_port, terminal_port, b_port, proxy_port = ports.take(), ports.take(), ports.take(), ports.take()
+    canary_port, redirect_port = ports.take(), ports.take()
     tag = uuid.uuid4().hex[:8].upper()
     a_env, b_env = f"FEDTEST_{tag}_ORGB_KEY", f"FEDTEST_{tag}_ORGA_KEY"
     peers_a = tmp / "peers-a.yaml"
@@ -159,6 +191,8 @@ async def fed(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> AsyncIte
                                 "credential": a_env,
                                 "type": "org",
                             },
+                            {"alias": "named", "url": f"http://localhost:{canary_port}", "type": "terminal"},
+                            {"alias": "redir", "url": f"http://127.0.0.1:{redirect_port}", "type": "cloud"},
                         ],
                     },
                 }
@@ -203,8 +237,14 @@ async def fed(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> AsyncIte
         os.environ[b_env] = cloud.api_key
         proxy = Proxy(proxy_port, b_port)
         await proxy.up()
-        yield Fed(cloud, terminal, orgb, a_env, b_env, peers_a, peers_b, proxy)
+        canary = Canary(canary_port)
+        await canary.up()
+        redirector = Canary(redirect_port, redirect_to=f"http://127.0.0.1:{canary_port}/api/traces/x")
+        await redirector.up()
+        yield Fed(cloud, terminal, orgb, a_env, b_env, peers_a, peers_b, proxy, canary, redirector)
         await proxy.down()
+        await canary.down()
+        await redirector.down()
     finally:
         os.environ.pop(a_env, None)
         os.environ.pop(b_env, None)

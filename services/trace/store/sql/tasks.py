@@ -36,8 +36,9 @@ class SqlTaskStore(TaskStore):
                 uid: int | None = (await self.db.trace_row(db, owner, task.caller_session_id)).user_id
             else:
                 uid = await self.db.user_id(db, owner, create=True)
-            callee = await self.db.agent_row(db, owner, task.callee_agent)
-            assert callee is not None
+            remote_callee = task.callee_agent.startswith("@")  # a peer's agent: @alias/slug
+            callee = None if remote_callee else await self.db.agent_row(db, owner, task.callee_agent)
+            callee_slug = task.callee_agent if callee is None else callee.slug
             caller = await self.db.agent_row(db, owner, task.caller_agent, required=False)
             stamp = now()
             if continue_trace_id:
@@ -46,7 +47,7 @@ class SqlTaskStore(TaskStore):
                     pass
                 elif trace.kind != "a2a":
                     raise FailedPrecondition("continue_trace_id is not the trace of an agent-invoke call")
-                if trace.agent != callee.slug:
+                if trace.agent != callee_slug:
                     raise InvalidArgument(f"trace {continue_trace_id} belongs to agent {trace.agent!r}")
                 trace.updated_at = stamp
                 if task.visible_in_sidebar:
@@ -55,10 +56,10 @@ class SqlTaskStore(TaskStore):
                 trace = SessionRow(
                     id=str(uuid.uuid4()),
                     user_id=uid,
-                    agent=callee.slug,
+                    agent=callee_slug,
                     kind="a2a",
                     visible_in_sidebar=int(task.visible_in_sidebar),
-                    title=f"{caller.slug if caller else 'a2a'} -> {callee.slug}",
+                    title=f"{caller.slug if caller else 'a2a'} -> {callee_slug}",
                     created_at=stamp,
                     updated_at=stamp,
                 )

@@ -1,0 +1,184 @@
+"""agent-invoke of a peer's agent (seed cross-device-trace-storage, "agent工具修改"): `agentSlug:
+"@alias/slug"` names agent `slug` of the registered peer `alias` (only registered peers are called).
+
+- without continueFrom: the peer runs a new turn of its agent (POST /api/chat on its gateway);
+- with continueFrom `@alias/id` (or `agent://...` of the same peer): the peer continues that trace
+  there (POST /api/traces/{id}/run);
+
+either way the events stream back as SSE and are relayed into this call's own buffer `a2a:<task>`, so
+the caller's side panel follows the peer's agent live, and the tool returns the location-bearing id of
+the peer's trace with `remote: true`. (A continueFrom of a peer's trace with one of OUR agents is not
+this: the trace service runs it on its cached copy and sends the turn home.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
+from libs import events
+from libs.aio import to_the_end
+from libs.errors import Cancelled, DeadlineExceeded, InvalidArgument, MeshError, from_event, rpc
+from libs.ids import SLUG_PATTERN, TraceRef, a2a_key
+from libs.peer_http import PeerClient
+from libs.peers import Peer
+from services.agent_runtime.children import close_buffer, create_buffer
+from services.agent_runtime.tools import ToolContext
+
+log = logging.getLogger(__name__)
+
+
+def parse_remote_slug(slug: str) -> tuple[str, str] | None:
+    """("alias", "slug") of `@alias/slug`; None for a local slug."""
+    if not slug.startswith("@"):
+        return None
+    import re
+
+    alias, sep, agent = slug[1:].partition("/")
+    if not sep or not alias or not re.fullmatch(SLUG_PATTERN, agent):
+        raise InvalidArgument(f"a peer's agent is named @alias/slug, not {slug!r}")
+    return alias, agent
+
+
+class RemoteCallee:
+    def __init__(self, peer: Peer, client: PeerClient, slug: str) -> None:
+        self.peer, self.client, self.slug = peer, client, slug
+
+    @property
+    def name(self) -> str:
+        return f"@{self.peer.alias}/{self.slug}"
+
+    async def run(self, ctx: ToolContext, text: str, continue_from: str, depth: int) -> Any:
+        from services.agent_runtime.invoke import InvokeResult
+
+        target = ""
+        if continue_from:
+            ref = TraceRef.parse(continue_from)
+            peers = ctx.clients.peers.registry
+            if ref.is_local or peers.resolve(ref).alias != self.peer.alias:
+                raise InvalidArgument(
+                    f"continueFrom {continue_from!r} is not a trace of peer {self.peer.alias!r}: "
+                    "a peer's agent continues that peer's traces"
+                )
+            target = ref.id
+        caller_context = {
+            "toolCallId": ctx.tool_call_id,
+            "depth": depth,
+            "anchorMessageId": ctx.anchor_message_id,
+        }
+        task = (
+            await rpc(
+                ctx.clients.trace.CreateA2ATask(
+                    ts.CreateA2ATaskRequest(
+                        task=tp.A2ATask(
+                            callee_agent=self.name,
+                            caller_agent=ctx.agent.slug,
+                            caller_session_id=ctx.trace_id,
+                            caller_context=events.struct(caller_context),
+                        )
+                    )
+                )
+            )
+        ).task
+        key = a2a_key(task.id)
+        with ctx.leases.hold(task=task.id, stream=key):
+            try:
+                await create_buffer(ctx, key, {"agent": self.name, "kind": "a2a", "taskId": task.id})
+                await ctx.sink.store(
+                    ev.Event(
+                        a2a_task_started=ev.A2ATaskStarted(
+                            task_id=task.id,
+                            callee_agent_slug=self.name,
+                            callee_agent_name=f"{self.slug} ({self.peer.alias})",
+                            tool_call_id=ctx.tool_call_id,
+                            trace_id=str(self.peer.ref(target)) if target else "",
+                        )
+                    )
+                )
+                await self._state(ctx, task.id, tp.TASK_STATE_WORKING)
+                timeout_s = ctx.agent.invoke.timeout_ms / 1000 if ctx.agent.invoke.timeout_ms else None
+                async with asyncio.timeout(timeout_s):
+                    trace_id, output, failure = await self._relay(ctx, key, text, target)
+            except TimeoutError:
+                err: MeshError = DeadlineExceeded(f"{self.name} did not finish in time")
+                await to_the_end(self._settle(ctx, key, task.id, err))
+                return InvokeResult("", False, task.id, "", error=err, remote=True)
+            except asyncio.CancelledError:
+                await to_the_end(self._settle(ctx, key, task.id, Cancelled("the call was cancelled")))
+                raise
+            except MeshError as err:
+                await to_the_end(self._settle(ctx, key, task.id, err))
+                return InvokeResult("", False, task.id, "", error=err, remote=True)
+        ref = str(self.peer.ref(trace_id)) if trace_id else ""
+        if failure is None:
+            await rpc(ctx.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, done=ev.StreamDone())))
+            await self._state(ctx, task.id, tp.TASK_STATE_COMPLETED)
+            return InvokeResult(output, True, task.id, ref, remote=True)
+        await to_the_end(self._settle(ctx, key, task.id, failure))
+        return InvokeResult(output, False, task.id, ref, error=failure, remote=True)
+
+    async def _relay(
+        self, ctx: ToolContext, key: str, text: str, target: str
+    ) -> tuple[str, str, MeshError | None]:
+        """Runs the peer's turn over SSE; its text and reasoning go into our buffer as they arrive.
+        (trace id at the peer, the output, the failure or None)."""
+        if target:
+            path, body = self.client.trace_path(target, "/run"), {"input": text, "agent": self.slug}
+        else:
+            path, body = "/api/chat", {"agent": self.slug, "message": text}
+        trace_id, parts, failure = target, [], None
+        async with self.client.stream(path, body) as resp:
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                try:
+                    data = json.loads(line[5:])
+                except ValueError:
+                    continue
+                kind = data.get("type")
+                out: ev.Event | None = None
+                if kind == "start":
+                    trace_id = str(data.get("sessionId") or trace_id)
+                elif kind == "text-delta":
+                    parts.append(str(data.get("textDelta", "")))
+                    out = events.text_delta(str(data.get("textDelta", "")))
+                elif kind == "reasoning-delta":
+                    out = events.reasoning_delta(str(data.get("reasoningDelta", "")))
+                elif kind == "error":
+                    failure = from_event(
+                        ev.StreamError(code=_code(data.get("code")), message=str(data.get("message", "")))
+                    )
+                    failure = type(failure)(f"{self.name}: {failure.message}")
+                    break
+                elif kind in ("done", "finish"):
+                    if kind == "done":
+                        break
+                if out is not None:
+                    await rpc(ctx.clients.stream.AppendEvents(ss.AppendEventsRequest(key=key, events=[out])))
+        if trace_id:
+            TraceRef(trace_id)  # the peer's id must be a local id there (InvalidArgument otherwise)
+        return trace_id, "".join(parts), failure
+
+    async def _settle(self, ctx: ToolContext, key: str, task_id: str, err: MeshError) -> None:
+        await close_buffer(ctx, key, err)
+        state = tp.TASK_STATE_CANCELED if isinstance(err, Cancelled) else tp.TASK_STATE_FAILED
+        with contextlib.suppress(MeshError):
+            await self._state(ctx, task_id, state)
+
+    @staticmethod
+    async def _state(ctx: ToolContext, task_id: str, state: int) -> None:
+        await rpc(ctx.clients.trace.UpdateA2ATask(ts.UpdateA2ATaskRequest(task_id=task_id, state=state)))  # type: ignore[arg-type]
+
+
+def _code(name: Any) -> int:
+    try:
+        return int(ev.ErrorCode.Value(f"ERROR_CODE_{str(name).upper()}"))
+    except ValueError:
+        return int(ev.ERROR_CODE_INTERNAL)

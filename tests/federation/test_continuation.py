@@ -1,0 +1,167 @@
+"""The seed's two scenarios end to end, both ways, with the live side panel: an agent calls a peer's
+agent (`agentSlug: "@alias/slug"`) and gets back the location-bearing id of the peer's trace with
+`remote: true`; continueFrom that id with the same peer's agent continues it there (its /run);
+continueFrom it with one of our agents reads the peer's main path as history and appends the turn to
+the peer's trace. In org A (one database) a trace of the other mesh is simply local."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from agentmesh.trace.v1 import trace_service_pb2 as ts
+from libs import identity
+from tests.federation.conftest import RULES, Fed
+from tests.mesh import Mesh, chat, sse_events, wait_request
+
+
+def tool_output(events: list[dict[str, Any]]) -> dict[str, Any]:
+    outs = [e for e in events if e["type"] == "tool-output-available"]
+    assert outs, events
+    out = outs[-1]["output"]
+    return out if isinstance(out, dict) else json.loads(out)
+
+
+async def messages(mesh: Mesh, trace_id: str) -> list[str]:
+    async with mesh.http() as http:
+        resp = await http.get(f"/api/traces/{trace_id}/messages", params={"limit": 1000})
+    assert resp.status_code == 200, resp.text
+    return [m["content"] for m in resp.json()["messages"]]
+
+
+async def test_scenario_1_cloud_calls_a_peers_agent_and_continues_its_trace_both_ways(fed: Fed) -> None:
+    first = tool_output(await chat(fed.cloud, "general", "remote-invoke @orgb/coder hello there"))
+    assert first["ok"] is True and first["remote"] is True, first
+    assert first["output"] == "coder says: hello there"
+    ref = first["traceId"]
+    assert ref.startswith("@orgb/")
+    home_id = ref.split("/", 1)[1]
+    assert await messages(fed.orgb, home_id) == ["hello there", "coder says: hello there"]
+
+    # the same peer's agent: continued there, through its /run
+    second = tool_output(await chat(fed.cloud, "general", f"remote-continue @orgb/coder {ref} go on"))
+    assert second["ok"] is True and second["traceId"] == ref and second["remote"] is True, second
+    assert (await messages(fed.orgb, home_id))[-2:] == ["go on", "coder says: go on"]
+
+    # one of our agents: the peer's main path is its history, and the turn is appended at home
+    start = len(await fed.cloud.mock.wait_requests(0))
+    third = tool_output(await chat(fed.cloud, "general", f"remote-continue coder {ref} now locally"))
+    assert third["ok"] is True and third["traceId"] == ref and third["remote"] is True, third
+    body = await wait_request(
+        fed.cloud.mock, lambda b: "[coder]" in json.dumps(b) and "now locally" in json.dumps(b), start=start
+    )
+    history = [m.get("content") for m in body["messages"]]
+    assert "hello there" in history and "coder says: go on" in history, history
+    assert (await messages(fed.orgb, home_id))[-2:] == ["now locally", "coder says: now locally"]
+    # and the cached copy follows (read through A, under the peer's sequences)
+    assert (await messages(fed.cloud, ref))[-2:] == ["now locally", "coder says: now locally"]
+
+
+async def test_scenario_2_a_peer_calls_our_cloud_and_continues_with_its_own_agent(fed: Fed) -> None:
+    first = tool_output(await chat(fed.orgb, "general", "remote-invoke @orga/coder from the terminal"))
+    assert first["ok"] is True and first["remote"] is True, first
+    ref = first["traceId"]
+    assert ref.startswith("@orga/")
+    home_id = ref.split("/", 1)[1]
+    second = tool_output(await chat(fed.orgb, "general", f"remote-continue coder {ref} and more"))
+    assert second["ok"] is True and second["traceId"] == ref, second
+    assert (await messages(fed.cloud, home_id))[-4:] == [
+        "from the terminal",
+        "coder says: from the terminal",
+        "and more",
+        "coder says: and more",
+    ]
+    # org A's terminal shares cloud's database: the same trace is local there
+    assert (await messages(fed.terminal, home_id))[-1] == "coder says: and more"
+
+
+async def test_hybrid_a_callee_trace_of_the_cloud_is_continued_on_the_terminal(fed: Fed) -> None:
+    first = tool_output(await chat(fed.cloud, "general", "remote-invoke coder in org A"))
+    local_id = first["traceId"]
+    assert first["ok"] is True and "remote" not in first and "/" not in local_id
+    second = tool_output(await chat(fed.terminal, "general", f"remote-continue coder {local_id} continue"))
+    assert second["ok"] is True and second["traceId"] == local_id, second
+    assert (await messages(fed.cloud, local_id))[-2:] == ["continue", "coder says: continue"]
+
+
+async def test_a_local_turn_on_a_peers_trace_fails_cleanly_when_the_peer_is_down(fed: Fed) -> None:
+    first = tool_output(await chat(fed.cloud, "general", "remote-invoke @orgb/coder before the outage"))
+    ref = "@orgbp/" + first["traceId"].split("/", 1)[1]  # the same trace, through the relay
+    await fed.proxy.down()
+    try:
+        failed = tool_output(await chat(fed.cloud, "general", f"remote-continue coder {ref} during"))
+    finally:
+        await fed.proxy.up()
+    assert failed["ok"] is False and failed["code"] == "unavailable", failed
+    assert "nothing was appended" in failed["error"]
+    home = await messages(fed.orgb, first["traceId"].split("/", 1)[1])
+    assert "during" not in home
+    assert fed.cloud.clients is not None
+    with identity.acting_as(fed.cloud.user):  # no turn left running on the copy: no pending row
+        page = await fed.cloud.clients.trace.ListMessages(
+            ts.ListMessagesRequest(trace_id=ref, mode=ts.PATH_MODE_ALL, limit=1000)
+        )
+    assert all(m.content != "during" for m in page.messages)
+
+
+async def test_the_side_panel_follows_a_peers_agent_live(fed: Fed) -> None:
+    slow = {
+        **RULES,
+        "rules": [{"system": r"\[coder\]", "text": "slow " * 30, "tokens_per_second": 20}, *RULES["rules"]],
+    }
+    fed.orgb.mock.set_rules(slow)
+    try:
+        first_delta: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        text: list[str] = []
+        async with fed.cloud.http() as http:
+
+            async def panel(task_id: str) -> None:
+                async with http.stream("GET", f"/api/agents/a2a/stream?taskId={task_id}") as resp:
+                    assert resp.status_code == 200
+                    async for event in sse_events(resp):
+                        if event["type"] == "text-delta":
+                            text.append(event["textDelta"])
+                            if not first_delta.done():
+                                first_delta.set_result(time.monotonic())
+
+            follower = None
+            tool_done = 0.0
+            async with http.stream(
+                "POST", "/api/chat", json={"agent": "general", "message": "remote-invoke @orgb/coder slowly"}
+            ) as resp:
+                async for event in sse_events(resp):
+                    if event["type"] == "a2a-task-started":
+                        assert event["calleeAgentSlug"] == "@orgb/coder"
+                        follower = asyncio.create_task(panel(event["taskId"]))
+                    if event["type"] == "tool-output-available":
+                        tool_done = time.monotonic()
+            assert follower is not None
+            await asyncio.wait_for(follower, 15)
+        assert await first_delta < tool_done - 0.3, "the peer's text reached the panel before the call ended"
+        assert "".join(text).strip() == ("slow " * 30).strip()
+    finally:
+        fed.orgb.mock.set_rules(RULES)
+
+
+async def test_run_route_json_and_sse(fed: Fed) -> None:
+    first = tool_output(await chat(fed.orgb, "general", "remote-invoke coder seed"))
+    tid = first["traceId"]
+    async with fed.orgb.http() as http:
+        as_json = await http.post(f"/api/traces/{tid}/run", json={"input": "json please"})
+        assert as_json.status_code == 200, as_json.text
+        body = as_json.json()
+        assert body["ok"] is True and body["output"] == "coder says: json please" and body["traceId"] == tid
+        async with http.stream(
+            "POST", f"/api/traces/{tid}/run", json={"input": "sse please"},
+            headers={"Accept": "text/event-stream", "Accept-Encoding": "gzip"},
+        ) as resp:  # fmt: skip
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            assert "content-encoding" not in resp.headers  # SSE is never compressed
+            kinds = [e["type"] async for e in sse_events(resp)]
+        assert kinds[0] == "start" and kinds[-1] == "done" and "text-delta" in kinds
+        missing = await http.post("/api/traces/nope/run", json={"input": "x"})
+        assert missing.status_code == 404
+        remote = await http.post(f"/api/traces/@orga/{tid}/run", json={"input": "x"})
+        assert remote.status_code == 422
