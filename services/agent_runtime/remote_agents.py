@@ -116,13 +116,13 @@ class RemoteCallee:
             except MeshError as err:
                 await to_the_end(self._settle(ctx, key, task.id, err))
                 return InvokeResult("", False, task.id, "", error=err, remote=True)
-        ref = str(self.peer.ref(trace_id)) if trace_id else ""
+        home = str(self.peer.ref(trace_id)) if trace_id else ""
         if failure is None:
             await rpc(ctx.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, done=ev.StreamDone())))
             await self._state(ctx, task.id, tp.TASK_STATE_COMPLETED)
-            return InvokeResult(output, True, task.id, ref, remote=True)
+            return InvokeResult(output, True, task.id, home, remote=True)
         await to_the_end(self._settle(ctx, key, task.id, failure))
-        return InvokeResult(output, False, task.id, ref, error=failure, remote=True)
+        return InvokeResult(output, False, task.id, home, error=failure, remote=True)
 
     async def _relay(
         self, ctx: ToolContext, key: str, text: str, target: str
@@ -152,14 +152,13 @@ class RemoteCallee:
                 elif kind == "reasoning-delta":
                     out = events.reasoning_delta(str(data.get("reasoningDelta", "")))
                 elif kind == "error":
-                    failure = from_event(
-                        ev.StreamError(code=_code(data.get("code")), message=str(data.get("message", "")))
-                    )
+                    stream_error = ev.StreamError(message=str(data.get("message", "")))
+                    stream_error.code = _code(data.get("code"))  # type: ignore[assignment]
+                    failure = from_event(stream_error)
                     failure = type(failure)(f"{self.name}: {failure.message}")
                     break
-                elif kind in ("done", "finish"):
-                    if kind == "done":
-                        break
+                elif kind == "done":
+                    break
                 if out is not None:
                     await rpc(ctx.clients.stream.AppendEvents(ss.AppendEventsRequest(key=key, events=[out])))
         if trace_id:

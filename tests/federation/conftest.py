@@ -130,9 +130,8 @@ class Canary:
         if self.redirect_to:
             with contextlib.suppress(Exception):
                 await reader.readuntil(b"\r\n\r\n")
-                writer.write(
-                    f"HTTP/1.1 302 Found\r\nLocation: {self.redirect_to}\r\nContent-Length: 0\r\n\r\n".encode()
-                )
+                head = f"HTTP/1.1 302 Found\r\nLocation: {self.redirect_to}\r\nContent-Length: 0\r\n\r\n"
+                writer.write(head.encode())
                 await writer.drain()
         writer.close()
 
