@@ -109,7 +109,7 @@ def _message(m: MessageIn) -> tp.Message:
                 syncTime=SYNC_TIME,
             )
         ),
-        **responses(*READ),
+        **responses(*READ, 403),
     },
 )
 async def list_messages(
@@ -148,7 +148,7 @@ async def list_messages(
 
 @router.post(
     "/{trace_id:path}/messages",
-    responses={**ok(obj(messages={"type": "array", "items": MESSAGE})), **responses(*WRITE, 409)},
+    responses={**ok(obj(messages={"type": "array", "items": MESSAGE})), **responses(*WRITE, 403, 409)},
 )
 async def append_messages(
     request: Request, user: User, trace_id: TraceId, body: AppendBody
@@ -180,7 +180,7 @@ RUN_RESULT = obj(
             "description": "the turn's result as JSON, or its events as SSE with Accept: text/event-stream",
             "content": {"application/json": {"schema": RUN_RESULT}, **SSE["content"]},
         },
-        **responses(*WRITE, 409),
+        **responses(*WRITE, 403, 409),
     },
 )
 async def run(
@@ -270,7 +270,7 @@ def _sse(request: Request, call: grpc.aio.UnaryStreamCall, first: Any) -> EventS
                 syncTime=SYNC_TIME,
             )
         ),
-        **responses(*READ),
+        **responses(*READ, 403),
     },
 )
 async def get_trace(request: Request, user: User, trace_id: TraceId) -> dict[str, Any]:

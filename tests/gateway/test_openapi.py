@@ -43,6 +43,11 @@ ERRORS = {
     ("DELETE", "/api/sessions/{session_id}"): {401, 404, 422, 503, 504},
     ("GET", "/api/sessions/{session_id}/messages"): {401, 404, 422, 503, 504},
     **{("GET", path): {401, 404, 422, 503, 504} for path in STREAMS},
+    # the trace API: 403 for an id naming an unregistered peer (or a peer that refused our key)
+    ("GET", "/api/traces/{trace_id}"): {401, 403, 404, 422, 503, 504},
+    ("GET", "/api/traces/{trace_id}/messages"): {401, 403, 404, 422, 503, 504},
+    ("POST", "/api/traces/{trace_id}/messages"): {401, 403, 404, 409, 413, 422, 503, 504},
+    ("POST", "/api/traces/{trace_id}/run"): {401, 403, 404, 409, 413, 422, 503, 504},
 }
 
 
