@@ -223,6 +223,10 @@ def markdown(r: dict[str, Any]) -> str:
         from tests.bench import scenario_e
 
         lines += scenario_e.markdown(sc["E"])
+    if "F" in sc:
+        from tests.bench import scenario_f
+
+        lines += scenario_f.markdown(sc["F"])
     logs = r.get("logs") or {}
     noisy = {k: v for k, v in logs.items() if v.get("lines")}
     if noisy:
