@@ -24,7 +24,7 @@ from agentmesh.trace.v1 import trace_service_pb2 as ts
 from gateway.deps import clients, current_user, settings
 from gateway.errors import READ, SSE, WRITE, responses
 from gateway.openapi import INTEGER, MESSAGE, TRACE, obj, ok
-from gateway.params import MESSAGE_PATTERN, NO_NUL, SLUG_PATTERN
+from gateway.params import MESSAGE_PATTERN, NO_NUL, SLUG_PATTERN, TRACE_ID_PATTERN
 from libs import events
 from libs.clients import Clients
 from libs.errors import InvalidArgument, MeshError, from_rpc_error, rpc
@@ -49,6 +49,7 @@ TraceId = Annotated[
     Path(
         min_length=1,
         max_length=MAX_REF,
+        json_schema_extra={"pattern": TRACE_ID_PATTERN},  # checked by the parser, with a clearer message
         description="a trace id: `abc-123` (here), `@alias/abc-123` (a registered peer) or "
         "`agent://host[:port]/abc-123` (a registered peer by address)",
     ),
