@@ -85,6 +85,9 @@ class FederationSettings(BaseModel):
     backoff_s: float = 0.2  # the first retry's delay; doubles
     max_response_bytes: int = 32 * 1024 * 1024  # a larger answer (decompressed) is refused
     page_size: int = 1000  # messages per page when syncing a remote trace
+    # A peer that could not be reached is not dialled again for this long: reads answer from the cache
+    # at once, writes fail at once (0: dial every time).
+    down_s: float = 2.0
 
 
 class MeshSettings(BaseSettings):

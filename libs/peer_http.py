@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -34,6 +35,17 @@ log = logging.getLogger(__name__)
 RETRYABLE_STATUS = {502, 503, 504}
 
 
+class PeerUnreachable(Unavailable):
+    """No answer at the transport level (refused, reset, cut): retried on reads, the peer marked down."""
+
+
+class PeerBusy(Unavailable):
+    """The peer answered 502, 503 or 504: retried on reads."""
+
+
+RETRIED = (PeerUnreachable, PeerBusy, DeadlineExceeded)
+
+
 def _error_from(peer: Peer, status: int, body: bytes) -> MeshError:
     """The peer's JSON error, as our error class (its message prefixed with the peer)."""
     message = ""
@@ -52,7 +64,8 @@ def _error_from(peer: Peer, status: int, body: bytes) -> MeshError:
         return FailedPrecondition(f"{where}: {message or 'conflict'}")
     if 300 <= status < 400:
         return Unavailable(f"{where} answered with a redirect ({status}); redirects are not followed")
-    return Unavailable(f"{where} answered {status}" + (f": {message}" if message else ""))
+    cls = PeerBusy if status in RETRYABLE_STATUS else Unavailable
+    return cls(f"{where} answered {status}" + (f": {message}" if message else ""))
 
 
 class PeerClient:
@@ -65,6 +78,7 @@ class PeerClient:
         self.settings = settings
         self._transport = transport
         self._http: httpx.AsyncClient | None = None
+        self.down_until = 0.0  # monotonic time until which the peer counts as down (settings.down_s)
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
@@ -114,6 +128,17 @@ class PeerClient:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    def _check_up(self) -> None:
+        left = self.down_until - time.monotonic()
+        if left > 0:
+            raise Unavailable(
+                f"peer {self.peer.alias!r} did not answer a moment ago (tried again in {left:.1f}s)"
+            )
+
+    def _mark_down(self) -> None:
+        if self.settings.down_s > 0:
+            self.down_until = time.monotonic() + self.settings.down_s
+
     async def _once(self, method: str, path: str, **kwargs: Any) -> Any:
         http = self._client()
         try:
@@ -122,7 +147,7 @@ class PeerClient:
         except httpx.TimeoutException as exc:
             raise DeadlineExceeded(f"peer {self.peer.alias!r} did not answer in time") from exc
         except httpx.TransportError as exc:
-            raise Unavailable(f"peer {self.peer.alias!r} is unreachable ({type(exc).__name__})") from exc
+            raise PeerUnreachable(f"peer {self.peer.alias!r} is unreachable ({type(exc).__name__})") from exc
         if resp.status_code != 200 and resp.status_code != 201:
             raise _error_from(self.peer, resp.status_code, body)
         try:
@@ -132,14 +157,16 @@ class PeerClient:
 
     async def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
         """An idempotent read: retried on connection failures, timeouts and 502/503/504."""
+        self._check_up()
         attempts = 1 + max(0, self.settings.read_retries)
         delay = self.settings.backoff_s
         for attempt in range(attempts):
             try:
                 return await self._once("GET", path, params=params)
-            except (Unavailable, DeadlineExceeded) as err:
-                redirect = "redirect" in err.message
-                if attempt == attempts - 1 or redirect:
+            except RETRIED as err:
+                if attempt == attempts - 1:
+                    if not isinstance(err, PeerBusy):
+                        self._mark_down()
                     raise
                 log.info("retrying a read of peer %s: %s", self.peer.alias, err.message)
                 await asyncio.sleep(delay)
@@ -148,7 +175,12 @@ class PeerClient:
 
     async def post(self, path: str, body: Any) -> Any:
         """A write: sent once (never retried, so it is never applied twice)."""
-        return await self._once("POST", path, json=body)
+        self._check_up()
+        try:
+            return await self._once("POST", path, json=body)
+        except (PeerUnreachable, DeadlineExceeded):
+            self._mark_down()
+            raise
 
     @asynccontextmanager
     async def stream(self, path: str, body: Any) -> AsyncIterator[httpx.Response]:
@@ -164,7 +196,7 @@ class PeerClient:
         except httpx.TimeoutException as exc:
             raise DeadlineExceeded(f"peer {self.peer.alias!r} did not answer in time") from exc
         except httpx.TransportError as exc:
-            raise Unavailable(f"peer {self.peer.alias!r} is unreachable ({type(exc).__name__})") from exc
+            raise PeerUnreachable(f"peer {self.peer.alias!r} is unreachable ({type(exc).__name__})") from exc
 
     async def healthy(self, timeout_s: float) -> tuple[bool, str]:
         """`agentmesh peers check`: does the gateway answer GET /healthz within the timeout."""

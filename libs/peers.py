@@ -52,6 +52,9 @@ class Peer:
     url: str  # scheme://host[:port], no path, no user information
     credential: str = field(default="", repr=True)  # the environment variable's NAME
     type: str = "cloud"
+    # The users of this mesh who may reach the peer (its credential acts for all of them there); empty:
+    # every user.
+    users: tuple[str, ...] = ()
 
     @property
     def scheme(self) -> str:
@@ -113,7 +116,7 @@ def _peer(alias: Any, spec: Any) -> Peer:
         raise PeerConfigError(f"peer alias {alias!r}: 1-63 characters of [A-Za-z0-9_.-]")
     if not isinstance(spec, dict):
         raise PeerConfigError(f"peer {alias!r}: expected a mapping")
-    unknown = set(spec) - {"url", "credential", "credential_env", "api_key_env", "type", "alias"}
+    unknown = set(spec) - {"url", "credential", "credential_env", "api_key_env", "type", "alias", "users"}
     if "api_key" in spec:
         raise PeerConfigError(
             f"peer {alias!r}: a key never goes in the file; name its environment variable in `credential`"
@@ -126,8 +129,20 @@ def _peer(alias: Any, spec: Any) -> Peer:
     kind = spec.get("type", "cloud")
     if kind not in PEER_TYPES:
         raise PeerConfigError(f"peer {alias!r}: type is one of {', '.join(PEER_TYPES)}")
-    TraceRef("x", alias=alias)  # the same alias grammar as the ids (InvalidArgument otherwise)
-    return Peer(alias=alias, url=_check_url(alias, spec.get("url")), credential=credential, type=kind)
+    users = spec.get("users") or []
+    if not isinstance(users, list) or not all(isinstance(u, str) and u for u in users):
+        raise PeerConfigError(f"peer {alias!r}: users is a list of user names")
+    try:
+        TraceRef("x", alias=alias)  # the same alias grammar as the ids
+    except InvalidArgument as exc:
+        raise PeerConfigError(f"peer alias {alias!r}: {exc.message}") from exc
+    return Peer(
+        alias=alias,
+        url=_check_url(alias, spec.get("url")),
+        credential=credential,
+        type=kind,
+        users=tuple(users),
+    )
 
 
 @dataclass(frozen=True)
@@ -135,6 +150,13 @@ class StoreConfig:
     """The seed's `trace_store.internal`: the organisation's shared database (hybrid mode)."""
 
     internal_url: str = ""
+
+
+def _unregistered(ref: TraceRef) -> PermissionDenied:
+    if ref.alias:
+        return PermissionDenied(f"unknown peer {shown(ref.alias, 60)}: only registered peers are contacted")
+    where = shown(ref.authority, 60)
+    return PermissionDenied(f"host {where} is not a registered peer: only registered peers are contacted")
 
 
 class PeerRegistry:
@@ -200,29 +222,32 @@ class PeerRegistry:
         except yaml.YAMLError as exc:
             raise PeerConfigError(f"the peer file {path} is not YAML") from exc
 
-    def resolve(self, ref: TraceRef | str) -> Peer:
+    def resolve(self, ref: TraceRef | str, user: str | None = None) -> Peer:
         """The registered peer a remote reference names; refused (PermissionDenied or InvalidArgument)
         otherwise, before any connection. `agent://host[:port]/id` must name a peer's host exactly as
         its URL spells it (a name is not resolved to compare with an IP literal) and its port (or the
-        scheme's default)."""
+        scheme's default). With `user`: a peer whose `users` do not include them is refused the same
+        way as an unregistered one."""
         if isinstance(ref, str):
             ref = TraceRef.parse(ref)
+        peer = self._resolve(ref)
+        if user is not None and peer.users and user not in peer.users:
+            raise _unregistered(ref)  # the same answer as for an unregistered peer
+        return peer
+
+    def _resolve(self, ref: TraceRef) -> Peer:
         if ref.is_local:
             raise InvalidArgument("a local trace id names no peer")
         if ref.alias:
             peer = self._by_alias.get(ref.alias)
             if peer is None:
-                raise PermissionDenied(
-                    f"unknown peer {shown(ref.alias, 60)}: only registered peers are contacted"
-                )
+                raise _unregistered(ref)
             return peer
         for peer in self._by_alias.values():
             host = f"[{peer.host}]" if ":" in peer.host else peer.host
             if host == ref.host and (ref.port or _DEFAULT_PORTS[peer.scheme]) == peer.port:
                 return peer
-        raise PermissionDenied(
-            f"host {shown(ref.authority, 60)} is not a registered peer: only registered peers are contacted"
-        )
+        raise _unregistered(ref)
 
     def canonical(self, ref: TraceRef) -> TraceRef:
         """The short form (`@alias/id`) of a remote reference (the key its cached copy is stored under)."""

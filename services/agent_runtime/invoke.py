@@ -32,6 +32,7 @@ from libs.errors import (
     PermissionDenied,
     rpc,
 )
+from libs.identity import current_user
 from libs.ids import TraceRef, a2a_key
 from services.agent_runtime.children import close_buffer, create_buffer, run_child
 from services.agent_runtime.remote_agents import RemoteCallee, parse_remote_slug
@@ -176,7 +177,7 @@ async def resolve_callee(ctx: ToolContext, slug: str) -> Callee:
     if remote is not None:
         if "*" not in allowed and slug not in allowed:
             raise PermissionDenied(f"agent {ctx.agent.slug!r} may not call {slug!r}")
-        peer = ctx.clients.peers.registry.resolve(TraceRef("x", alias=remote[0]))
+        peer = ctx.clients.peers.registry.resolve(TraceRef("x", alias=remote[0]), current_user())
         return RemoteCallee(peer, ctx.clients.peers.http.of(peer), remote[1])
     agent = await ctx.agents.find(slug)
     if agent is None:

@@ -26,6 +26,7 @@ from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
 from libs.aio import to_the_end
 from libs.errors import Cancelled, DeadlineExceeded, InvalidArgument, MeshError, from_event, rpc
+from libs.identity import current_user
 from libs.ids import SLUG_PATTERN, TraceRef, a2a_key
 from libs.peer_http import PeerClient
 from libs.peers import Peer
@@ -62,7 +63,7 @@ class RemoteCallee:
         if continue_from:
             ref = TraceRef.parse(continue_from)
             peers = ctx.clients.peers.registry
-            if ref.is_local or peers.resolve(ref).alias != self.peer.alias:
+            if ref.is_local or peers.resolve(ref, current_user()).alias != self.peer.alias:
                 raise InvalidArgument(
                     f"continueFrom {continue_from!r} is not a trace of peer {self.peer.alias!r}: "
                     "a peer's agent continues that peer's traces"

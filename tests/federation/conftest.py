@@ -209,7 +209,8 @@ async def fed(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> AsyncIte
         )
     )
     catalog = _catalog(tmp)
-    fast = {"read_retries": 1, "backoff_s": 0.05, "timeout_s": 5.0, "connect_timeout_s": 1.0}
+    # short bounds; no down memo (a test takes a peer down and up again at once): test_peer_http.py has it
+    fast = {"read_retries": 1, "backoff_s": 0.05, "timeout_s": 5.0, "connect_timeout_s": 1.0, "down_s": 0}
     meshes: list[Mesh] = []
     try:
         # org A: no AGENTMESH_DATABASE_URL; the peer file's trace_store.internal names the shared database

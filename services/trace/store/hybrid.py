@@ -74,13 +74,14 @@ class HybridTraceStore(TraceStore):
 
     # ---- routing ----------------------------------------------------------------------------------
 
-    def remote(self, trace_id: str) -> Remote | None:
+    def remote(self, trace_id: str, owner: str | None = None) -> Remote | None:
         """None for a local id; the peer of a remote one; InvalidArgument for a malformed id and
-        PermissionDenied for an unregistered host or alias (before any connection)."""
+        PermissionDenied for an unregistered host or alias, or a peer `owner` may not use (before any
+        connection)."""
         ref = TraceRef.parse(trace_id)
         if ref.is_local:
             return None
-        peer = self.registry.resolve(ref)
+        peer = self.registry.resolve(ref, owner)
         if self.peers is None:
             raise Unavailable("this mesh has no peers configured")
         return Remote(peer, peer.ref(ref.id), RemoteTraceStore(self.peers.of(peer)))
@@ -123,7 +124,7 @@ class HybridTraceStore(TraceStore):
     # ---- reads ------------------------------------------------------------------------------------
 
     async def get_trace(self, owner: str, trace_id: str) -> tp.Trace:
-        r = self.remote(trace_id)
+        r = self.remote(trace_id, owner)
         if r is None:
             return await self.local.get_trace(owner, trace_id)
         state, stale = await self.sync(owner, r, allow_stale=True)
@@ -132,14 +133,14 @@ class HybridTraceStore(TraceStore):
         return trace
 
     async def count_messages(self, owner: str, trace_id: str) -> tuple[int, int]:
-        r = self.remote(trace_id)
+        r = self.remote(trace_id, owner)
         if r is None:
             return await self.local.count_messages(owner, trace_id)
         state, _ = await self.sync(owner, r, allow_stale=True)
         return await self.local.count_messages(owner, state.trace_id)
 
     async def list_messages(self, owner: str, query: MessageQuery) -> MessagePage:
-        r = self.remote(query.trace_id)
+        r = self.remote(query.trace_id, owner)
         if r is None:
             return await self.local.list_messages(owner, query)
         state, stale = await self.sync(owner, r, allow_stale=True)
@@ -173,7 +174,7 @@ class HybridTraceStore(TraceStore):
     async def append_message(
         self, owner: str, message: tp.Message, parent_sequence: int | None = None
     ) -> tp.Message:
-        if self.remote(message.trace_id) is None:
+        if self.remote(message.trace_id, owner) is None:
             return await self.local.append_message(owner, message, parent_sequence)
         (out,) = await self.append_messages(owner, message.trace_id, [message], parent_sequence)
         return out
@@ -181,7 +182,7 @@ class HybridTraceStore(TraceStore):
     async def append_messages(
         self, owner: str, trace_id: str, messages: Sequence[tp.Message], parent_sequence: int | None = None
     ) -> list[tp.Message]:
-        r = self.remote(trace_id)
+        r = self.remote(trace_id, owner)
         if r is None:
             return await self.local.append_messages(owner, trace_id, messages, parent_sequence)
         if any(m.status == tp.MESSAGE_STATUS_PENDING for m in messages):
@@ -216,7 +217,7 @@ class HybridTraceStore(TraceStore):
 
     async def _send_home(self, owner: str, state: CopyState, placeholder: tp.Message) -> tp.Message:
         """The turn on a copy ended: a completed one goes home in one append, then the outbox goes."""
-        r = self.remote(state.home)
+        r = self.remote(state.home, owner)
         assert r is not None
         outbox = await self.copies.outbox(owner, state.trace_id)
         try:
@@ -238,12 +239,12 @@ class HybridTraceStore(TraceStore):
         return self._out(sent[-1], r)
 
     async def update_trace(self, owner: str, trace: tp.Trace, paths: Sequence[str]) -> tp.Trace:
-        if self.remote(trace.id) is not None:
+        if self.remote(trace.id, owner) is not None:
             raise FailedPrecondition("a peer's trace is renamed at its home")
         return await self.local.update_trace(owner, trace, paths)
 
     async def set_head(self, owner: str, trace_id: str, head_sequence: int) -> tp.Trace:
-        if self.remote(trace_id) is not None:
+        if self.remote(trace_id, owner) is not None:
             raise FailedPrecondition("a peer's trace moves its head at its home")
         return await self.local.set_head(owner, trace_id, head_sequence)
 
@@ -253,7 +254,7 @@ class HybridTraceStore(TraceStore):
             return await self.local.delete_traces(owner, None)
         local_ids = []
         for tid in trace_ids:
-            r = self.remote(tid)
+            r = self.remote(tid, owner)
             if r is None:
                 local_ids.append(tid)
                 continue
@@ -266,7 +267,7 @@ class HybridTraceStore(TraceStore):
     async def copy_for_turn(self, owner: str, trace_id: str) -> tuple[str, str] | None:
         """For agent-invoke continueFrom: (the copy's local id, the home id) of a peer's trace, synced
         now (the peer must answer: a turn appends to it); None for a local id."""
-        r = self.remote(trace_id)
+        r = self.remote(trace_id, owner)
         if r is None:
             return None
         state, _ = await self.sync(owner, r, allow_stale=False)

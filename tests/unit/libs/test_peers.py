@@ -132,3 +132,20 @@ def test_the_secret_comes_from_the_environment_and_never_shows(tmp_path: Path) -
     assert len(PeerRegistry.load("")) == 0
     with pytest.raises(PeerConfigError):
         PeerRegistry.load(tmp_path / "missing.yaml")
+
+
+def test_a_peer_kept_for_some_users_is_unknown_to_the_others() -> None:
+    registry = PeerRegistry.parse(
+        {"peers": {"home": {"url": "http://h:1", "users": ["alice"]}, "open": {"url": "http://o:1"}}}
+    )
+    assert registry.resolve("@home/x", "alice").alias == "home"
+    assert registry.resolve("@open/x", "bob").alias == "open"
+    with pytest.raises(PermissionDenied) as refused:
+        registry.resolve("@home/x", "bob")
+    with pytest.raises(PermissionDenied) as unknown:
+        registry.resolve("@nobody/x", "bob")
+    assert str(refused.value).replace("home", "X") == str(unknown.value).replace("nobody", "X")
+    with pytest.raises(PermissionDenied, match="not a registered peer"):
+        registry.resolve("agent://h:1/x", "bob")
+    with pytest.raises(PeerConfigError):
+        PeerRegistry.parse({"peers": {"p": {"url": "http://h", "users": "alice"}}})
