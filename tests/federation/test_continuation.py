@@ -165,3 +165,40 @@ async def test_run_route_json_and_sse(fed: Fed) -> None:
         assert missing.status_code == 404
         remote = await http.post(f"/api/traces/@orga/{tid}/run", json={"input": "x"})
         assert remote.status_code == 422
+
+
+async def test_a_turn_that_died_on_a_copy_leaves_nothing_behind(fed: Fed) -> None:
+    """A local agent's turn on a peer's trace whose process died: the reaper settles its placeholder;
+    the next read of the trace drops what never reached home and brings the copy up to date."""
+    import sqlalchemy as sa
+    import yaml
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from agentmesh.trace.v1 import trace_pb2 as tp
+
+    first = tool_output(await chat(fed.cloud, "general", "remote-invoke @orgb/coder to be continued"))
+    ref = first["traceId"]
+    assert fed.cloud.clients is not None
+    user = tp.Message(
+        role=tp.MESSAGE_ROLE_USER, content="a turn that dies", status=tp.MESSAGE_STATUS_COMPLETED
+    )
+    pending = tp.Message(role=tp.MESSAGE_ROLE_ASSISTANT, status=tp.MESSAGE_STATUS_PENDING)
+    with identity.acting_as(fed.cloud.user):
+        begun = await fed.cloud.clients.trace.BeginTurn(
+            ts.BeginTurnRequest(trace_id=ref, user_message=user, assistant_message=pending)
+        )
+    assert begun.assistant_message.trace_id == ref
+    assert "a turn that dies" in await messages(fed.cloud, ref)  # the run's history: the copy, with it
+    url = yaml.safe_load(fed.peers_a.read_text())["trace_store"]["internal"]["url"]
+    engine = create_async_engine(url.replace("postgresql://", "postgresql+asyncpg://"))
+    try:
+        async with engine.begin() as conn:  # what the reaper does to a placeholder whose lease ran out
+            await conn.execute(
+                sa.text("UPDATE messages SET status = 'failed' WHERE id = :id"),
+                {"id": begun.assistant_message.id},
+            )
+    finally:
+        await engine.dispose()
+    after = await messages(fed.cloud, ref)
+    assert "a turn that dies" not in after
+    assert after == await messages(fed.orgb, ref.split("/", 1)[1])

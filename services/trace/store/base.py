@@ -50,6 +50,7 @@ class CopyState:
     home_sequence: int  # the last of the peer's sequences the copy holds
     synced_at: datetime | None
     outbox: int = 0  # messages appended here, not yet at home (a turn running on the copy)
+    outbox_pending: int = 0  # of those, still pending (0 with an outbox: its turn died unsent)
     pending_from: int = 0  # the lowest sequence of a message still pending at home (0: none)
 
 

@@ -89,6 +89,11 @@ class HybridTraceStore(TraceStore):
     async def sync(self, owner: str, r: Remote, *, allow_stale: bool) -> tuple[CopyState, bool]:
         """Brings the owner's copy of `r` up to date; (the copy, True when it could not: stale)."""
         state = await self.copies.find(owner, r.home)
+        if state is not None and state.outbox and not state.outbox_pending:
+            # a turn on the copy that ended unsent (its process died; a reaper settled its placeholder):
+            # what it wrote never reached home, so it goes (never a silent local fork)
+            await self.copies.drop_outbox(owner, state.trace_id)
+            state = await self.copies.find(owner, r.home)
         if state is not None and state.outbox:
             if not allow_stale:
                 raise FailedPrecondition(f"a turn is already running on {r.home} here")

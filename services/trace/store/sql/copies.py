@@ -20,7 +20,7 @@ from services.trace.store.sql.common import KIND, ROLE, Database, message_pb, na
 from services.trace.store.sql.models import MessageRow, SessionRow
 
 
-def _state(row: SessionRow, outbox: int = 0, pending_from: int = 0) -> CopyState:
+def _state(row: SessionRow, outbox: int = 0, pending_from: int = 0, outbox_pending: int = 0) -> CopyState:
     return CopyState(
         trace_id=row.id,
         home=row.home or "",
@@ -28,6 +28,7 @@ def _state(row: SessionRow, outbox: int = 0, pending_from: int = 0) -> CopyState
         synced_at=domain.aware(row.synced_at) if row.synced_at else None,
         outbox=outbox,
         pending_from=pending_from,
+        outbox_pending=outbox_pending,
     )
 
 
@@ -48,7 +49,18 @@ class SqlCopyStore(CopyStore):
                 MessageRow.sequence <= row.home_sequence,
             )
         )
-        return _state(row, int(outbox or 0), int(pending or 0))
+        outbox_pending = 0
+        if outbox:
+            outbox_pending = await db.scalar(
+                select(func.count())
+                .select_from(MessageRow)
+                .where(
+                    MessageRow.session_id == row.id,
+                    MessageRow.sequence > row.home_sequence,
+                    MessageRow.status == "pending",
+                )
+            )
+        return _state(row, int(outbox or 0), int(pending or 0), int(outbox_pending or 0))
 
     async def find(self, owner: str, home: str) -> CopyState | None:
         domain.need_owner(owner)
