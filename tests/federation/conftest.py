@@ -155,7 +155,7 @@ def _catalog(tmp: Path) -> Path:
     data = yaml.safe_load(TEST_CATALOG.read_text())
     for agent in data["agents"]:
         if agent["slug"] == "general":
-            agent["invoke"]["allowedCallees"] += ["@orgb/coder", "@orga/coder"]
+            agent["invoke"]["allowedCallees"] += ["@orgb/coder", "@orga/coder", "@orgbp/coder"]
     path = tmp / "catalog.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

@@ -202,3 +202,36 @@ async def test_a_turn_that_died_on_a_copy_leaves_nothing_behind(fed: Fed) -> Non
     after = await messages(fed.cloud, ref)
     assert "a turn that dies" not in after
     assert after == await messages(fed.orgb, ref.split("/", 1)[1])
+
+
+async def test_a_peer_dying_while_its_agent_streams(fed: Fed) -> None:
+    """The relay of a peer's agent is cut mid-stream: the call fails with a clear error, its buffer ends
+    with an `error` event (a following panel gets a terminal event) and its task ends failed."""
+    slow = {
+        **RULES,
+        "rules": [{"system": r"\[coder\]", "text": "word " * 200, "tokens_per_second": 200}, *RULES["rules"]],
+    }
+    fed.orgb.mock.set_rules(slow)
+    fed.proxy.bytes_back = 0
+    fed.proxy.cut_after = 2500  # a few events in, the peer's answer stops
+    try:
+        events = await chat(fed.cloud, "general", "remote-invoke @orgbp/coder a long one")
+    finally:
+        fed.proxy.cut_after = None
+        fed.orgb.mock.set_rules(RULES)
+    out = tool_output(events)
+    assert out["ok"] is False and out["code"] == "unavailable" and out["remote"] is True, out
+    assert "orgbp" in out["error"]
+    started = next(e for e in events if e["type"] == "a2a-task-started")
+    assert fed.cloud.clients is not None
+    with identity.acting_as(fed.cloud.user):
+        task = (
+            await fed.cloud.clients.trace.GetA2ATask(ts.GetA2ATaskRequest(task_id=started["taskId"]))
+        ).task
+    from agentmesh.trace.v1 import trace_pb2 as tp
+
+    assert task.state == tp.TASK_STATE_FAILED
+    async with fed.cloud.http() as http:
+        resp = await http.get(f"/api/agents/a2a/stream?taskId={started['taskId']}")
+    kinds = [line for line in resp.text.splitlines() if line.startswith("data:")]
+    assert kinds and '"type": "error"' in kinds[-1].replace('"type":"error"', '"type": "error"'), kinds[-1:]
