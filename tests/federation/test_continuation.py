@@ -65,8 +65,11 @@ async def test_scenario_2_a_peer_calls_our_cloud_and_continues_with_its_own_agen
     ref = first["traceId"]
     assert ref.startswith("@orga/")
     home_id = ref.split("/", 1)[1]
-    second = tool_output(await chat(fed.orgb, "general", f"remote-continue coder {ref} and more"))
-    assert second["ok"] is True and second["traceId"] == ref, second
+    port = fed.cloud.url.rsplit(":", 1)[1]  # the full form of the same id works alike
+    second = tool_output(
+        await chat(fed.orgb, "general", f"remote-continue coder agent://127.0.0.1:{port}/{home_id} and more")
+    )
+    assert second["ok"] is True and second["traceId"] == ref, second  # handed out in the short form
     assert (await messages(fed.cloud, home_id))[-4:] == [
         "from the terminal",
         "coder says: from the terminal",

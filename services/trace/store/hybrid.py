@@ -141,7 +141,9 @@ class HybridTraceStore(TraceStore):
         r = self.remote(trace_id, owner)
         if r is None:
             return await self.local.count_messages(owner, trace_id)
-        state, _ = await self.sync(owner, r, allow_stale=True)
+        state = await self.copies.find(owner, r.home)  # GetTrace has just brought it up to date
+        if state is None:
+            state, _ = await self.sync(owner, r, allow_stale=True)
         return await self.local.count_messages(owner, state.trace_id)
 
     async def list_messages(self, owner: str, query: MessageQuery) -> MessagePage:
