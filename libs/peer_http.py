@@ -29,6 +29,7 @@ from libs.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from libs.metrics import PeerMetrics
 from libs.peers import Peer
 
 log = logging.getLogger(__name__)
@@ -72,10 +73,15 @@ class PeerClient:
     """One peer's HTTP client (a connection pool), opened on first use."""
 
     def __init__(
-        self, peer: Peer, settings: FederationSettings, transport: httpx.AsyncBaseTransport | None = None
+        self,
+        peer: Peer,
+        settings: FederationSettings,
+        transport: httpx.AsyncBaseTransport | None = None,
+        metrics: PeerMetrics | None = None,
     ):
         self.peer = peer
         self.settings = settings
+        self.metrics = metrics or PeerMetrics()
         self._transport = transport
         self._http: httpx.AsyncClient | None = None
         self.down_until = 0.0  # monotonic time until which the peer counts as down (settings.down_s)
@@ -140,6 +146,18 @@ class PeerClient:
             self.down_until = time.monotonic() + self.settings.down_s
 
     async def _once(self, method: str, path: str, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        outcome = "ok"
+        try:
+            return await self._exchange(method, path, **kwargs)
+        except MeshError as err:
+            outcome = err.code_name
+            raise
+        finally:
+            self.metrics.requests.labels(self.peer.alias, method, outcome).inc()
+            self.metrics.seconds.labels(self.peer.alias, method).observe(time.monotonic() - started)
+
+    async def _exchange(self, method: str, path: str, **kwargs: Any) -> Any:
         http = self._client()
         try:
             async with http.stream(method, path, headers=self._headers(), **kwargs) as resp:
@@ -215,15 +233,23 @@ class PeerClient:
 class PeerClients:
     """A PeerClient per registered peer."""
 
-    def __init__(self, settings: FederationSettings, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        settings: FederationSettings,
+        transport: httpx.AsyncBaseTransport | None = None,
+        metrics: PeerMetrics | None = None,
+    ):
         self.settings = settings
         self.transport = transport
+        self.metrics = metrics or PeerMetrics()
         self._by_alias: dict[str, PeerClient] = {}
 
     def of(self, peer: Peer) -> PeerClient:
         client = self._by_alias.get(peer.alias)
         if client is None:
-            client = self._by_alias[peer.alias] = PeerClient(peer, self.settings, self.transport)
+            client = self._by_alias[peer.alias] = PeerClient(
+                peer, self.settings, self.transport, self.metrics
+            )
         return client
 
     async def close(self) -> None:

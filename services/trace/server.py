@@ -10,7 +10,7 @@ from agentmesh.leases.v1 import lease_service_pb2, lease_service_pb2_grpc
 from agentmesh.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from libs.config import MeshSettings
 from libs.identity import Signer, signer_for
-from libs.metrics import TraceStoreMetrics
+from libs.metrics import PeerMetrics, TraceStoreMetrics
 from libs.peer_http import PeerClients
 from libs.peers import PeerRegistry
 from libs.rpc import Registration, ServiceServer, server_settings
@@ -41,7 +41,7 @@ async def build(
         await migrate(engine)
         stores = SqlStores.open(engine, settings.subagent, settings.lease_s)
         await stores.agents.import_builtins(load_catalog(settings.catalog))
-        peers = PeerClients(settings.federation)
+        peers = PeerClients(settings.federation, metrics=PeerMetrics(registry))
         traces = HybridTraceStore(
             stores.traces, stores.copies, peer_registry, peers, page_size=settings.federation.page_size
         )

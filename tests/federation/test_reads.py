@@ -230,3 +230,23 @@ def _pg(fed: Fed) -> str:
     import yaml
 
     return str(yaml.safe_load(fed.peers_a.read_text())["trace_store"]["internal"]["url"])
+
+
+async def test_peer_calls_and_cache_reads_are_counted(fed: Fed) -> None:
+    """The trace service's /metrics: requests to each peer by outcome; reads of peers' traces, fresh or
+    stale."""
+    from prometheus_client import generate_latest
+
+    tid = await new_trace(fed.orgb, 1)
+    async with fed.cloud.http() as http:
+        await http.get(f"/api/traces/@orgbp/{tid}/messages")
+        await fed.proxy.down()
+        try:
+            await http.get(f"/api/traces/@orgbp/{tid}/messages")
+        finally:
+            await fed.proxy.up()
+    text = generate_latest(fed.cloud.servers["trace"].registry).decode()
+    assert 'agentmesh_peer_requests_total{method="GET",outcome="ok",peer="orgbp"}' in text
+    assert 'agentmesh_peer_requests_total{method="GET",outcome="unavailable",peer="orgbp"}' in text
+    assert 'agentmesh_peer_trace_reads_total{peer="orgbp",source="stale"}' in text
+    assert 'agentmesh_peer_trace_reads_total{peer="orgbp",source="fresh"}' in text

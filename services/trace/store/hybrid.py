@@ -151,6 +151,8 @@ class HybridTraceStore(TraceStore):
         if r is None:
             return await self.local.list_messages(owner, query)
         state, stale = await self.sync(owner, r, allow_stale=True)
+        if self.peers is not None:
+            self.peers.metrics.trace_reads.labels(r.peer.alias, "stale" if stale else "fresh").inc()
         local = MessageQuery(
             state.trace_id, query.mode, query.head_sequence, query.since_sequence, query.limit, query.offset
         )

@@ -49,7 +49,7 @@ class SqlCopyStore(CopyStore):
                 MessageRow.sequence <= row.home_sequence,
             )
         )
-        outbox_pending = 0
+        outbox_pending: int | None = 0
         if outbox:
             outbox_pending = await db.scalar(
                 select(func.count())
