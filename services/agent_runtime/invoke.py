@@ -35,7 +35,7 @@ from libs.errors import (
 from libs.identity import current_user
 from libs.ids import TraceRef, a2a_key
 from services.agent_runtime.children import close_buffer, create_buffer, run_child
-from services.agent_runtime.remote_agents import RemoteCallee, parse_remote_slug
+from services.agent_runtime.peer_agents import PeerCallee, parse_remote_slug
 from services.agent_runtime.tools import A2A_CALLEE, ToolContext, ToolOutcome
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,7 @@ async def resolve_callee(ctx: ToolContext, slug: str) -> Callee:
         if "*" not in allowed and slug not in allowed:
             raise PermissionDenied(f"agent {ctx.agent.slug!r} may not call {slug!r}")
         peer = ctx.clients.peers.registry.resolve(TraceRef("x", alias=remote[0]), current_user())
-        return RemoteCallee(peer, ctx.clients.peers.http.of(peer), remote[1])
+        return PeerCallee(peer, ctx.clients.peers.http.of(peer), remote[1])
     agent = await ctx.agents.find(slug)
     if agent is None:
         raise NotFound(f"unknown agent {slug!r}")

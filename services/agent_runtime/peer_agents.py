@@ -48,7 +48,7 @@ def parse_remote_slug(slug: str) -> tuple[str, str] | None:
     return alias, agent
 
 
-class RemoteCallee:
+class PeerCallee:
     def __init__(self, peer: Peer, client: PeerClient, slug: str) -> None:
         self.peer, self.client, self.slug = peer, client, slug
 
