@@ -80,6 +80,10 @@ class ChatOrchestrator:
             session = (await rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))).trace
             if session.kind != tp.TRACE_KIND_CHAT:
                 raise InvalidArgument("only chat sessions take chat turns")
+        if session_id and session.home:  # our cached copy of a peer's trace: a turn here would fork it
+            raise InvalidArgument(
+                f"{session.home} lives on a peer: continue it there, or with agent-invoke continueFrom"
+            )
         else:
             trace = tp.Trace(agent=found.slug, kind=tp.TRACE_KIND_CHAT, title=message.strip()[:80])
             session = (await rpc(self.clients.trace.CreateTrace(ts.CreateTraceRequest(trace=trace)))).trace

@@ -250,3 +250,28 @@ async def test_peer_calls_and_cache_reads_are_counted(fed: Fed) -> None:
     assert 'agentmesh_peer_requests_total{method="GET",outcome="unavailable",peer="orgbp"}' in text
     assert 'agentmesh_peer_trace_reads_total{peer="orgbp",source="stale"}' in text
     assert 'agentmesh_peer_trace_reads_total{peer="orgbp",source="fresh"}' in text
+
+
+async def test_a_cached_copy_takes_no_turn_by_its_local_id(fed: Fed) -> None:
+    """A turn on our copy would fork the peer's trace: refused, whichever way its local id is named."""
+    import sqlalchemy as sa
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    tid = await new_trace(fed.orgb, 1)
+    async with fed.cloud.http() as http:
+        assert (await http.get(f"/api/traces/@orgb/{tid}")).status_code == 200
+        engine = create_async_engine(_pg(fed).replace("postgresql://", "postgresql+asyncpg://"))
+        try:
+            async with engine.connect() as conn:
+                copy_id = (
+                    await conn.execute(
+                        sa.text("SELECT id FROM sessions WHERE home = :h"), {"h": f"@orgb/{tid}"}
+                    )
+                ).scalar_one()
+        finally:
+            await engine.dispose()
+        chat = await http.post("/api/chat", json={"agent": "coder", "message": "fork?", "sessionId": copy_id})
+        run = await http.post(f"/api/traces/{copy_id}/run", json={"input": "fork?"})
+    for resp in (chat, run):
+        assert resp.status_code == 422, resp.text
+        assert "lives on a peer" in resp.json()["error"]["message"]
