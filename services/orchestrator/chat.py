@@ -37,6 +37,14 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_CHARS = 100_000
 
 
+def _refuse_copies(session: tp.Trace) -> None:
+    """Our cached copy of a peer's trace takes no turn: it would fork the peer's trace."""
+    if session.home:
+        raise InvalidArgument(
+            f"{session.home} lives on a peer: continue it there, or with agent-invoke continueFrom"
+        )
+
+
 @dataclass
 class _End:
     error: BaseException | None = None
@@ -75,15 +83,12 @@ class ChatOrchestrator:
             agent = agent or session.agent
         found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
         if any_kind:
-            pass
+            _refuse_copies(session)
         elif session_id:
             session = (await rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))).trace
             if session.kind != tp.TRACE_KIND_CHAT:
                 raise InvalidArgument("only chat sessions take chat turns")
-        if session_id and session.home:  # our cached copy of a peer's trace: a turn here would fork it
-            raise InvalidArgument(
-                f"{session.home} lives on a peer: continue it there, or with agent-invoke continueFrom"
-            )
+            _refuse_copies(session)
         else:
             trace = tp.Trace(agent=found.slug, kind=tp.TRACE_KIND_CHAT, title=message.strip()[:80])
             session = (await rpc(self.clients.trace.CreateTrace(ts.CreateTraceRequest(trace=trace)))).trace
