@@ -40,6 +40,19 @@ class PeerUnreachable(Unavailable):
     """No answer at the transport level (refused, reset, cut): retried on reads, the peer marked down."""
 
 
+class NotSent(PeerUnreachable):
+    """The request never left: no connection (or the peer is marked down). A write certainly did nothing."""
+
+
+def transport_error(alias: str, exc: httpx.TransportError | httpx.TimeoutException) -> MeshError:
+    """A failed exchange as our error: whether the request may have reached the peer matters to a write."""
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+        return NotSent(f"peer {alias!r} is unreachable ({type(exc).__name__})")
+    if isinstance(exc, httpx.TimeoutException):
+        return DeadlineExceeded(f"peer {alias!r} did not answer in time")
+    return PeerUnreachable(f"peer {alias!r} did not answer ({type(exc).__name__})")
+
+
 class PeerBusy(Unavailable):
     """The peer answered 502, 503 or 504: retried on reads."""
 
@@ -137,7 +150,7 @@ class PeerClient:
     def _check_up(self) -> None:
         left = self.down_until - time.monotonic()
         if left > 0:
-            raise Unavailable(
+            raise NotSent(
                 f"peer {self.peer.alias!r} did not answer a moment ago (tried again in {left:.1f}s)"
             )
 
@@ -162,10 +175,8 @@ class PeerClient:
         try:
             async with http.stream(method, path, headers=self._headers(), **kwargs) as resp:
                 body = await self._read_body(resp)
-        except httpx.TimeoutException as exc:
-            raise DeadlineExceeded(f"peer {self.peer.alias!r} did not answer in time") from exc
-        except httpx.TransportError as exc:
-            raise PeerUnreachable(f"peer {self.peer.alias!r} is unreachable ({type(exc).__name__})") from exc
+        except (httpx.TimeoutException, httpx.TransportError) as exc:
+            raise transport_error(self.peer.alias, exc) from exc
         if resp.status_code != 200 and resp.status_code != 201:
             raise _error_from(self.peer, resp.status_code, body)
         try:
@@ -211,10 +222,8 @@ class PeerClient:
                 if resp.status_code != 200:
                     raise _error_from(self.peer, resp.status_code, await self._read_body(resp))
                 yield resp
-        except httpx.TimeoutException as exc:
-            raise DeadlineExceeded(f"peer {self.peer.alias!r} did not answer in time") from exc
-        except httpx.TransportError as exc:
-            raise PeerUnreachable(f"peer {self.peer.alias!r} is unreachable ({type(exc).__name__})") from exc
+        except (httpx.TimeoutException, httpx.TransportError) as exc:
+            raise transport_error(self.peer.alias, exc) from exc
 
     async def healthy(self, timeout_s: float) -> tuple[bool, str]:
         """`agentmesh peers check`: does the gateway answer GET /healthz within the timeout."""

@@ -275,3 +275,23 @@ async def test_a_cached_copy_takes_no_turn_by_its_local_id(fed: Fed) -> None:
     for resp in (chat, run):
         assert resp.status_code == 422, resp.text
         assert "lives on a peer" in resp.json()["error"]["message"]
+
+
+async def test_an_append_whose_answer_is_lost_says_it_may_have_arrived(fed: Fed) -> None:
+    tid = await new_trace(fed.orgb, 1)
+    ref = f"@orgbp/{tid}"
+    async with fed.cloud.http() as http:
+        assert (await http.get(f"/api/traces/{ref}")).status_code == 200
+        fed.proxy.bytes_back = 0
+        fed.proxy.cut_after = 10  # the peer's answer is cut: the request itself went through
+        try:
+            resp = await http.post(
+                f"/api/traces/{ref}/messages", json={"messages": [{"role": "user", "content": "did it?"}]}
+            )
+        finally:
+            fed.proxy.cut_after = None
+    assert resp.status_code == 503, resp.text
+    assert "may or may not have arrived" in resp.json()["error"]["message"]
+    async with fed.orgb.http() as http:
+        home = (await http.get(f"/api/traces/{tid}/messages")).json()["messages"]
+    assert home[-1]["content"] == "did it?"  # it had: the answer says so honestly, never "nothing"

@@ -36,7 +36,7 @@ from libs.errors import (
     Unavailable,
 )
 from libs.ids import TraceRef
-from libs.peer_http import PeerClients
+from libs.peer_http import NotSent, PeerClients
 from libs.peers import Peer, PeerRegistry
 from services.trace.store.base import CopyState, CopyStore, Deleted, MessagePage, MessageQuery, TraceStore
 from services.trace.store.remote import RemoteTraceStore
@@ -44,6 +44,18 @@ from services.trace.store.remote import RemoteTraceStore
 log = logging.getLogger(__name__)
 UNREACHABLE = (Unavailable, DeadlineExceeded, ResourceExhausted)
 FINAL = {tp.MESSAGE_STATUS_COMPLETED, tp.MESSAGE_STATUS_FAILED, tp.MESSAGE_STATUS_CANCELLED}
+
+
+def unconfirmed(r: Remote, err: MeshError, what: str = "") -> Unavailable:
+    """An append the peer did not confirm: certainly not appended when the request never left, else
+    perhaps (the answer was lost): the message says which, never a guess."""
+    what = f" {what}" if what else ""
+    if isinstance(err, NotSent):
+        return Unavailable(f"cannot append{what} to {r.home}: {err.message}; nothing was appended")
+    return Unavailable(
+        f"the append{what} to {r.home} was not confirmed ({err.message}): it may or may not have arrived; "
+        "read the trace to see"
+    )
 
 
 @dataclass
@@ -208,7 +220,7 @@ class HybridTraceStore(TraceStore):
         try:
             sent = await r.store.append_messages(owner, r.ref.id, messages, parent_sequence)
         except UNREACHABLE as err:
-            raise Unavailable(f"cannot append to {r.home}: {err.message}; nothing was appended") from err
+            raise unconfirmed(r, err) from err
         try:
             await self.sync(owner, r, allow_stale=True)
         except MeshError as err:  # appended at home; the copy catches up on the next read
@@ -236,9 +248,7 @@ class HybridTraceStore(TraceStore):
             try:
                 sent = await r.store.append_messages(owner, r.ref.id, outbox, parent)
             except UNREACHABLE as err:
-                raise Unavailable(
-                    f"cannot append the turn to {r.home}: {err.message}; nothing was appended"
-                ) from err
+                raise unconfirmed(r, err, "the turn") from err
         finally:
             await self.copies.drop_outbox(owner, state.trace_id)
         try:
