@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 import grpc
@@ -37,6 +38,11 @@ MODES = {"main_path": ts.PATH_MODE_MAIN_PATH, "all": ts.PATH_MODE_ALL}
 STALE = {
     "type": "boolean",
     "description": "a peer's trace read from the cached copy: the peer did not answer",
+}
+AGE = {
+    "type": ["number", "null"],
+    "minimum": 0,
+    "description": "a peer's trace: seconds since the cached copy was last brought up to date",
 }
 SYNC_TIME = {
     "type": ["string", "null"],
@@ -108,6 +114,7 @@ def _message(m: MessageIn) -> tp.Message:
                 total=INTEGER,
                 stale=STALE,
                 syncTime=SYNC_TIME,
+                ageS=AGE,
             )
         ),
         **responses(*READ, 403),
@@ -123,7 +130,7 @@ async def list_messages(
     limit: Annotated[int, Query(ge=0, le=1000, description="0: the default (100)")] = 0,
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
 ) -> dict[str, Any]:
-    """{"messages": [...], "headSequence": n, "total": n, "stale": bool, "syncTime": ...}: the main path
+    """{"messages": [...], "headSequence": n, "total": n, "stale": bool, "syncTime", "ageS"}: the main path
     (from the head, or head_sequence) or every branch, by sequence, after since_sequence, paged."""
     resp = await rpc(
         clients(request).trace.ListMessages(
@@ -143,7 +150,7 @@ async def list_messages(
         "headSequence": resp.head_sequence,
         "total": resp.total,
         "stale": resp.stale,
-        "syncTime": to_json(resp.sync_time) if resp.HasField("sync_time") else None,
+        **_sync(resp.sync_time if resp.HasField("sync_time") else None),
     }
 
 
@@ -269,13 +276,14 @@ def _sse(request: Request, call: grpc.aio.UnaryStreamCall, first: Any) -> EventS
                 mainPathCount=INTEGER,
                 stale=STALE,
                 syncTime=SYNC_TIME,
+                ageS=AGE,
             )
         ),
         **responses(*READ, 403),
     },
 )
 async def get_trace(request: Request, user: User, trace_id: TraceId) -> dict[str, Any]:
-    """{"trace": {...}, "messageCount": n, "mainPathCount": n, "stale": bool, "syncTime": ...}."""
+    """{"trace": {...}, "messageCount": n, "mainPathCount": n, "stale": bool, "syncTime", "ageS"}."""
     resp = await rpc(
         clients(request).trace.GetTrace(ts.GetTraceRequest(trace_id=_ref(trace_id), view=ts.TRACE_VIEW_FULL))
     )
@@ -285,5 +293,13 @@ async def get_trace(request: Request, user: User, trace_id: TraceId) -> dict[str
         "messageCount": resp.message_count,
         "mainPathCount": resp.main_path_count,
         "stale": t.stale,
-        "syncTime": to_json(t.sync_time) if t.HasField("sync_time") else None,
+        **_sync(t.sync_time if t.HasField("sync_time") else None),
     }
+
+
+def _sync(stamp: Any) -> dict[str, Any]:
+    """syncTime and ageS of a peer's trace (None for a trace of this mesh)."""
+    if stamp is None:
+        return {"syncTime": None, "ageS": None}
+    age = (datetime.now(UTC) - stamp.ToDatetime(tzinfo=UTC)).total_seconds()
+    return {"syncTime": to_json(stamp), "ageS": round(max(age, 0.0), 3)}

@@ -162,6 +162,7 @@ async def test_peer_down_reads_come_from_the_cache_marked_stale(fed: Fed) -> Non
     assert stale.json()["messages"] == fresh.json()["messages"]
     assert stale.json()["syncTime"] == fresh.json()["syncTime"]
     assert trace.json()["stale"] is True and trace.json()["syncTime"]
+    assert stale.json()["ageS"] >= 0 and trace.json()["ageS"] >= stale.json()["ageS"]
     assert refused.status_code == 503, refused.text
     assert "nothing was appended" in refused.json()["error"]["message"]
     assert never_read.status_code == 503 and "no cached copy" in never_read.json()["error"]["message"]
