@@ -115,6 +115,17 @@ class TraceStore(abc.ABC):
         """The main path (or every branch), by sequence, paged."""
 
 
+@dataclass(frozen=True)
+class InboundTaskQuery:
+    """Which inbound tasks to list: filters (empty: any) and the page."""
+
+    callee_agent: str = ""
+    trace_id: str = ""
+    state: int = 0
+    page_size: int = 0
+    page_token: str = ""
+
+
 class TaskStore(abc.ABC):
     """Agent-invoke tasks (seed 1's a2aTaskSessions)."""
 
@@ -132,6 +143,11 @@ class TaskStore(abc.ABC):
     @abc.abstractmethod
     async def list_tasks(self, owner: str, caller_session_id: str) -> list[tp.A2ATask]:
         """The tasks a caller session started, oldest first."""
+
+    @abc.abstractmethod
+    async def list_inbound_tasks(self, owner: str, query: InboundTaskQuery) -> tuple[list[tp.A2ATask], str]:
+        """The owner's inbound tasks (no session of the mesh started them: A2A clients' calls), newest
+        first, one page; with the next page's token ("" on the last)."""
 
 
 class SubagentStore(abc.ABC):
