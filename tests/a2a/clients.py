@@ -21,7 +21,9 @@ class Key(CredentialService):
     def __init__(self, key: str) -> None:
         self.key = key
 
-    async def get_credentials(self, security_scheme_name: str, context: ClientCallContext | None) -> str | None:
+    async def get_credentials(
+        self, security_scheme_name: str, context: ClientCallContext | None
+    ) -> str | None:
         return self.key
 
 
