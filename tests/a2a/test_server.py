@@ -144,8 +144,9 @@ async def test_another_users_task_answers_like_a_missing_one(mesh: Mesh) -> None
     assert errors[0] == errors[2] and errors[1] == errors[3]
     listed = await bob.list_tasks(a2a.ListTasksRequest())
     assert not listed.tasks
-    with pytest.raises(Exception):  # nor can bob continue alice's trace
+    with pytest.raises(Exception) as refused:  # nor can bob continue alice's trace
         [r async for r in bob.send_message(text_message("hi", context_id=done[0].task.context_id))]
+    assert "unknown contextId" in str(refused.value)
     await bob.close()
 
 
