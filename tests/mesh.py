@@ -114,6 +114,7 @@ async def start_mesh(
     catalog: Path | None = None,
     llm_timeout_s: float = 10.0,
     stream_options: dict[str, Any] | None = None,
+    gateway_port: int = 0,
     **overrides: Any,
 ) -> Mesh:
     timing = {"ttft_ms": 0.0, "tokens_per_second": 0.0}
@@ -161,7 +162,7 @@ async def start_mesh(
         mesh.servers["orchestrator"] = await orchestrator_server.build(settings, ANY_PORT, signer)
         a.orchestrator = mesh.servers["orchestrator"].target
         mesh.clients = Clients(settings, signer)
-        mesh.gateway = await embedded_http.serve(create_app(settings), **http_limits())
+        mesh.gateway = await embedded_http.serve(create_app(settings), port=gateway_port, **http_limits())
         mesh.url = f"http://127.0.0.1:{mesh.gateway.port}"
         mesh.user = "alice"
         mesh.api_key = await mesh.new_user("alice")
