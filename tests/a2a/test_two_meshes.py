@@ -109,7 +109,7 @@ async def test_meshes_call_each_other(meshes: tuple[Mesh, Mesh], direction: str)
 
 
 async def test_call_remote_agent_entry_point(meshes: tuple[Mesh, Mesh]) -> None:
-    a, b = meshes
+    _, b = meshes
     chunks: list[str] = []
     reply = await call_remote_agent(b.url, "echo", b.api_key, "direct", on_text=chunks.append)
     assert reply.text == "".join(chunks) == "echo: direct"
