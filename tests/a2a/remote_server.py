@@ -30,7 +30,8 @@ class Remote:
 
     requests: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
-    traceparents: list[str] = field(default_factory=list)
+    traceparents: list[str] = field(default_factory=list)  # from message metadata
+    traceparent_headers: list[str] = field(default_factory=list)
     gates: dict[str, asyncio.Event] = field(default_factory=dict)
     started: dict[str, asyncio.Event] = field(default_factory=dict)
     server: Any = None
@@ -53,7 +54,8 @@ class ScriptedExecutor(AgentExecutor):
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         text = context.get_user_input()
-        traceparent = context.metadata.get("traceparent", "")
+        metadata = context.message.metadata if context.message is not None else None
+        traceparent = metadata["traceparent"] if metadata is not None and "traceparent" in metadata else ""
         if traceparent:
             self.remote.traceparents.append(traceparent)
         updater = TaskUpdater(event_queue, context.task_id or "", context.context_id or "")
@@ -105,6 +107,8 @@ class Bearer(BaseHTTPMiddleware):
 
     async def dispatch(self, request: Request, call_next: Any) -> Response:
         self.remote.requests.append(f"{request.method} {request.url.path}")
+        if request.method == "POST" and request.headers.get("traceparent"):
+            self.remote.traceparent_headers.append(request.headers["traceparent"])
         if request.headers.get("authorization") != f"Bearer {KEY}":
             return JSONResponse({"error": "unauthorized"}, status_code=401)
         return await call_next(request)  # type: ignore[no-any-return]
