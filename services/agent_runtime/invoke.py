@@ -171,6 +171,21 @@ class LocalCallee:
         )
 
 
+def credential(name: str) -> str:
+    """The Bearer token a remote agent's `credentialEnv` names, read at call time from this process's
+    environment: the variable itself, else the file `<name>_FILE` names (a mounted secret)."""
+    if not name:
+        return ""
+    value = os.environ.get(name, "")
+    if not value and os.environ.get(f"{name}_FILE"):
+        try:
+            with open(os.environ[f"{name}_FILE"], encoding="utf-8") as f:
+                value = f.read().strip()
+        except OSError:
+            value = ""
+    return value
+
+
 class RemoteCallee:
     """A remote A2A agent of the catalog (`remote.cardUrl`), called with the a2a-sdk client
     (services/agent_runtime/a2a_client.py). Its reply streams into `a2a:<task id>` like a local
@@ -182,8 +197,9 @@ class RemoteCallee:
 
     def client(self, ctx: ToolContext) -> RemoteAgent:
         remote = self.agent.remote
-        token = os.environ.get(remote.credential_env, "") if remote.credential_env else ""
-        return RemoteAgent(remote.card_url, token, timeout_s=ctx.agent.invoke.timeout_ms / 1000)
+        return RemoteAgent(
+            remote.card_url, credential(remote.credential_env), timeout_s=ctx.agent.invoke.timeout_ms / 1000
+        )
 
     async def run(self, ctx: ToolContext, text: str, continue_from: str, depth: int) -> InvokeResult:
         remote = self.client(ctx)
