@@ -42,6 +42,7 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     app.state.drain = Drain()
     app.state.auth_cache = {}
     app.state.metrics = Metrics()
+    app.state.undocumented_paths = a2a_routes.PATHS
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(HeadLimitMiddleware)  # a head over the limits reaches no route (still counted)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)

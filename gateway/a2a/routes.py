@@ -28,6 +28,13 @@ from libs import identity
 from libs.errors import NotFound
 
 router = APIRouter(include_in_schema=False)
+# The methods of these paths, for the gateway's 405 answers (gateway/errors.py: they are not in the
+# OpenAPI document, which it reads for the others).
+PATHS = (
+    ("/.well-known/agent-card.json", ("GET", "HEAD")),
+    ("/a2a/{slug}/.well-known/agent-card.json", ("GET", "HEAD")),
+    ("/a2a/{slug}", ("POST",)),
+)
 CARD_PATH = "/.well-known/agent-card.json"
 # Whose view an anonymous card reader gets: a name no user can have (user names are 1-200 characters),
 # so only the built-in agents are found.

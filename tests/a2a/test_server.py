@@ -282,3 +282,23 @@ async def test_resubscribe_after_a_dropped_connection_loses_and_repeats_nothing(
         [r async for r in client.subscribe(a2a.SubscribeToTaskRequest(id=task_id))]
     assert "terminal" in str(ended.value).lower()
     await client.close()
+
+
+async def test_http_rules_of_the_a2a_routes(mesh: Mesh) -> None:
+    async with mesh.http() as http:
+        wrong_method = await http.get("/a2a/echo")
+        card_post = await http.post("/a2a/echo/.well-known/agent-card.json")
+        bad_slug = await http.post("/a2a/NOT_A_SLUG", json={})
+        not_json = await http.post(
+            "/a2a/echo", content=b"{nope", headers={"content-type": "application/json"}
+        )
+        # Only the catalog names remote agents: a user's agent cannot send the runtime anywhere.
+        remote = await http.post(
+            "/api/agents", json={"slug": "mine", "name": "Mine", "remote": {"cardUrl": "http://evil.example"}}
+        )
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+    assert wrong_method.json()["error"]["code"] == 405
+    assert card_post.status_code == 405 and card_post.headers["allow"] == "GET, HEAD"
+    assert bad_slug.status_code == 422 and bad_slug.json()["error"]["reason"] == "INVALID_ARGUMENT"
+    assert not_json.status_code == 200 and not_json.json()["error"]["code"] == -32700  # JSON-RPC's own
+    assert remote.status_code == 422 and "remote" in remote.json()["error"]["message"]
