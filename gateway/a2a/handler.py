@@ -22,6 +22,7 @@ from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.request_handlers.request_handler import validate_request_params
 from a2a.types import a2a_pb2 as a2a
 from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError, UnsupportedOperationError
+from a2a.utils.task import apply_history_length, validate_history_length
 
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -66,6 +67,14 @@ class MeshRequestHandler(DefaultRequestHandler):
             agent_card=handler_card(),
             request_context_builder=InboundTasks(clients, default_agent),
         )
+
+    @validate_request_params
+    async def on_get_task(self, params: a2a.GetTaskRequest, context: ServerCallContext) -> a2a.Task | None:
+        validate_history_length(params)
+        row = await self.store.row(params.id, context)
+        if row is None:
+            raise TaskNotFoundError
+        return apply_history_length(await self.store.to_a2a(row, with_messages=True), params)
 
     @validate_request_params
     async def on_subscribe_to_task(  # type: ignore[override]

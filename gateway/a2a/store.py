@@ -54,8 +54,10 @@ class MeshTaskStore(TaskStore):
             self._saved.popitem(last=False)
 
     async def get(self, task_id: str, context: ServerCallContext) -> a2a.Task | None:
+        """The task's state (the SDK reads it on every start and cancel; GetTask adds the messages:
+        MeshRequestHandler.on_get_task)."""
         row = await self.row(task_id, context)
-        return None if row is None else await self.to_a2a(row, with_messages=True)
+        return None if row is None else await self.to_a2a(row, with_messages=False)
 
     async def list(self, params: a2a.ListTasksRequest, context: ServerCallContext) -> a2a.ListTasksResponse:
         resp = await rpc(

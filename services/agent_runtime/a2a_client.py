@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -117,6 +118,21 @@ def _error(exc: BaseException, what: str) -> MeshError:
     return Unavailable(f"{what}: {text or type(exc).__name__}")
 
 
+CARD_TTL_S = 30.0
+_cards: dict[tuple[str, str], tuple[float, a2a.AgentCard]] = {}
+_http: dict[int, httpx.AsyncClient] = {}
+
+
+def _client() -> httpx.AsyncClient:
+    """One HTTP client per event loop for every remote agent (its connections pooled; building a
+    client costs tens of milliseconds). Timeouts are per call; redirects are never followed."""
+    loop = id(asyncio.get_running_loop())
+    http = _http.get(loop)
+    if http is None or http.is_closed:
+        http = _http[loop] = httpx.AsyncClient(timeout=60.0, follow_redirects=False)
+    return http
+
+
 class RemoteAgent:
     def __init__(self, url: str, token: str = "", *, timeout_s: float = 60.0) -> None:
         base = url.split("?", 1)[0].rstrip("/")
@@ -135,11 +151,18 @@ class RemoteAgent:
         return f"{self.host}:{self.port}" if self.port else self.host
 
     async def discover(self, http: httpx.AsyncClient) -> a2a.AgentCard:
-        """The agent's card, with only the interfaces at the card's own origin."""
+        """The agent's card, with only the interfaces at the card's own origin (kept CARD_TTL_S)."""
+        key = (self.base, self.token)
+        hit = _cards.get(key)
+        if hit is not None and hit[0] > time.monotonic():
+            self.card = a2a.AgentCard()
+            self.card.CopyFrom(hit[1])
+            return self.card
+        kwargs: dict[str, object] = {"timeout": min(self.timeout_s, 10.0)}
+        if self.token:
+            kwargs["headers"] = {"Authorization": f"Bearer {self.token}"}
         try:
-            card = await A2ACardResolver(http, self.base).get_agent_card(
-                http_kwargs={"headers": {"Authorization": f"Bearer {self.token}"}} if self.token else None
-            )
+            card = await A2ACardResolver(http, self.base).get_agent_card(http_kwargs=kwargs)
         except Exception as exc:
             raise _error(exc, f"agent card at {self.base}") from exc
         same = [i for i in card.supported_interfaces if _origin(i.url)[0] == self.host]
@@ -147,14 +170,16 @@ class RemoteAgent:
             raise Unavailable(f"agent card at {self.base} names no interface on {self.host}")
         del card.supported_interfaces[:]
         card.supported_interfaces.extend(same)
+        if len(_cards) > 1000:
+            _cards.clear()
+        _cards[key] = (time.monotonic() + CARD_TTL_S, card)
         self.card = card
         return card
 
     async def resolve(self) -> a2a.AgentCard:
         """The card (fetched once)."""
         if self.card is None:
-            async with httpx.AsyncClient(timeout=min(self.timeout_s, 10.0), follow_redirects=False) as http:
-                await self.discover(http)
+            await self.discover(_client())
         assert self.card is not None
         return self.card
 
@@ -169,31 +194,31 @@ class RemoteAgent:
     ) -> RemoteReply:
         """Sends `text` as a new task (in `context_id`'s conversation when given) and follows it to its
         end; cancelling this call cancels the remote task."""
-        async with httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False) as http:
-            card = self.card or await self.discover(http)
-            config = ClientConfig(
-                httpx_client=http,
-                streaming=True,
-                supported_protocol_bindings=[TransportProtocol.JSONRPC, TransportProtocol.GRPC],
-                use_client_preference=True,
-                grpc_channel_factory=grpc.aio.insecure_channel,
+        http = _client()
+        card = self.card or await self.discover(http)
+        config = ClientConfig(
+            httpx_client=http,
+            streaming=True,
+            supported_protocol_bindings=[TransportProtocol.JSONRPC, TransportProtocol.GRPC],
+            use_client_preference=True,
+            grpc_channel_factory=grpc.aio.insecure_channel,
+        )
+        client = ClientFactory(config).create(card, interceptors=[AuthInterceptor(_Token(self.token))])
+        reply = RemoteReply("", "", "", card.name, self.authority)
+        try:
+            await asyncio.wait_for(
+                self._follow(client, text, reply, on_text, on_task, context_id, depth), self.timeout_s
             )
-            client = ClientFactory(config).create(card, interceptors=[AuthInterceptor(_Token(self.token))])
-            reply = RemoteReply("", "", "", card.name, self.authority)
-            try:
-                await asyncio.wait_for(
-                    self._follow(client, text, reply, on_text, on_task, context_id, depth), self.timeout_s
-                )
-            except asyncio.CancelledError:
-                await self._cancel(client, reply)
-                raise
-            except TimeoutError as exc:
-                await self._cancel(client, reply)
-                raise DeadlineExceeded(f"{card.name}: no answer within {self.timeout_s:g} s") from exc
-            finally:
-                with contextlib.suppress(Exception):
-                    await client.close()
-            return reply
+        except asyncio.CancelledError:
+            await self._cancel(client, reply)
+            raise
+        except TimeoutError as exc:
+            await self._cancel(client, reply)
+            raise DeadlineExceeded(f"{card.name}: no answer within {self.timeout_s:g} s") from exc
+        finally:
+            with contextlib.suppress(Exception):
+                await client.close()
+        return reply
 
     async def _follow(
         self,
@@ -215,7 +240,7 @@ class RemoteAgent:
         headers = telemetry.headers()
         if TRACEPARENT_KEY in headers:
             message.metadata.update({TRACEPARENT_KEY: headers[TRACEPARENT_KEY]})
-        context = ClientCallContext(service_parameters=dict(headers))
+        context = ClientCallContext(service_parameters=dict(headers), timeout=self.timeout_s)
         chunks: list[str] = []
         final: a2a.TaskStatus | None = None
         name = reply.agent_name
