@@ -302,3 +302,20 @@ async def test_http_rules_of_the_a2a_routes(mesh: Mesh) -> None:
     assert bad_slug.status_code == 422 and bad_slug.json()["error"]["reason"] == "INVALID_ARGUMENT"
     assert not_json.status_code == 200 and not_json.json()["error"]["code"] == -32700  # JSON-RPC's own
     assert remote.status_code == 422 and "remote" in remote.json()["error"]["message"]
+
+
+async def test_slowed_model_streams_to_the_a2a_client_before_the_task_ends(mesh: Mesh) -> None:
+    """streamer's model sends 20 tokens a second: the first chunk reaches the SDK client while the
+    task is still working."""
+    client = await sdk_client(f"{mesh.url}/a2a/streamer", mesh.api_key)
+    stream = client.send_message(text_message("live"))
+    task_id = ""
+    async for response in stream:
+        if response.HasField("task"):
+            task_id = response.task.id
+        if response.HasField("artifact_update"):
+            break
+    assert (await task_row(mesh, task_id)).state == tp.TASK_STATE_WORKING
+    rest = [r async for r in stream]
+    assert state_of(rest[-1]) == a2a.TASK_STATE_COMPLETED
+    await client.close()

@@ -7,6 +7,7 @@ reaches an agent of the other mesh directly."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import identity
 from libs.ids import TraceRef
 from services.agent_runtime.a2a_client import call_remote_agent
-from tests.a2a.test_client import RULES, tool_result
+from tests.a2a.test_client import RULES, _panel_until, _start_chat, tool_result
 from tests.mesh import Mesh, Ports, chat, start_mesh
 
 CATALOG = Path(__file__).parent / "catalog.yaml"
@@ -35,7 +36,13 @@ CONTINUE = {
     ],
 }
 ECHO = {"system": r"\[echo\]", "text": "echo: {user}"}
-TWO_RULES: dict[str, Any] = {**RULES, "rules": [CONTINUE, ECHO, *RULES["rules"]]}
+SLOW_ECHO = {
+    "system": r"\[echo\]",
+    "user": "^slow ",
+    "text": "slowly one two three four five six",
+    "tokens_per_second": 20,
+}
+TWO_RULES: dict[str, Any] = {**RULES, "rules": [CONTINUE, SLOW_ECHO, ECHO, *RULES["rules"]]}
 
 
 def catalog_with_peer(tmp: Path, peer_url: str, env: str) -> Path:
@@ -117,3 +124,14 @@ async def test_call_remote_agent_entry_point(meshes: tuple[Mesh, Mesh]) -> None:
     with pytest.raises(Exception) as refused:
         await call_remote_agent(b.url, "echo", "am_not-a-key", "direct")
     assert type(refused.value).__name__ == "Unauthenticated"
+
+
+async def test_remote_text_reaches_the_callers_panel_before_the_turn_ends(meshes: tuple[Mesh, Mesh]) -> None:
+    """Mesh B's echo streams at 20 tokens a second: mesh A's side panel (a2a:<task> at A) shows its
+    text while A's turn is still running."""
+    a, _ = meshes
+    turn, _, task_id = await _start_chat(a, "invoke peer-echo: slow please")
+    seen = await asyncio.wait_for(_panel_until(a, task_id, "slowly"), 10)
+    assert "slowly" in seen and not turn.done()
+    result = tool_result(await turn)
+    assert result["ok"] is True and result["output"] == "slowly one two three four five six"
