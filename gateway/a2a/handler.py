@@ -13,6 +13,7 @@ the mesh does better than a handler whose tasks live in one process:
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncGenerator
 
 import grpc
@@ -48,10 +49,28 @@ def handler_card() -> a2a.AgentCard:
         name="agentmesh",
         description="the agents of an agentmesh gateway",
         version="1",
+        supported_interfaces=[
+            a2a.AgentInterface(url="/a2a", protocol_binding="JSONRPC", protocol_version="1.0")
+        ],
         capabilities=a2a.AgentCapabilities(streaming=True),
         default_input_modes=["text/plain"],
         default_output_modes=["text/plain"],
+        skills=[
+            a2a.AgentSkill(id="agents", name="agents", description="every public agent", tags=["agentmesh"])
+        ],
     )
+
+
+class _TaskExists(logging.Filter):
+    """Drops the SDK's "Task ... already exists. Ignoring task replacement." (an error-level line per
+    task): our TaskStore has the row from the moment the request names the task (InboundTasks creates
+    it), so the executor's first Task event, which the stream still needs, is always a replacement."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "already exists. Ignoring task replacement" not in record.getMessage()
+
+
+logging.getLogger("a2a.server.agent_execution.active_task").addFilter(_TaskExists())
 
 
 class MeshRequestHandler(DefaultRequestHandler):

@@ -9,11 +9,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from a2a.client import ClientCallContext, ClientConfig, ClientFactory
 from a2a.client.auth import AuthInterceptor
 from a2a.client.card_resolver import A2ACardResolver
+from a2a.compat.v0_3.grpc_transport import CompatGrpcTransport
 from a2a.types import a2a_pb2 as a2a
 from a2a.utils.constants import TransportProtocol
 
@@ -120,6 +122,11 @@ async def test_follow_up_continues_the_trace_and_get_list(mesh: Mesh) -> None:
     page = await client.list_tasks(a2a.ListTasksRequest(context_id=context_id, page_size=1))
     assert len(page.tasks) == 1 and page.next_page_token
     await client.close()
+    blocking = await sdk_client(f"{mesh.url}/a2a/echo", mesh.api_key, streaming=False)  # SendMessage
+    (answer,) = [r async for r in blocking.send_message(text_message("three", context_id=context_id))]
+    assert answer.task.status.state == a2a.TASK_STATE_COMPLETED
+    assert "".join(p.text for p in answer.task.artifacts[0].parts) == "echo: three"
+    await blocking.close()
     other = await sdk_client(f"{mesh.url}/a2a/streamer", mesh.api_key)
     with pytest.raises(Exception) as missing:  # a task of another agent is not this agent's
         await other.get_task(a2a.GetTaskRequest(id=first[0].task.id))
@@ -187,6 +194,26 @@ async def test_v0_3_clients(mesh: Mesh) -> None:
     assert text_of(responses) == "echo: legacy" and state_of(responses[-1]) == a2a.TASK_STATE_COMPLETED
     got = await client.get_task(a2a.GetTaskRequest(id=responses[0].task.id))
     assert got.status.state == a2a.TASK_STATE_COMPLETED
+    await client.close()
+    # v0.3 over gRPC (v0.3 requests name no tenant: the default agent answers).
+    grpc_url = next(
+        i.url for i in (await resolver.get_agent_card()).supported_interfaces if i.protocol_binding == "GRPC"
+    )
+    legacy_grpc = a2a.AgentCard()
+    legacy_grpc.CopyFrom(card)
+    del legacy_grpc.supported_interfaces[:]
+    legacy_grpc.supported_interfaces.append(
+        a2a.AgentInterface(url=grpc_url, protocol_binding="GRPC", protocol_version="0.3")
+    )
+    grpc_factory = ClientFactory(
+        ClientConfig(supported_protocol_bindings=["GRPC"], grpc_channel_factory=grpc.aio.insecure_channel)
+    )
+    # (registered by hand: whether the factory finds the compat transport depends on the SDK's import order)
+    grpc_factory.register("GRPC", CompatGrpcTransport.create)
+    client = grpc_factory.create(legacy_grpc, interceptors=[AuthInterceptor(Key(mesh.api_key))])
+    assert isinstance(client._transport, CompatGrpcTransport)
+    responses = [r async for r in client.send_message(text_message("legacy grpc"))]
+    assert text_of(responses) == "default reply" and state_of(responses[-1]) == a2a.TASK_STATE_COMPLETED
     await client.close()
     # And the v0.3 method names on the wire.
     async with httpx.AsyncClient(
