@@ -163,7 +163,7 @@ class MeshAgentExecutor(AgentExecutor):
             )
             turn = asyncio.create_task(self._turn(spec), name=f"a2a-turn:{task.id}")
             try:
-                await self._follow(key, task, event_queue, turn)
+                await self._follow(key, task, event_queue, turn, self._deadline_s(spec))
             except asyncio.CancelledError:
                 await self._close(key, Cancelled("the task was cancelled"))
                 raise
@@ -172,12 +172,14 @@ class MeshAgentExecutor(AgentExecutor):
                     turn.cancel()
                 await asyncio.gather(turn, return_exceptions=True)
 
+    def _deadline_s(self, spec: orc.RunTurnRequest) -> float:
+        return spec.timeout_ms / 1000 + GRACE_S if spec.timeout_ms else self.settings.turn_timeout_s
+
     async def _turn(self, spec: orc.RunTurnRequest) -> MeshError | None:
         """The turn to its end: None when it completed, else why not. A turn that could not run ends its
         buffer here (the turn engine ends it when it ran)."""
-        timeout_s = spec.timeout_ms / 1000 + GRACE_S if spec.timeout_ms else self.settings.turn_timeout_s
         try:
-            resp = await self.clients.orchestrator.RunTurn(spec, timeout=timeout_s)
+            resp = await self.clients.orchestrator.RunTurn(spec, timeout=self._deadline_s(spec))
         except grpc.aio.AioRpcError as exc:
             err = from_rpc_error(exc)
             await self._close(spec.stream_key, err)
@@ -189,15 +191,18 @@ class MeshAgentExecutor(AgentExecutor):
             await self.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=err.to_event()))
 
     async def _follow(
-        self, key: str, task: tp.A2ATask, queue: EventQueue, turn: asyncio.Task[MeshError | None]
+        self,
+        key: str,
+        task: tp.A2ATask,
+        queue: EventQueue,
+        turn: asyncio.Task[MeshError | None],
+        deadline_s: float,
     ) -> None:
         """The buffer's events as A2A events until its terminal one, which ends the task."""
         first_text = True
-        request = ss.SubscribeStreamRequest(key=key, idle_timeout_ms=int(self.settings.turn_timeout_s * 1000))
+        request = ss.SubscribeStreamRequest(key=key, idle_timeout_ms=int(deadline_s * 1000))
         try:
-            async for resp in self.clients.stream.SubscribeStream(
-                request, timeout=self.settings.turn_timeout_s
-            ):
+            async for resp in self.clients.stream.SubscribeStream(request, timeout=deadline_s + GRACE_S):
                 event = resp.event
                 if events.is_terminal(event):
                     if event.HasField("error") and event.error.code == ev.ERROR_CODE_CANCELLED:

@@ -73,8 +73,12 @@ class MeshTaskStore(TaskStore):
         )
         full = params.include_artifacts or params.history_length > 0
         tasks = [await self.to_a2a(row, with_messages=full) for row in resp.tasks]
+        whole = not params.page_token and not resp.next_page_token  # one page holds them all
         return a2a.ListTasksResponse(
-            tasks=tasks, next_page_token=resp.next_page_token, page_size=len(tasks), total_size=len(tasks)
+            tasks=tasks,
+            next_page_token=resp.next_page_token,
+            page_size=len(tasks),
+            total_size=len(tasks) if whole else 0,
         )
 
     async def delete(self, task_id: str, context: ServerCallContext) -> None:
