@@ -32,16 +32,23 @@ from a2a.client.auth import AuthInterceptor
 from a2a.client.auth.credentials import CredentialService
 from a2a.client.card_resolver import A2ACardResolver
 from a2a.client.client import Client
-from a2a.client.errors import A2AClientTimeoutError
+from a2a.client.errors import A2AClientError, A2AClientTimeoutError
 from a2a.types import a2a_pb2 as a2a
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, TransportProtocol
-from a2a.utils.errors import A2AError
+from a2a.utils.errors import (
+    A2AError,
+    ContentTypeNotSupportedError,
+    InvalidParamsError,
+    InvalidRequestError,
+    TaskNotFoundError,
+)
 
 from libs import telemetry
 from libs.a2a import DEPTH_KEY, FINAL_A2A_STATES, TRACEPARENT_KEY, USAGE_KEY
 from libs.errors import (
     Cancelled,
     DeadlineExceeded,
+    InvalidArgument,
     MeshError,
     NotFound,
     RemoteFailed,
@@ -113,8 +120,12 @@ def _error(exc: BaseException, what: str) -> MeshError:
     text = str(exc)
     if "UNAUTHENTICATED" in text or "HTTP Error 401" in text:
         return Unauthenticated(f"{what}: the remote agent refused our credentials")
-    if isinstance(exc, A2AError) and "not found" in text.lower():
-        return NotFound(f"{what}: {text}")
+    if isinstance(exc, A2AError) and not isinstance(exc, A2AClientError):  # the remote's own answer
+        if isinstance(exc, TaskNotFoundError):
+            return NotFound(f"{what}: {text}")
+        if isinstance(exc, InvalidParamsError | InvalidRequestError | ContentTypeNotSupportedError):
+            return InvalidArgument(f"{what}: {text}")
+        return RemoteFailed(f"{what}: {text or type(exc).__name__}")
     return Unavailable(f"{what}: {text or type(exc).__name__}")
 
 

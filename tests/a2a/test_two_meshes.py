@@ -135,3 +135,13 @@ async def test_remote_text_reaches_the_callers_panel_before_the_turn_ends(meshes
     assert "slowly" in seen and not turn.done()
     result = tool_result(await turn)
     assert result["ok"] is True and result["output"] == "slowly one two three four five six"
+
+
+async def test_continue_from_an_unknown_remote_trace(meshes: tuple[Mesh, Mesh]) -> None:
+    a, b = meshes
+    port = b.url.rsplit(":", 1)[1]
+    result = tool_result(await chat(a, "general", f"continue agent://127.0.0.1:{port}/no-such-trace hi"))
+    assert result["ok"] is False and result["code"] == "invalid_argument", result
+    assert "unknown contextId" in result["error"]
+    elsewhere = tool_result(await chat(a, "general", "continue agent://other.example/some-trace hi"))
+    assert elsewhere["ok"] is False and elsewhere["code"] == "invalid_argument"  # not this agent's home
