@@ -53,6 +53,7 @@ class InvokeResult:
     task_id: str
     trace_id: str
     error: MeshError | None = None
+    local_trace_id: str = ""  # a remote callee: our copy of the exchange (traceId names the remote's)
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -61,6 +62,8 @@ class InvokeResult:
             "taskId": self.task_id,
             "traceId": self.trace_id,
         }
+        if self.local_trace_id:
+            out["localTraceId"] = self.local_trace_id
         if self.error is not None:
             out["error"] = self.error.message
             out["code"] = self.error.code_name
@@ -322,7 +325,14 @@ class RemoteCallee:
             raise
         except MeshError as err:
             await to_the_end(self._settle(ctx, key, task, placeholder, callee, streamed, meta, err))
-            return InvokeResult("".join(streamed), False, task.id, self._ref(remote, meta), error=err)
+            return InvokeResult(
+                "".join(streamed),
+                False,
+                task.id,
+                self._ref(remote, meta),
+                error=err,
+                local_trace_id=task.trace_id,
+            )
         usage = ev.Usage(input_tokens=reply.input_tokens, output_tokens=reply.output_tokens)
         await rpc(
             ctx.clients.trace.UpdateMessage(
@@ -345,7 +355,7 @@ class RemoteCallee:
         await callee.aclose()
         await rpc(ctx.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, done=ev.StreamDone())))
         await LocalCallee._state(ctx, task.id, tp.TASK_STATE_COMPLETED)
-        return InvokeResult(reply.text, True, task.id, self._ref(remote, meta))
+        return InvokeResult(reply.text, True, task.id, self._ref(remote, meta), local_trace_id=task.trace_id)
 
     @staticmethod
     def _ref(remote: RemoteAgent, meta: dict[str, Any]) -> str:

@@ -133,6 +133,7 @@ async def test_remote_agent_streams_and_persists(mesh: Mesh, remote: Remote) -> 
     assert "remote says: world" in text  # the caller's turn went on with the result
     task = await task_row(mesh, result["taskId"])
     assert task.state == tp.TASK_STATE_COMPLETED and task.callee_agent == "remote-echo"
+    assert result["localTraceId"] == task.trace_id  # what the web UI's "open" shows
     messages = await messages_of(mesh, task.trace_id)
     assert [(m.role, m.source, m.a2a_task_id) for m in messages] == [
         (tp.MESSAGE_ROLE_USER, tp.MESSAGE_SOURCE_A2A, task.id),
