@@ -39,6 +39,14 @@ RULES: dict[str, Any] = {
             "tool_calls": [{"name": "agent-invoke", "arguments": {"agentSlug": "{slug}", "input": "{rest}"}}],
         },
         {"system": r"\[general\]", "after_tool": True, "text": "Result: {tool_results}"},
+        {
+            "system": r"\[impatient\]",
+            "after_tool": False,
+            "tool_calls": [
+                {"name": "agent-invoke", "arguments": {"agentSlug": "remote-echo", "input": "{user}"}}
+            ],
+        },
+        {"system": r"\[impatient\]", "after_tool": True, "text": "Result: {tool_results}"},
     ],
     "default": {"text": "default reply"},
 }
@@ -271,3 +279,16 @@ async def test_a_remote_that_dies_mid_stream(mesh: Mesh, doomed_port: int) -> No
     assert task.state == tp.TASK_STATE_FAILED
     messages = await messages_of(mesh, task.trace_id)
     assert messages[-1].status == tp.MESSAGE_STATUS_FAILED and messages[-1].content == "about to die"
+
+
+async def test_a_remote_past_the_deadline_is_a_timeout_and_is_cancelled(mesh: Mesh, remote: Remote) -> None:
+    """impatient gives a callee 1 s (invoke.timeoutMs); the remote agent waits for a gate never opened."""
+    gate = f"never-{mesh.settings.stream.backend}"
+    before = len(remote.cancelled)
+    events = await chat(mesh, "impatient", f"wait {gate}")
+    result = tool_result(events)
+    assert result["ok"] is False and result["code"] == "timeout", result
+    assert result["output"] == f"waiting for {gate}"  # what streamed before the deadline is kept
+    assert any(e["type"] == "done" for e in events)
+    await wait_until(lambda: len(remote.cancelled) > before, what="CancelTask at the remote")
+    assert (await task_row(mesh, result["taskId"])).state == tp.TASK_STATE_FAILED

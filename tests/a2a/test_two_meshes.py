@@ -110,6 +110,13 @@ async def test_meshes_call_each_other(meshes: tuple[Mesh, Mesh], direction: str)
         (tp.MESSAGE_ROLE_USER, tp.MESSAGE_SOURCE_A2A, "ping"),
         (tp.MESSAGE_ROLE_ASSISTANT, tp.MESSAGE_SOURCE_A2A, "echo: ping"),
     ]
+    assert caller.clients is not None
+    with identity.acting_as(caller.user):  # our copy of the exchange, with the usage the callee reported
+        copy = (
+            await caller.clients.trace.ListMessages(ts.ListMessagesRequest(trace_id=result["localTraceId"]))
+        ).messages
+    assert copy[-1].content == "echo: ping" and copy[-1].usage.output_tokens > 0
+    assert copy[-1].metadata["remoteContextId"] == ref.id
     again = tool_result(await chat(caller, "general", f"continue {result['traceId']} pong"))
     assert again["ok"] is True and again["traceId"] == result["traceId"]
     assert len(await _task_at(callee, user_at_callee, ref.id)) == 4  # the same remote trace went on
