@@ -97,7 +97,7 @@ def _error(exc: BaseException, what: str) -> MeshError:
     """An a2a-sdk client failure as one of our errors (by its cause: HTTP status, network, gRPC code)."""
     if isinstance(exc, MeshError):
         return exc
-    if isinstance(exc, A2AClientTimeoutError | asyncio.TimeoutError | httpx.TimeoutException):
+    if isinstance(exc, A2AClientTimeoutError | TimeoutError | httpx.TimeoutException):
         return DeadlineExceeded(f"{what}: no answer in time")
     cause: BaseException | None = exc
     while cause is not None:
