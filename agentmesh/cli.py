@@ -131,6 +131,8 @@ def _up(args: argparse.Namespace) -> int:
             flush=True,
         )
         print(f'        -d \'{{"agent": "general", "message": "hello"}}\' {url}/api/chat\n', flush=True)
+        a2a_grpc = f", gRPC at {settings.a2a.grpc_listen}" if settings.a2a.grpc_listen else ""
+        print(f"  A2A: agent cards at {url}/a2a/<slug>/.well-known/agent-card.json{a2a_grpc}\n", flush=True)
         print("  Ctrl-C stops everything.", flush=True)
         while not stop:
             supervisor.poll()

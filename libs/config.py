@@ -90,6 +90,15 @@ class FederationSettings(BaseModel):
     down_s: float = 2.0
 
 
+class A2ASettings(BaseModel):
+    """The gateway's A2A server (gateway/a2a): the gRPC binding's own port and what agent cards say."""
+
+    grpc_listen: str = "127.0.0.1:50055"  # where the gateway serves lf.a2a.v1.A2AService; empty: not at all
+    grpc_url: str = ""  # the gRPC address cards advertise; empty: the bound address
+    public_url: str = ""  # the gateway's base URL in cards (behind a proxy); empty: the request's
+    default_agent: str = "general"  # the agent of GET /.well-known/agent-card.json
+
+
 class MeshSettings(BaseSettings):
     """Everything a service reads at start; passed in, never read twice."""
 
@@ -110,6 +119,7 @@ class MeshSettings(BaseSettings):
     subagent: SubagentDefaults = Field(default_factory=SubagentDefaults)
     peers: str = ""  # the peer registry file (libs/peers.py); empty: no peers, nothing is contacted
     federation: FederationSettings = Field(default_factory=FederationSettings)
+    a2a: A2ASettings = Field(default_factory=A2ASettings)
     rpc_timeout_s: float = 10.0  # deadline of every unary RPC
     stream_rpc_timeout_s: float = 3600.0  # deadline of every server-streaming RPC
     # A server sends GOAWAY to a connection this old (in-flight calls finish on it), so clients

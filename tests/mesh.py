@@ -25,7 +25,7 @@ from gateway.app import create_app
 from gateway.server import http_limits
 from libs import embedded_http, identity
 from libs.clients import Clients
-from libs.config import Addresses, LLMSettings, MeshSettings, StreamSettings
+from libs.config import A2ASettings, Addresses, LLMSettings, MeshSettings, StreamSettings
 from libs.identity import Signer
 from libs.rpc import ServiceServer
 from services.agent_runtime import server as runtime_server
@@ -138,6 +138,7 @@ async def start_mesh(
         ),
         "shutdown_grace_s": 2.0,
         "log_json": False,
+        "a2a": A2ASettings(grpc_listen=ANY_PORT),  # never the default port of a running mesh
     }
     if redis_url:
         values["redis_url"] = redis_url
@@ -367,6 +368,7 @@ def process_env(data_dir: Path, ports: Ports, **extra: str) -> dict[str, str]:
         AGENTMESH_ADDRESSES__AGENT_RUNTIME=f"127.0.0.1:{ports.take()}",
         AGENTMESH_ADDRESSES__ORCHESTRATOR=f"127.0.0.1:{ports.take()}",
         AGENTMESH_GATEWAY_PORT=str(ports.take()),
+        AGENTMESH_A2A__GRPC_LISTEN=f"127.0.0.1:{ports.take()}",
         **extra,
     )
     return env

@@ -1,14 +1,15 @@
 """agent-invoke of a peer's agent (seed cross-device-trace-storage, "agent工具修改"): `agentSlug:
 "@alias/slug"` names agent `slug` of the registered peer `alias` (only registered peers are called).
 
-- without continueFrom: the peer runs a new turn of its agent (POST /api/chat on its gateway);
+- without continueFrom: a new call over A2A, to `{peer url}/a2a/{slug}` with the peer's key
+  (services/agent_runtime/a2a_client.py, through invoke.RemoteCallee);
 - with continueFrom `@alias/id` (or `agent://...` of the same peer): the peer continues that trace
-  there (POST /api/traces/{id}/run);
+  there (POST /api/traces/{id}/run, SSE relayed into this call's own buffer `a2a:<task>`);
 
-either way the events stream back as SSE and are relayed into this call's own buffer `a2a:<task>`, so
-the caller's side panel follows the peer's agent live, and the tool returns the location-bearing id of
-the peer's trace with `remote: true`. (A continueFrom of a peer's trace with one of OUR agents is not
-this: the trace service runs it on its cached copy and sends the turn home.)
+either way the caller's side panel follows the peer's agent live, and the tool returns the
+location-bearing id of the peer's trace (`@alias/<id>`) with `remote: true`. (A continueFrom of a
+peer's trace with one of OUR agents is not this: the trace service runs it on its cached copy and
+sends the turn home.)
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class PeerCallee:
     async def run(self, ctx: ToolContext, text: str, continue_from: str, depth: int) -> Any:
         from services.agent_runtime.invoke import InvokeResult
 
+        if not continue_from:
+            return await self._over_a2a(ctx, text, depth)
         target = ""
         if continue_from:
             ref = TraceRef.parse(continue_from)
@@ -124,6 +127,30 @@ class PeerCallee:
             return InvokeResult(output, True, task.id, home, remote=True)
         await to_the_end(self._settle(ctx, key, task.id, failure))
         return InvokeResult(output, False, task.id, home, error=failure, remote=True)
+
+    async def _over_a2a(self, ctx: ToolContext, text: str, depth: int) -> Any:
+        """A new call: the peer's agent over A2A (`{url}/a2a/{slug}`, the peer's key as the Bearer
+        token), through the A2A client's RemoteCallee: live into our buffer, our copy of the exchange
+        (localTraceId); the id handed out is the peer's trace in the short form, @alias/<contextId>."""
+        from agentmesh.agents.v1 import agent_pb2 as ap
+        from services.agent_runtime.a2a_client import agent_url
+        from services.agent_runtime.invoke import RemoteCallee
+
+        self.peer.api_key()  # an unset credential variable fails here, before anything is created
+        agent = ap.Agent(
+            slug=self.name,
+            name=f"{self.slug} ({self.peer.alias})",
+            remote=ap.RemoteAgent(
+                card_url=agent_url(self.peer.url, self.slug), credential_env=self.peer.credential
+            ),
+        )
+        result = await RemoteCallee(agent).run(ctx, text, "", depth)
+        if result.trace_id:
+            result.trace_id = str(self.peer.ref(TraceRef.parse(result.trace_id).id))
+        if result.error is not None:  # say which peer
+            result.error = type(result.error)(f"{self.name}: {result.error.message}")
+        result.remote = True
+        return result
 
     async def _relay(
         self, ctx: ToolContext, key: str, text: str, target: str

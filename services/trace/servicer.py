@@ -20,7 +20,7 @@ from libs.errors import InvalidArgument, PermissionDenied, grpc_errors
 from libs.identity import current, current_user
 from services.trace.agent_handler import AgentHandler
 from services.trace.handler import TraceHandler
-from services.trace.store.base import Deleted, KeyStore, LeaseStore, MessageQuery
+from services.trace.store.base import Deleted, InboundTaskQuery, KeyStore, LeaseStore, MessageQuery
 
 Ctx: TypeAlias = grpc.aio.ServicerContext
 
@@ -158,9 +158,19 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
 
     @grpc_errors
     async def ListA2ATasks(self, request: ts.ListA2ATasksRequest, context: Ctx) -> ts.ListA2ATasksResponse:
-        return ts.ListA2ATasksResponse(
-            tasks=await self.h.tasks.list_tasks(current_user(), request.caller_session_id)
+        if request.caller_session_id:
+            return ts.ListA2ATasksResponse(
+                tasks=await self.h.tasks.list_tasks(current_user(), request.caller_session_id)
+            )
+        query = InboundTaskQuery(
+            callee_agent=request.callee_agent,
+            trace_id=request.trace_id,
+            state=request.state,
+            page_size=request.page_size,
+            page_token=request.page_token,
         )
+        tasks, token = await self.h.tasks.list_inbound_tasks(current_user(), query)
+        return ts.ListA2ATasksResponse(tasks=tasks, next_page_token=token)
 
     @grpc_errors
     async def CreateSubagentSessions(

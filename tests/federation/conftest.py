@@ -156,6 +156,8 @@ def _catalog(tmp: Path) -> Path:
     for agent in data["agents"]:
         if agent["slug"] == "general":
             agent["invoke"]["allowedCallees"] += ["@orgb/coder", "@orga/coder", "@orgbp/coder"]
+        if agent["slug"] == "coder":
+            agent["public"] = True  # served over A2A to other meshes
     path = tmp / "catalog.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

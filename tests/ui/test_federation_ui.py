@@ -1,7 +1,7 @@
-"""The side panel with a peer's agent, in a real browser: an agent-invoke of `@orgb/coder` opens the
-panel and its text grows live (relayed from the other mesh) before the tool ends; from the history the
-call opens the peer's trace (read through this mesh's trace API, by its location-bearing id), and with
-the peer gone it still opens, from the cached copy, saying so."""
+"""The side panel with a peer's agent, in a real browser: an agent-invoke of `@orgb/coder` (over A2A)
+opens the panel and its text grows live before the tool ends; from the history the call opens our copy
+of the exchange, a continuation there (the peer's /run) opens the peer's trace through this mesh's trace
+API by its location-bearing id, and with the peer gone it still opens, from the cached copy, saying so."""
 
 from __future__ import annotations
 
@@ -23,6 +23,17 @@ from tests.ui.test_ui import T, send, sign_in
 STORY = "A story from the other mesh: " + " ".join(f"word{i}" for i in range(60))
 RULES: dict[str, Any] = {
     "rules": [
+        {
+            "system": r"\[general\]",
+            "user": r"continue (?P<slug>\S+) (?P<trace>\S+): (?P<rest>.*)",
+            "after_tool": False,
+            "tool_calls": [
+                {
+                    "name": "agent-invoke",
+                    "arguments": {"agentSlug": "{slug}", "input": "{rest}", "continueFrom": "{trace}"},
+                }
+            ],
+        },
         {
             "system": r"\[general\]",
             "user": r"invoke (?P<slug>\S+): (?P<rest>.*)",
@@ -52,6 +63,8 @@ async def pair(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Pair]:
     for agent in catalog["agents"]:
         if agent["slug"] == "general":
             agent["invoke"]["allowedCallees"].append("@orgb/coder")
+        if agent["slug"] == "coder":
+            agent["public"] = True  # served over A2A to other meshes
     (tmp / "catalog.yaml").write_text(yaml.safe_dump(catalog))
     (tmp / "peers.yaml").write_text(
         yaml.safe_dump({"peers": {"orgb": {"url": f"http://127.0.0.1:{b_port}", "credential": env}}})
@@ -83,23 +96,37 @@ async def test_the_panel_follows_a_peers_agent_and_reopens_its_trace(
     await expect(panel_text).to_contain_text("word59")
     await expect(reply.locator(".content")).to_have_text("All done.", timeout=T)
 
-    # from the history: the call's trace is the peer's, opened by its @orgb/<id>
+    # the first call went over A2A: the history opens our copy of the exchange (localTraceId)
     await page.reload()
-    invoke = page.locator(".msg.assistant").first.locator('.tool[data-tool="agent-invoke"]')
-    async with page.expect_response(lambda r: "/api/traces/%40orgb%2F" in r.url) as opened:
-        await invoke.locator(".open-trace").click()
-    assert (await opened.value).status == 200
+    first = page.locator(".msg.assistant").first.locator('.tool[data-tool="agent-invoke"]')
+    await first.locator(".open-trace").click()
     panel = page.locator("#invoke-panel")
+    await expect(panel.locator(".panel-text")).to_contain_text("word59", timeout=T)
+
+    # continue the peer's trace with the peer's agent (its /run); this call's trace is the peer's
+    async with pair.cloud.http() as http:
+        session = (await http.get("/api/sessions")).json()["sessions"][0]["id"]
+        messages = (await http.get(f"/api/sessions/{session}/messages")).json()["messages"]
+    calls = [c for m in messages for c in (m.get("metadata") or {}).get("toolCalls", [])]
+    ref = calls[0]["output"]["traceId"]
+    assert ref.startswith("@orgb/"), calls[0]
+    reply = await send(page, f"continue @orgb/coder {ref}: and then?")
+    await expect(reply.locator(".content")).to_have_text("All done.", timeout=T)
+    await page.reload()
+    second = page.locator(".msg.assistant").last.locator('.tool[data-tool="agent-invoke"]')
+    async with page.expect_response(lambda r: "/api/traces/%40orgb%2F" in r.url) as opened:
+        await second.locator(".open-trace").click()
+    assert (await opened.value).status == 200
     await expect(panel.locator(".panel-task")).to_contain_text("tell me a story")
     await expect(panel.locator(".panel-text")).to_contain_text("word59", timeout=T)
     await expect(page.locator("#invoke-status")).to_have_text("done")
 
-    # the peer goes away: the trace still opens, from the cached copy, and says so
+    # the peer goes away: the peer's trace still opens, from the cached copy, and says so
     assert pair.orgb.gateway is not None
     await pair.orgb.gateway.stop()
     pair.orgb.gateway = None
     await page.reload()
-    invoke = page.locator(".msg.assistant").first.locator('.tool[data-tool="agent-invoke"]')
-    await invoke.locator(".open-trace").click()
+    second = page.locator(".msg.assistant").last.locator('.tool[data-tool="agent-invoke"]')
+    await second.locator(".open-trace").click()
     await expect(panel.locator(".panel-text")).to_contain_text("cached copy", timeout=T)
     await expect(panel.locator(".panel-text")).to_contain_text("word59")

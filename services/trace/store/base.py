@@ -162,6 +162,17 @@ class CopyStore(abc.ABC):
         """Removes the outbox (sent home, or given up)."""
 
 
+@dataclass(frozen=True)
+class InboundTaskQuery:
+    """Which inbound tasks to list: filters (empty: any) and the page."""
+
+    callee_agent: str = ""
+    trace_id: str = ""
+    state: int = 0
+    page_size: int = 0
+    page_token: str = ""
+
+
 class TaskStore(abc.ABC):
     """Agent-invoke tasks (seed 1's a2aTaskSessions)."""
 
@@ -179,6 +190,11 @@ class TaskStore(abc.ABC):
     @abc.abstractmethod
     async def list_tasks(self, owner: str, caller_session_id: str) -> list[tp.A2ATask]:
         """The tasks a caller session started, oldest first."""
+
+    @abc.abstractmethod
+    async def list_inbound_tasks(self, owner: str, query: InboundTaskQuery) -> tuple[list[tp.A2ATask], str]:
+        """The owner's inbound tasks (no session of the mesh started them: A2A clients' calls), newest
+        first, one page; with the next page's token ("" on the last)."""
 
 
 class SubagentStore(abc.ABC):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from agentmesh.trace.v1 import trace_pb2 as tp
 from libs.errors import FailedPrecondition, InvalidArgument
 from services.trace import domain
-from services.trace.store.base import TaskStore
+from services.trace.store.base import InboundTaskQuery, TaskStore
 from services.trace.store.sql.common import (
     TASK_STATE,
     Database,
@@ -20,7 +20,7 @@ from services.trace.store.sql.common import (
     number_of,
     task_pb,
 )
-from services.trace.store.sql.models import A2ATaskRow, SessionRow
+from services.trace.store.sql.models import A2ATaskRow, SessionRow, User
 
 
 class SqlTaskStore(TaskStore):
@@ -109,3 +109,33 @@ class SqlTaskStore(TaskStore):
                 .order_by(A2ATaskRow.created_at, A2ATaskRow.id)
             )
             return [task_pb(r, owner) for r in rows]
+
+    async def list_inbound_tasks(self, owner: str, query: InboundTaskQuery) -> tuple[list[tp.A2ATask], str]:
+        domain.need_owner(owner)
+        size = domain.page_size(query.page_size)
+        stmt = (
+            select(A2ATaskRow)
+            .join(User, User.id == A2ATaskRow.user_id)
+            .where(User.name == owner, A2ATaskRow.caller_session_id.is_(None))
+        )
+        if query.callee_agent:
+            stmt = stmt.where(A2ATaskRow.session.has(SessionRow.agent == query.callee_agent))
+        if query.trace_id:
+            stmt = stmt.where(A2ATaskRow.session_id == query.trace_id)
+        if query.state:
+            stmt = stmt.where(A2ATaskRow.state == name_of(TASK_STATE, query.state, "state"))
+        if query.page_token:
+            stamp, last_id = domain.decode_page_token(query.page_token)
+            stmt = stmt.where(
+                or_(
+                    A2ATaskRow.created_at < stamp,
+                    and_(A2ATaskRow.created_at == stamp, A2ATaskRow.id < last_id),
+                )
+            )
+        stmt = stmt.order_by(A2ATaskRow.created_at.desc(), A2ATaskRow.id.desc()).limit(size + 1)
+        async with self.db.read() as db:
+            rows = list(await db.scalars(stmt))
+        more = len(rows) > size
+        rows = rows[:size]
+        token = domain.encode_page_token(rows[-1].created_at, rows[-1].id) if more else ""
+        return [task_pb(r, owner) for r in rows], token

@@ -1,4 +1,4 @@
-"""Scenario F (federation): the time of `GET /api/traces/{id}/messages` for a 1,000-message trace read
+"""Scenario G (federation): the time of `GET /api/traces/{id}/messages` for a 1,000-message trace read
 three ways in the same run, by two meshes on loopback (each with its own SQLite database):
 
 - local: on the mesh where the trace lives;
@@ -6,7 +6,7 @@ three ways in the same run, by two meshes on loopback (each with its own SQLite 
   (the first, cold read that fetches all 1,000 messages is reported apart);
 - cache: through the other mesh while the peer is down (`stale: true`, answered from the copy).
 
-`python -m tests.bench.scenario_f [--rounds N]`, or `make bench` (scenario F of tests/bench/run.py).
+`python -m tests.bench.scenario_g [--rounds N]`, or `make bench` (scenario G of tests/bench/run.py).
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ def _dist(values: list[float]) -> dict[str, float]:
 async def run(rounds: int = 20, work: Path | None = None) -> dict[str, Any]:
     from tests.mesh import Ports, start_mesh
 
-    tmp = Path(work or tempfile.mkdtemp(prefix="bench-f-"))
+    tmp = Path(work or tempfile.mkdtemp(prefix="bench-g-"))
     ports = Ports()
     home_port, reader_port = ports.take(), ports.take()
-    env_name = f"BENCH_F_{uuid.uuid4().hex[:8].upper()}"
+    env_name = f"BENCH_G_{uuid.uuid4().hex[:8].upper()}"
     peers = tmp / "peers.yaml"
     peers.write_text(
         yaml.safe_dump({"peers": {"home": {"url": f"http://127.0.0.1:{home_port}", "credential": env_name}}})
@@ -108,14 +108,14 @@ async def run(rounds: int = 20, work: Path | None = None) -> dict[str, Any]:
 
 def markdown(r: dict[str, Any]) -> list[str]:
     if "failed" in r:
-        return ["## F: federation reads", "", f"failed: {r['failed']}", ""]
+        return ["## G: federation reads", "", f"failed: {r['failed']}", ""]
     rows = [
         ("local (the trace's own mesh)", r["local"]),
         ("remote (through a peer, incremental sync)", r["remote"]),
         ("cache (through a peer that is down, stale)", r["cache_peer_down"]),
     ]
     lines = [
-        "## F: federation reads",
+        "## G: federation reads",
         "",
         f"`GET /api/traces/{{id}}/messages?limit={r['messages']}` of a {r['messages']}-message trace, "
         f"{r['rounds']} reads each, same run (the first remote read, which fetches and stores all of it: "
