@@ -155,12 +155,9 @@ class PeerCallee:
     async def _relay(
         self, ctx: ToolContext, key: str, text: str, target: str
     ) -> tuple[str, str, MeshError | None]:
-        """Runs the peer's turn over SSE; its text and reasoning go into our buffer as they arrive.
-        (trace id at the peer, the output, the failure or None)."""
-        if target:
-            path, body = self.client.trace_path(target, "/run"), {"input": text, "agent": self.slug}
-        else:
-            path, body = "/api/chat", {"agent": self.slug, "message": text}
+        """Continues the peer's trace `target` there (its /run, SSE); the text and reasoning go into our
+        buffer as they arrive. (trace id at the peer, the output, the failure or None)."""
+        path, body = self.client.trace_path(target, "/run"), {"input": text, "agent": self.slug}
         trace_id, parts, failure = target, [], None
         async with self.client.stream(path, body) as resp:
             async for line in resp.aiter_lines():

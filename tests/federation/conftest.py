@@ -150,12 +150,20 @@ class Fed:
     redirector: Canary  # registered as `redir`: answers 302 to the canary
 
 
-def _catalog(tmp: Path) -> Path:
-    """The test catalog, with remote callees allowed for `general`."""
+def _catalog(tmp: Path, b_port: int, b_key_env: str) -> Path:
+    """The test catalog, with remote callees allowed for `general`: peers' agents by alias, and
+    `b-coder`, org B's coder catalogued as a remote A2A agent (its card at B's gateway)."""
     data = yaml.safe_load(TEST_CATALOG.read_text())
+    data["agents"].append(
+        {
+            "slug": "b-coder",
+            "name": "B's coder over A2A",
+            "remote": {"cardUrl": f"http://127.0.0.1:{b_port}/a2a/coder", "credentialEnv": b_key_env},
+        }
+    )
     for agent in data["agents"]:
         if agent["slug"] == "general":
-            agent["invoke"]["allowedCallees"] += ["@orgb/coder", "@orga/coder", "@orgbp/coder"]
+            agent["invoke"]["allowedCallees"] += ["@orgb/coder", "@orga/coder", "@orgbp/coder", "b-coder"]
         if agent["slug"] == "coder":
             agent["public"] = True  # served over A2A to other meshes
     path = tmp / "catalog.yaml"
@@ -210,7 +218,7 @@ async def fed(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> AsyncIte
             }
         )
     )
-    catalog = _catalog(tmp)
+    catalog = _catalog(tmp, b_port, a_env)
     # short bounds; no down memo (a test takes a peer down and up again at once): test_peer_http.py has it
     fast = {"read_retries": 1, "backoff_s": 0.05, "timeout_s": 5.0, "connect_timeout_s": 1.0, "down_s": 0}
     meshes: list[Mesh] = []

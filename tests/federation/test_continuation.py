@@ -238,3 +238,27 @@ async def test_a_peer_dying_while_its_agent_streams(fed: Fed) -> None:
         resp = await http.get(f"/api/agents/a2a/stream?taskId={started['taskId']}")
     kinds = [line for line in resp.text.splitlines() if line.startswith("data:")]
     assert kinds and '"type": "error"' in kinds[-1].replace('"type":"error"', '"type": "error"'), kinds[-1:]
+
+
+async def test_a_catalogued_a2a_agents_trace_is_continued_here_when_its_host_is_a_peer(fed: Fed) -> None:
+    """`b-coder` is org B's coder in our catalog as a remote A2A agent: its call hands out
+    agent://host:port/<contextId>; that host is the registered peer `orgb`, so one of our agents can
+    continue the trace (read as history, appended at home), and b-coder itself continues it over A2A."""
+    first = tool_output(await chat(fed.cloud, "general", "remote-invoke b-coder catalogued"))
+    assert first["ok"] is True and first["remote"] is True, first
+    ref = first["traceId"]
+    port = fed.orgb.url.rsplit(":", 1)[1]
+    assert ref.startswith(f"agent://127.0.0.1:{port}/"), ref
+    home_id = ref.rsplit("/", 1)[1]
+    second = tool_output(await chat(fed.cloud, "general", f"remote-continue coder {ref} by us"))
+    assert second["ok"] is True, second
+    third = tool_output(await chat(fed.cloud, "general", f"remote-continue b-coder {ref} by them"))
+    assert third["ok"] is True, third
+    assert (await messages(fed.orgb, home_id))[-6:] == [
+        "catalogued",
+        "coder says: catalogued",
+        "by us",
+        "coder says: by us",
+        "by them",
+        "coder says: by them",
+    ]
