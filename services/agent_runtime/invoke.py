@@ -40,7 +40,14 @@ from libs.errors import (
 from libs.identity import current_user
 from libs.ids import TraceRef, a2a_key, shown
 from services.agent_runtime.a2a_client import RemoteAgent
-from services.agent_runtime.children import close_buffer, create_buffer, run_child
+from services.agent_runtime.children import (
+    close_buffer,
+    create_buffer,
+    create_task,
+    run_child,
+    set_task_state,
+    settle_task,
+)
 from services.agent_runtime.peer_agents import PeerCallee, parse_remote_slug
 from services.agent_runtime.sink import EventSink
 from services.agent_runtime.tools import A2A_CALLEE, ToolContext, ToolOutcome
@@ -87,26 +94,7 @@ class LocalCallee:
 
     async def run(self, ctx: ToolContext, text: str, continue_from: str, depth: int) -> InvokeResult:
         callee = self.agent
-        caller_context = {
-            "toolCallId": ctx.tool_call_id,
-            "depth": depth,
-            "anchorMessageId": ctx.anchor_message_id,
-        }
-        task = (
-            await rpc(
-                ctx.clients.trace.CreateA2ATask(
-                    ts.CreateA2ATaskRequest(
-                        task=tp.A2ATask(
-                            callee_agent=callee.slug,
-                            caller_agent=ctx.agent.slug,
-                            caller_session_id=ctx.trace_id,
-                            caller_context=events.struct(caller_context),
-                        ),
-                        continue_trace_id=continue_from,
-                    )
-                )
-            )
-        ).task
+        task = await create_task(ctx, callee.slug, depth, continue_trace_id=continue_from)
         with ctx.leases.hold(task=task.id, stream=a2a_key(task.id)):  # while this call runs it
             return await self._run(ctx, callee, task, text, depth)
 
@@ -131,7 +119,7 @@ class LocalCallee:
                     )
                 )
             )
-            await self._state(ctx, task.id, tp.TASK_STATE_WORKING)
+            await set_task_state(ctx, task.id, tp.TASK_STATE_WORKING)
             outcome = await run_child(
                 ctx,
                 orc.RunTurnRequest(
@@ -151,32 +139,19 @@ class LocalCallee:
                 ),
             )
         except asyncio.CancelledError:
-            await to_the_end(self._settle(ctx, key, task.id, Cancelled("the call was cancelled")))
+            await to_the_end(settle_task(ctx, key, task.id, Cancelled("the call was cancelled")))
             raise
         except MeshError as err:
-            await to_the_end(self._settle(ctx, key, task.id, err))
+            await to_the_end(settle_task(ctx, key, task.id, err))
             raise
         if outcome.ok:
             assert outcome.result is not None
-            await self._state(ctx, task.id, tp.TASK_STATE_COMPLETED)
+            await set_task_state(ctx, task.id, tp.TASK_STATE_COMPLETED)
             return InvokeResult(outcome.result.content, True, task.id, task.trace_id)  # @alias/id: remote
         failure = outcome.error or Internal("the callee failed")
         state = tp.TASK_STATE_CANCELED if isinstance(failure, Cancelled) else tp.TASK_STATE_FAILED
-        await self._state(ctx, task.id, state)
+        await set_task_state(ctx, task.id, state)
         return InvokeResult("", False, task.id, task.trace_id, error=failure)
-
-    async def _settle(self, ctx: ToolContext, key: str, task_id: str, err: MeshError) -> None:
-        """A call that failed around its child turn: the buffer ends with the error, the task with it."""
-        await close_buffer(ctx, key, err)
-        state = tp.TASK_STATE_CANCELED if isinstance(err, Cancelled) else tp.TASK_STATE_FAILED
-        with contextlib.suppress(MeshError):
-            await self._state(ctx, task_id, state)
-
-    @staticmethod
-    async def _state(ctx: ToolContext, task_id: str, state: int) -> None:
-        await rpc(
-            ctx.clients.trace.UpdateA2ATask(ts.UpdateA2ATaskRequest(task_id=task_id, state=state))  # type: ignore[arg-type]
-        )
 
 
 def credential(name: str) -> str:
@@ -218,26 +193,7 @@ class RemoteCallee:
                 raise InvalidArgument(f"continueFrom {continue_from!r} is not a trace of {self.agent.slug!r}")
             context_id = ref.id
         card = await remote.resolve()  # an unreachable card or a refused key: no task is created
-        caller_context = {
-            "toolCallId": ctx.tool_call_id,
-            "depth": depth,
-            "anchorMessageId": ctx.anchor_message_id,
-            "remoteUrl": self.agent.remote.card_url,
-        }
-        task = (
-            await rpc(
-                ctx.clients.trace.CreateA2ATask(
-                    ts.CreateA2ATaskRequest(
-                        task=tp.A2ATask(
-                            callee_agent=self.agent.slug,
-                            caller_agent=ctx.agent.slug,
-                            caller_session_id=ctx.trace_id,
-                            caller_context=events.struct(caller_context),
-                        )
-                    )
-                )
-            )
-        ).task
+        task = await create_task(ctx, self.agent.slug, depth, remoteUrl=self.agent.remote.card_url)
         with ctx.leases.hold(task=task.id, stream=a2a_key(task.id)):
             return await self._run(ctx, remote, card.name, task, text, context_id, depth)
 
@@ -282,7 +238,7 @@ class RemoteCallee:
                     )
                 )
             )
-            await LocalCallee._state(ctx, task.id, tp.TASK_STATE_WORKING)
+            await set_task_state(ctx, task.id, tp.TASK_STATE_WORKING)
             begun = await rpc(
                 ctx.clients.trace.BeginTurn(
                     ts.BeginTurnRequest(
@@ -359,7 +315,7 @@ class RemoteCallee:
         callee.emit(ev.Event(finish=ev.TurnFinish(usage=usage, model=name)))
         await callee.aclose()
         await rpc(ctx.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, done=ev.StreamDone())))
-        await LocalCallee._state(ctx, task.id, tp.TASK_STATE_COMPLETED)
+        await set_task_state(ctx, task.id, tp.TASK_STATE_COMPLETED)
         return InvokeResult(reply.text, True, task.id, self._ref(remote, meta), local_trace_id=task.trace_id)
 
     @staticmethod
@@ -406,9 +362,7 @@ class RemoteCallee:
                 )
         await close_buffer(ctx, key, err)
         with contextlib.suppress(MeshError):
-            await LocalCallee._state(
-                ctx, task.id, tp.TASK_STATE_CANCELED if cancelled else tp.TASK_STATE_FAILED
-            )
+            await set_task_state(ctx, task.id, tp.TASK_STATE_CANCELED if cancelled else tp.TASK_STATE_FAILED)
 
 
 def _same_url(a: str, b: str) -> bool:

@@ -15,7 +15,6 @@ sends the turn home.)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from typing import Any
@@ -23,7 +22,6 @@ from typing import Any
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
 from libs.aio import to_the_end
 from libs.errors import Cancelled, DeadlineExceeded, InvalidArgument, MeshError, from_event, rpc
@@ -31,7 +29,7 @@ from libs.identity import current_user
 from libs.ids import SLUG_PATTERN, TraceRef, a2a_key
 from libs.peer_http import PeerClient
 from libs.peers import Peer
-from services.agent_runtime.children import close_buffer, create_buffer
+from services.agent_runtime.children import create_buffer, create_task, set_task_state, settle_task
 from services.agent_runtime.tools import ToolContext
 
 log = logging.getLogger(__name__)
@@ -62,35 +60,15 @@ class PeerCallee:
 
         if not continue_from:
             return await self._over_a2a(ctx, text, depth)
-        target = ""
-        if continue_from:
-            ref = TraceRef.parse(continue_from)
-            peers = ctx.clients.peers.registry
-            if ref.is_local or peers.resolve(ref, current_user()).alias != self.peer.alias:
-                raise InvalidArgument(
-                    f"continueFrom {continue_from!r} is not a trace of peer {self.peer.alias!r}: "
-                    "a peer's agent continues that peer's traces"
-                )
-            target = ref.id
-        caller_context = {
-            "toolCallId": ctx.tool_call_id,
-            "depth": depth,
-            "anchorMessageId": ctx.anchor_message_id,
-        }
-        task = (
-            await rpc(
-                ctx.clients.trace.CreateA2ATask(
-                    ts.CreateA2ATaskRequest(
-                        task=tp.A2ATask(
-                            callee_agent=self.name,
-                            caller_agent=ctx.agent.slug,
-                            caller_session_id=ctx.trace_id,
-                            caller_context=events.struct(caller_context),
-                        )
-                    )
-                )
+        ref = TraceRef.parse(continue_from)
+        peers = ctx.clients.peers.registry
+        if ref.is_local or peers.resolve(ref, current_user()).alias != self.peer.alias:
+            raise InvalidArgument(
+                f"continueFrom {continue_from!r} is not a trace of peer {self.peer.alias!r}: "
+                "a peer's agent continues that peer's traces"
             )
-        ).task
+        target = ref.id
+        task = await create_task(ctx, self.name, depth)
         key = a2a_key(task.id)
         with ctx.leases.hold(task=task.id, stream=key):
             try:
@@ -106,26 +84,26 @@ class PeerCallee:
                         )
                     )
                 )
-                await self._state(ctx, task.id, tp.TASK_STATE_WORKING)
+                await set_task_state(ctx, task.id, tp.TASK_STATE_WORKING)
                 timeout_s = ctx.agent.invoke.timeout_ms / 1000 if ctx.agent.invoke.timeout_ms else None
                 async with asyncio.timeout(timeout_s):
                     trace_id, output, failure = await self._relay(ctx, key, text, target)
             except TimeoutError:
                 err: MeshError = DeadlineExceeded(f"{self.name} did not finish in time")
-                await to_the_end(self._settle(ctx, key, task.id, err))
+                await to_the_end(settle_task(ctx, key, task.id, err))
                 return InvokeResult("", False, task.id, "", error=err, remote=True)
             except asyncio.CancelledError:
-                await to_the_end(self._settle(ctx, key, task.id, Cancelled("the call was cancelled")))
+                await to_the_end(settle_task(ctx, key, task.id, Cancelled("the call was cancelled")))
                 raise
             except MeshError as err:
-                await to_the_end(self._settle(ctx, key, task.id, err))
+                await to_the_end(settle_task(ctx, key, task.id, err))
                 return InvokeResult("", False, task.id, "", error=err, remote=True)
         home = str(self.peer.ref(trace_id)) if trace_id else ""
         if failure is None:
             await rpc(ctx.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, done=ev.StreamDone())))
-            await self._state(ctx, task.id, tp.TASK_STATE_COMPLETED)
+            await set_task_state(ctx, task.id, tp.TASK_STATE_COMPLETED)
             return InvokeResult(output, True, task.id, home, remote=True)
-        await to_the_end(self._settle(ctx, key, task.id, failure))
+        await to_the_end(settle_task(ctx, key, task.id, failure))
         return InvokeResult(output, False, task.id, home, error=failure, remote=True)
 
     async def _over_a2a(self, ctx: ToolContext, text: str, depth: int) -> Any:
@@ -189,16 +167,6 @@ class PeerCallee:
         if trace_id:
             TraceRef(trace_id)  # the peer's id must be a local id there (InvalidArgument otherwise)
         return trace_id, "".join(parts), failure
-
-    async def _settle(self, ctx: ToolContext, key: str, task_id: str, err: MeshError) -> None:
-        await close_buffer(ctx, key, err)
-        state = tp.TASK_STATE_CANCELED if isinstance(err, Cancelled) else tp.TASK_STATE_FAILED
-        with contextlib.suppress(MeshError):
-            await self._state(ctx, task_id, state)
-
-    @staticmethod
-    async def _state(ctx: ToolContext, task_id: str, state: int) -> None:
-        await rpc(ctx.clients.trace.UpdateA2ATask(ts.UpdateA2ATaskRequest(task_id=task_id, state=state)))  # type: ignore[arg-type]
 
 
 def _code(name: Any) -> int:
