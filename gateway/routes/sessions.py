@@ -15,6 +15,7 @@ from gateway.deps import clients, current_user
 from gateway.errors import AUTH, READ, WRITE, responses
 from gateway.openapi import INTEGER, MESSAGE, SESSION, obj, ok, session_links
 from gateway.params import NO_NUL, PageToken, SessionId
+from libs.clients import Clients
 from libs.errors import rpc
 from libs.protojson import to_json
 
@@ -127,10 +128,27 @@ async def list_messages(
 ) -> dict[str, Any]:
     """{"messages": [...], "headSequence": n, "total": n}; mode main_path (default) or all. Subagent
     batches are restored from their rows where an assistant message's metadata lacks them."""
+    _, page = await messages_page(
+        clients(request), session_id, mode, head_sequence, since_sequence, limit, offset
+    )
+    return page
+
+
+async def messages_page(
+    clients: Clients,
+    trace_id: str,
+    mode: str,
+    head_sequence: int,
+    since_sequence: int,
+    limit: int,
+    offset: int,
+) -> tuple[ts.ListMessagesResponse, dict[str, Any]]:
+    """One page of a trace's messages (the trace service's answer, and its JSON: messages,
+    headSequence, total): the sessions API and the trace API read messages alike."""
     resp = await rpc(
-        clients(request).trace.ListMessages(
+        clients.trace.ListMessages(
             ts.ListMessagesRequest(
-                trace_id=session_id,
+                trace_id=trace_id,
                 mode=MODES[mode],
                 head_sequence=head_sequence,
                 since_sequence=since_sequence,
@@ -140,8 +158,9 @@ async def list_messages(
             )
         )
     )
-    return {
+    page = {
         "messages": [to_json(m) for m in resp.messages],
         "headSequence": resp.head_sequence,
         "total": resp.total,
     }
+    return resp, page

@@ -26,6 +26,7 @@ from gateway.deps import clients, current_user, settings
 from gateway.errors import READ, SSE, WRITE, responses
 from gateway.openapi import INTEGER, MESSAGE, TRACE, obj, ok
 from gateway.params import MESSAGE_PATTERN, NO_NUL, SLUG_PATTERN, TRACE_ID_PATTERN
+from gateway.routes.sessions import messages_page
 from libs import events
 from libs.clients import Clients
 from libs.errors import InvalidArgument, MeshError, from_rpc_error, rpc
@@ -34,7 +35,6 @@ from libs.protojson import from_json, to_json
 
 router = APIRouter(prefix="/api/traces", tags=["traces"])
 User = Annotated[str, Depends(current_user)]
-MODES = {"main_path": ts.PATH_MODE_MAIN_PATH, "all": ts.PATH_MODE_ALL}
 STALE = {
     "type": "boolean",
     "description": "a peer's trace read from the cached copy: the peer did not answer",
@@ -132,23 +132,11 @@ async def list_messages(
 ) -> dict[str, Any]:
     """{"messages": [...], "headSequence": n, "total": n, "stale": bool, "syncTime", "ageS"}: the main path
     (from the head, or head_sequence) or every branch, by sequence, after since_sequence, paged."""
-    resp = await rpc(
-        clients(request).trace.ListMessages(
-            ts.ListMessagesRequest(
-                trace_id=_ref(trace_id),
-                mode=MODES[mode],
-                head_sequence=head_sequence,
-                since_sequence=since_sequence,
-                limit=limit,
-                offset=offset,
-                view=ts.MESSAGE_VIEW_FULL,
-            )
-        )
+    resp, page = await messages_page(
+        clients(request), _ref(trace_id), mode, head_sequence, since_sequence, limit, offset
     )
     return {
-        "messages": [to_json(m) for m in resp.messages],
-        "headSequence": resp.head_sequence,
-        "total": resp.total,
+        **page,
         "stale": resp.stale,
         **_sync(resp.sync_time if resp.HasField("sync_time") else None),
     }
