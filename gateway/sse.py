@@ -9,13 +9,13 @@ gRPC call, so the stream service lets go too).
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
 import grpc
+import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
@@ -56,7 +56,7 @@ def drain_options(settings: MeshSettings) -> dict[str, Any]:
 
 def sse_message(event: Any) -> dict[str, str]:
     """One EventSourceResponse item: `{"id": offset, "data": json}` (no id for events outside the buffer)."""
-    item = {"data": json.dumps(events.to_dict(event))}
+    item = {"data": orjson.dumps(events.to_dict(event)).decode()}
     if event.offset:
         item["id"] = event.offset
     return item

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import orjson
 from fastapi import APIRouter, Depends, Request, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sse_starlette.sse import EventSourceResponse
@@ -130,7 +131,7 @@ async def ws(socket: WebSocket) -> None:
 
     async def send(data: dict[str, Any]) -> None:
         async with send_lock:
-            await socket.send_json(data)
+            await socket.send_text(orjson.dumps(data).decode())
 
     async def farewell() -> None:
         """The gateway shuts down: a last `error` (code shutdown) that says how to resume, then 1012."""
