@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import openai
 import orjson
 from openai import AsyncOpenAI
@@ -164,11 +163,17 @@ class LLM:
             raise ModelError(f"model {model} failed with HTTP {exc.status_code}: {exc.message}") from exc
         except openai.APIError as exc:
             raise ModelError(f"model {model} failed: {exc}") from exc
-        except httpx.TimeoutException as exc:  # while reading the stream (the client wraps only the request)
-            outcome = "timeout"
-            raise ModelTimeout(f"model {model} timed out: {exc!r}") from exc
-        except (httpx.HTTPError, ValueError) as exc:  # the connection broke mid-stream; a chunk was not JSON
-            raise ModelError(f"model {model} failed: {exc!r}") from exc
+        except ValueError as exc:  # a chunk that is not JSON
+            raise ModelError(f"model {model} sent a chunk that is not JSON: {exc}") from exc
+        except Exception as exc:
+            # While the body streams, the HTTP library's own errors come through unwrapped (the
+            # client maps those of the request alone): a read timeout, a connection that broke.
+            if not _from_transport(exc):
+                raise
+            if _timed_out(exc):
+                outcome = "timeout"
+                raise ModelTimeout(f"model {model} timed out: {type(exc).__name__} {exc}") from exc
+            raise ModelError(f"model {model} failed: connection error: {type(exc).__name__} {exc}") from exc
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
@@ -225,3 +230,22 @@ async def _lines(response: Any) -> AsyncIterator[str]:
     async for line in response.iter_lines():
         yield line
     yield ""
+
+
+_TRANSPORT = (
+    "httpx",
+    "httpx2",
+    "httpcore",
+    "anyio",
+    "h11",
+    "ssl",
+)  # under the openai client (httpx2 from openai 3)
+
+
+def _from_transport(exc: BaseException) -> bool:
+    """An error of the HTTP stack the openai client reads with (whichever of httpx or httpx2 it uses)."""
+    return isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in _TRANSPORT
+
+
+def _timed_out(exc: BaseException) -> bool:
+    return isinstance(exc, TimeoutError) or any("Timeout" in c.__name__ for c in type(exc).__mro__)

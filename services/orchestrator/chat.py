@@ -28,7 +28,7 @@ from libs import events
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, from_rpc_error, rpc
-from libs.ids import a2a_key, session_key, subagent_key
+from libs.ids import a2a_key, new_id, session_key, subagent_key
 from libs.leases import LeaseKeeper
 from libs.metrics import OrchestratorMetrics
 from services.orchestrator.turns import SHUTDOWN, TurnEngine, TurnOutcome, cancel_reason
@@ -55,21 +55,29 @@ class ChatOrchestrator:
         self.turns = TurnEngine(clients, leases, metrics=metrics)
         self.running: dict[str, asyncio.Task[TurnOutcome]] = {}
 
-    async def execute(self, agent: str, message: str, session_id: str) -> AsyncIterator[list[ev.Event]]:
+    async def execute(
+        self, agent: str, message: str, session_id: str, events_from_stream: bool = False
+    ) -> AsyncIterator[list[ev.Event]]:
         """Starts a chat turn of the calling user and yields its events (with offsets), in batches of
-        what is ready, until the buffer closes."""
+        what is ready, until the buffer closes. `events_from_stream`: the caller reads them from the
+        buffer, so only `start` and what the buffer could not take (no offset) are yielded."""
         if not message.strip():
             raise InvalidArgument("message must not be empty")
         if len(message) > MAX_MESSAGE_CHARS:
             raise InvalidArgument(f"message is longer than {MAX_MESSAGE_CHARS} characters")
-        found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
-        if session_id:
-            session = (await rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))).trace
+        new_trace: tp.Trace | None = None
+        if session_id:  # the agent and the session, in one round trip
+            got_agent, got_trace = await asyncio.gather(
+                rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent))),
+                rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id))),
+            )
+            found, session = got_agent.agent, got_trace.trace
             if session.kind != tp.TRACE_KIND_CHAT:
                 raise InvalidArgument("only chat sessions take chat turns")
-        else:
-            trace = tp.Trace(agent=found.slug, kind=tp.TRACE_KIND_CHAT, title=message.strip()[:80])
-            session = (await rpc(self.clients.trace.CreateTrace(ts.CreateTraceRequest(trace=trace)))).trace
+        else:  # a new session: created with the turn's first messages, in the same call (BeginTurn)
+            found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
+            new_trace = tp.Trace(agent=found.slug, kind=tp.TRACE_KIND_CHAT, title=message.strip()[:80])
+            session = tp.Trace(id=new_id())
         spec = orc.RunTurnRequest(
             trace_id=session.id,
             agent=found.slug,
@@ -81,7 +89,9 @@ class ChatOrchestrator:
         )
         queue: asyncio.Queue[ev.Event | _End] = asyncio.Queue()
         # The turn outlives this generator when the caller leaves; self.running keeps it.
-        task = asyncio.create_task(self._turn(spec, queue), name=f"turn:{session.id}")
+        task = asyncio.create_task(
+            self._turn(spec, queue, events_from_stream, new_trace), name=f"turn:{session.id}"
+        )
         previous = self.running.get(session.id)
         if previous is None or previous.done():
             self.running[session.id] = task
@@ -108,29 +118,45 @@ class ChatOrchestrator:
         """A child turn (agent-invoke callee, subagent), run to its end for the calling runtime."""
         return await self.turns.run(spec)
 
-    async def _turn(self, spec: orc.RunTurnRequest, queue: asyncio.Queue[ev.Event | _End]) -> TurnOutcome:
+    async def _turn(
+        self,
+        spec: orc.RunTurnRequest,
+        queue: asyncio.Queue[ev.Event | _End],
+        from_stream: bool = False,
+        new_trace: tp.Trace | None = None,
+    ) -> TurnOutcome:
+        """Runs the turn, handing its events to `queue` (from_stream: `start` and those without an
+        offset alone, the caller reads the rest from the buffer)."""
         watcher: asyncio.Task[None] | None = None
         current = asyncio.current_task()
         assert current is not None
-        delivered_terminal = False
+        delivered_terminal = started = False
 
-        async def on_event(event: ev.Event) -> None:
-            nonlocal watcher, delivered_terminal
-            if events.kind(event) == "start" and watcher is None:
-                watcher = asyncio.create_task(self._watch(spec, event.offset, current))
-            if events.kind(event) in events.TERMINAL:
+        def on_event(event: ev.Event) -> None:
+            nonlocal watcher, delivered_terminal, started
+            which = events.kind(event)
+            if which == "start":
+                started = True
+                if watcher is None:
+                    watcher = asyncio.create_task(self._watch(spec, event.offset, current))
+            if which in events.TERMINAL:
                 delivered_terminal = True
-            queue.put_nowait(event)
+            if not from_stream or which == "start" or not event.offset:
+                queue.put_nowait(event)
+
+        def ended_elsewhere(err: MeshError) -> None:
+            """Its buffer was ended by someone else (a cancel, a lease that ran out): say how, unless
+            the caller reads that buffer, whose own terminal event says it."""
+            if not delivered_terminal and not (from_stream and started):
+                queue.put_nowait(events.error(err))
 
         try:
-            outcome = await self.turns.run(spec, on_event)
-            if not delivered_terminal:  # its buffer was ended by someone else (a lease ran out): say how
-                queue.put_nowait(events.error(outcome.error or Internal("the turn ended without an outcome")))
+            outcome = await self.turns.run(spec, on_event, new_trace)
+            ended_elsewhere(outcome.error or Internal("the turn ended without an outcome"))
             queue.put_nowait(_End())
             return outcome
         except asyncio.CancelledError as exc:
-            if not delivered_terminal:
-                queue.put_nowait(events.error(cancel_reason(exc)))
+            ended_elsewhere(cancel_reason(exc))
             queue.put_nowait(_End())
             raise
         except MeshError as err:

@@ -168,13 +168,16 @@ class TurnEngine:
             model=spec.overrides.model if role == tp.MESSAGE_ROLE_ASSISTANT else "",
         )
 
-    async def run(self, spec: orc.RunTurnRequest, on_event: OnEvent | None = None) -> TurnOutcome:
+    async def run(
+        self, spec: orc.RunTurnRequest, on_event: OnEvent | None = None, new_trace: tp.Trace | None = None
+    ) -> TurnOutcome:
         """Runs the turn; returns its outcome (failures are in `outcome.error`); re-raises cancellation.
 
         Errors before the user message is saved (an unknown trace, a turn already streaming) raise,
         and the buffer is closed with them when this turn created it. While it runs, the turn keeps the
         leases of its buffer and of its placeholder alive (so if this process dies, a reaper settles
-        them)."""
+        them). `new_trace`: the trace `spec.trace_id` does not exist yet; it is created with the turn's
+        first messages, in the same call."""
         outcome = "cancelled"
         started = time.monotonic()
         with telemetry.span(
@@ -182,7 +185,7 @@ class TurnEngine:
         ) as span:
             try:
                 with self.leases.hold(stream=spec.stream_key):
-                    out = await self._run(spec, on_event)
+                    out = await self._run(spec, on_event, new_trace)
                 outcome = out.error.code_name if out.error is not None else "ok"
                 return out
             except MeshError as err:
@@ -202,30 +205,45 @@ class TurnEngine:
                     },
                 )
 
-    async def _run(self, spec: orc.RunTurnRequest, on_event: OnEvent | None) -> TurnOutcome:
+    async def _run(
+        self, spec: orc.RunTurnRequest, on_event: OnEvent | None, new_trace: tp.Trace | None
+    ) -> TurnOutcome:
         out = TurnOutcome()
         partial = Partial()
+        create = None
         if not spec.stream_created:
-            metadata = dict(spec.stream_metadata)
-            await rpc(
-                self.clients.stream.CreateStream(
-                    ss.CreateStreamRequest(key=spec.stream_key, metadata=metadata)
+            request = ss.CreateStreamRequest(key=spec.stream_key, metadata=dict(spec.stream_metadata))
+            create = rpc(self.clients.stream.CreateStream(request))
+            if new_trace is None:  # the buffer first: it is the session's lock against a second turn
+                await create
+                create = None
+        # The user message and the placeholder (and a new trace): one call, all stored or none. A new
+        # trace has no other turn to lock out, so its buffer is created meanwhile.
+        begin = ts.BeginTurnRequest(
+            trace_id=spec.trace_id,
+            user_message=self._message(
+                spec, tp.MESSAGE_ROLE_USER, spec.user_text, tp.MESSAGE_STATUS_COMPLETED
+            ),
+            assistant_message=self._message(spec, tp.MESSAGE_ROLE_ASSISTANT, "", tp.MESSAGE_STATUS_PENDING),
+        )
+        if new_trace is not None:
+            begin.new_trace.CopyFrom(new_trace)
+        try:
+            if create is None:
+                begun = await rpc(self.clients.trace.BeginTurn(begin))
+            else:
+                results = await asyncio.gather(
+                    rpc(self.clients.trace.BeginTurn(begin)), create, return_exceptions=True
                 )
-            )
-        try:  # the user message and the placeholder: one call, both stored or neither
-            begun = await rpc(
-                self.clients.trace.BeginTurn(
-                    ts.BeginTurnRequest(
-                        trace_id=spec.trace_id,
-                        user_message=self._message(
-                            spec, tp.MESSAGE_ROLE_USER, spec.user_text, tp.MESSAGE_STATUS_COMPLETED
-                        ),
-                        assistant_message=self._message(
-                            spec, tp.MESSAGE_ROLE_ASSISTANT, "", tp.MESSAGE_STATUS_PENDING
-                        ),
+                if isinstance(results[0], ts.BeginTurnResponse):
+                    out.user_message, out.assistant_message = (
+                        results[0].user_message,
+                        results[0].assistant_message,
                     )
-                )
-            )
+                for result in results:
+                    if isinstance(result, BaseException):
+                        raise result
+                begun = results[0]
         except MeshError as err:
             await to_the_end(self._fail(spec, out, err, None, partial))  # never leave the buffer open
             raise
