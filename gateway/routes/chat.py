@@ -31,6 +31,7 @@ from libs.errors import FailedPrecondition, Internal, InvalidArgument, MeshError
 from libs.ids import MAX_ID, session_key
 
 router = APIRouter()
+END_WAIT_S = 10.0  # the longest a live turn's terminal event waits for the turn to be over
 log = logging.getLogger(__name__)
 
 
@@ -105,6 +106,10 @@ async def _turn_events(
         idle_ms = int(mesh.turn_timeout_s * 1000)
         key = session_key(start.start.session_id)
         async for event in follow(c, key, start.offset, idle_ms, drain, outcome):
+            if events.is_terminal(event) and event.offset:
+                # The buffer ended (a cancel, the turn's own end): the stream ends once the turn is
+                # over too, so the reply it settled is stored when the client reads it.
+                await asyncio.wait({watcher}, timeout=END_WAIT_S)
             yield event
     finally:
         watcher.cancel()

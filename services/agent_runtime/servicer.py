@@ -38,7 +38,8 @@ class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
         task = asyncio.create_task(run(), name=f"run:{request.agent}:{request.trace_id}")
         try:
             async for batch in sink.committed():
-                yield rt.RunAgentResponse(events=rt.EventBatch(events=batch))
+                if not request.result_only:
+                    yield rt.RunAgentResponse(events=rt.EventBatch(events=batch))
             result = await task
             yield rt.RunAgentResponse(result=result)
         finally:

@@ -115,8 +115,9 @@ class ChatOrchestrator:
             yield batch
 
     async def run_turn(self, spec: orc.RunTurnRequest) -> TurnOutcome:
-        """A child turn (agent-invoke callee, subagent), run to its end for the calling runtime."""
-        return await self.turns.run(spec)
+        """A child turn (agent-invoke callee, subagent), run to its end for the calling runtime (its
+        events are in its own buffer, where its readers follow them)."""
+        return await self.turns.run(spec, run_events=False)
 
     async def _turn(
         self,
@@ -151,7 +152,7 @@ class ChatOrchestrator:
                 queue.put_nowait(events.error(err))
 
         try:
-            outcome = await self.turns.run(spec, on_event, new_trace)
+            outcome = await self.turns.run(spec, on_event, new_trace, run_events=not from_stream)
             ended_elsewhere(outcome.error or Internal("the turn ended without an outcome"))
             queue.put_nowait(_End())
             return outcome

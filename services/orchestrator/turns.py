@@ -59,6 +59,7 @@ class TurnOutcome:
     result: rt.RunResult | None = None
     error: MeshError | None = None
     written: bool = False  # the result is stored on the placeholder
+    start_offset: str = ""  # of `start` in the turn's buffer
 
     @property
     def ok(self) -> bool:
@@ -74,8 +75,10 @@ class Partial:
     calls: dict[str, dict[str, Any]] = field(default_factory=dict)
     step: int = 0
     _after_output: bool = False
+    seen: bool = False  # it saw the run's events live (else they are read back from the buffer)
 
     def see(self, event: ev.Event) -> None:
+        self.seen = True
         which = events.kind(event)
         if which == "text_delta":
             self.text.append(event.text_delta.text_delta)
@@ -169,7 +172,11 @@ class TurnEngine:
         )
 
     async def run(
-        self, spec: orc.RunTurnRequest, on_event: OnEvent | None = None, new_trace: tp.Trace | None = None
+        self,
+        spec: orc.RunTurnRequest,
+        on_event: OnEvent | None = None,
+        new_trace: tp.Trace | None = None,
+        run_events: bool = True,
     ) -> TurnOutcome:
         """Runs the turn; returns its outcome (failures are in `outcome.error`); re-raises cancellation.
 
@@ -177,7 +184,9 @@ class TurnEngine:
         and the buffer is closed with them when this turn created it. While it runs, the turn keeps the
         leases of its buffer and of its placeholder alive (so if this process dies, a reaper settles
         them). `new_trace`: the trace `spec.trace_id` does not exist yet; it is created with the turn's
-        first messages, in the same call."""
+        first messages, in the same call. `run_events=False`: `on_event` gets the turn's own events
+        (start, finish, the end), not the run's: the runtime sends its result alone, and the run's
+        events are read back from the buffer only when a failed turn must keep what was streamed."""
         outcome = "cancelled"
         started = time.monotonic()
         with telemetry.span(
@@ -185,7 +194,7 @@ class TurnEngine:
         ) as span:
             try:
                 with self.leases.hold(stream=spec.stream_key):
-                    out = await self._run(spec, on_event, new_trace)
+                    out = await self._run(spec, on_event, new_trace, run_events)
                 outcome = out.error.code_name if out.error is not None else "ok"
                 return out
             except MeshError as err:
@@ -206,7 +215,7 @@ class TurnEngine:
                 )
 
     async def _run(
-        self, spec: orc.RunTurnRequest, on_event: OnEvent | None, new_trace: tp.Trace | None
+        self, spec: orc.RunTurnRequest, on_event: OnEvent | None, new_trace: tp.Trace | None, run_events: bool
     ) -> TurnOutcome:
         out = TurnOutcome()
         partial = Partial()
@@ -254,7 +263,7 @@ class TurnEngine:
         out.user_message, out.assistant_message = user, placeholder
         try:
             with self.leases.hold(message=placeholder.id):
-                await self._stream_turn(spec, user, placeholder, on_event, partial, out)
+                await self._stream_turn(spec, user, placeholder, on_event, partial, out, run_events)
         except asyncio.CancelledError as exc:
             await to_the_end(self._fail(spec, out, cancel_reason(exc), on_event, partial))
             raise
@@ -270,6 +279,7 @@ class TurnEngine:
         on_event: OnEvent | None,
         partial: Partial,
         out: TurnOutcome,
+        run_events: bool = True,
     ) -> None:
         """start -> the run -> the write-back -> finish -> done."""
         start = ev.Event(
@@ -281,7 +291,8 @@ class TurnEngine:
             )
         )
         await self._append(spec.stream_key, start, on_event)
-        out.result = await self._run_agent(spec, user, placeholder, on_event, partial)
+        out.start_offset = start.offset
+        out.result = await self._run_agent(spec, user, placeholder, on_event, partial, run_events)
         await self._write_back(out)
         finish = ev.Event(
             finish=ev.TurnFinish(
@@ -298,6 +309,7 @@ class TurnEngine:
         anchor: tp.Message,
         on_event: OnEvent | None,
         partial: Partial,
+        run_events: bool = True,
     ) -> rt.RunResult:
         request = rt.RunAgentRequest(
             agent=spec.agent,
@@ -309,6 +321,7 @@ class TurnEngine:
             depth=spec.depth,
             timeout_ms=spec.timeout_ms,
             overrides=spec.overrides,
+            result_only=not run_events,
         )
         deadline = (spec.timeout_ms / 1000 + self.grace_s) if spec.timeout_ms else None
         call = self.clients.runtime.RunAgent(request, timeout=deadline)
@@ -372,6 +385,8 @@ class TurnEngine:
         out.error = err
         log.info("turn failed", extra={"trace": spec.trace_id, "code": err.code_name, "error": err.message})
         if out.assistant_message is not None and not out.written:
+            if not partial.seen and out.start_offset:
+                partial = await self._read_back(spec.stream_key, out.start_offset)
             cancelled = isinstance(err, Cancelled)
             status = tp.MESSAGE_STATUS_CANCELLED if cancelled else tp.MESSAGE_STATUS_FAILED
             msg = partial.message(out.assistant_message.id, status, err)
@@ -394,7 +409,22 @@ class TurnEngine:
                 )
         await self._close(spec.stream_key, events.error(err), on_event)
 
+    async def _read_back(self, key: str, after: str) -> Partial:
+        """What the run streamed into `key` after `after`, read back from the buffer (replayed to its
+        end: the subscription stops at the terminal event, or once nothing more comes for a moment)."""
+        partial = Partial()
+        request = ss.SubscribeStreamRequest(key=key, from_offset=after, idle_timeout_ms=READ_BACK_IDLE_MS)
+        try:
+            async for resp in self.clients.stream.SubscribeStream(request, timeout=self.grace_s):
+                if events.kind(resp.event) in events.TERMINAL:
+                    break
+                partial.see(resp.event)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("could not read back what %s streamed: %s", key, exc.details(), extra={"key": key})
+        return partial
 
+
+READ_BACK_IDLE_MS = 200
 SHUTDOWN = "shutdown"  # the cancel message of a turn its process stops before it ends
 
 
