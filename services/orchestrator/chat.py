@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf import field_mask_pb2
 
+from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.agents.v1 import agent_service_pb2 as ag
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
@@ -90,7 +91,7 @@ class ChatOrchestrator:
         queue: asyncio.Queue[ev.Event | _End] = asyncio.Queue()
         # The turn outlives this generator when the caller leaves; self.running keeps it.
         task = asyncio.create_task(
-            self._turn(spec, queue, events_from_stream, new_trace), name=f"turn:{session.id}"
+            self._turn(spec, queue, events_from_stream, new_trace, found), name=f"turn:{session.id}"
         )
         previous = self.running.get(session.id)
         if previous is None or previous.done():
@@ -125,6 +126,7 @@ class ChatOrchestrator:
         queue: asyncio.Queue[ev.Event | _End],
         from_stream: bool = False,
         new_trace: tp.Trace | None = None,
+        agent: ap.Agent | None = None,
     ) -> TurnOutcome:
         """Runs the turn, handing its events to `queue` (from_stream: `start` and those without an
         offset alone, the caller reads the rest from the buffer)."""
@@ -152,7 +154,7 @@ class ChatOrchestrator:
                 queue.put_nowait(events.error(err))
 
         try:
-            outcome = await self.turns.run(spec, on_event, new_trace, run_events=not from_stream)
+            outcome = await self.turns.run(spec, on_event, new_trace, not from_stream, agent)
             ended_elsewhere(outcome.error or Internal("the turn ended without an outcome"))
             queue.put_nowait(_End())
             return outcome

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 from google.protobuf import field_mask_pb2
 
+from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
@@ -177,6 +178,7 @@ class TurnEngine:
         on_event: OnEvent | None = None,
         new_trace: tp.Trace | None = None,
         run_events: bool = True,
+        agent: ap.Agent | None = None,
     ) -> TurnOutcome:
         """Runs the turn; returns its outcome (failures are in `outcome.error`); re-raises cancellation.
 
@@ -186,7 +188,8 @@ class TurnEngine:
         them). `new_trace`: the trace `spec.trace_id` does not exist yet; it is created with the turn's
         first messages, in the same call. `run_events=False`: `on_event` gets the turn's own events
         (start, finish, the end), not the run's: the runtime sends its result alone, and the run's
-        events are read back from the buffer only when a failed turn must keep what was streamed."""
+        events are read back from the buffer only when a failed turn must keep what was streamed.
+        `agent`: the agent as the caller just read it, handed to the run (which would read it again)."""
         outcome = "cancelled"
         started = time.monotonic()
         with telemetry.span(
@@ -194,7 +197,7 @@ class TurnEngine:
         ) as span:
             try:
                 with self.leases.hold(stream=spec.stream_key):
-                    out = await self._run(spec, on_event, new_trace, run_events)
+                    out = await self._run(spec, on_event, new_trace, run_events, agent)
                 outcome = out.error.code_name if out.error is not None else "ok"
                 return out
             except MeshError as err:
@@ -215,7 +218,12 @@ class TurnEngine:
                 )
 
     async def _run(
-        self, spec: orc.RunTurnRequest, on_event: OnEvent | None, new_trace: tp.Trace | None, run_events: bool
+        self,
+        spec: orc.RunTurnRequest,
+        on_event: OnEvent | None,
+        new_trace: tp.Trace | None,
+        run_events: bool,
+        agent: ap.Agent | None,
     ) -> TurnOutcome:
         out = TurnOutcome()
         partial = Partial()
@@ -263,7 +271,8 @@ class TurnEngine:
         out.user_message, out.assistant_message = user, placeholder
         try:
             with self.leases.hold(message=placeholder.id):
-                await self._stream_turn(spec, user, placeholder, on_event, partial, out, run_events)
+                request = self._run_request(spec, user, placeholder, run_events, agent, new_trace is not None)
+                await self._stream_turn(spec, user, placeholder, on_event, partial, out, request)
         except asyncio.CancelledError as exc:
             await to_the_end(self._fail(spec, out, cancel_reason(exc), on_event, partial))
             raise
@@ -279,7 +288,7 @@ class TurnEngine:
         on_event: OnEvent | None,
         partial: Partial,
         out: TurnOutcome,
-        run_events: bool = True,
+        request: rt.RunAgentRequest,
     ) -> None:
         """start -> the run -> the write-back -> finish -> done."""
         start = ev.Event(
@@ -292,7 +301,7 @@ class TurnEngine:
         )
         await self._append(spec.stream_key, start, on_event)
         out.start_offset = start.offset
-        out.result = await self._run_agent(spec, user, placeholder, on_event, partial, run_events)
+        out.result = await self._run_agent(spec, request, on_event, partial)
         await self._write_back(out)
         finish = ev.Event(
             finish=ev.TurnFinish(
@@ -302,15 +311,15 @@ class TurnEngine:
         await self._append(spec.stream_key, finish, on_event)
         await self._close(spec.stream_key, events.done(), on_event)
 
-    async def _run_agent(
-        self,
+    @staticmethod
+    def _run_request(
         spec: orc.RunTurnRequest,
         user: tp.Message,
         anchor: tp.Message,
-        on_event: OnEvent | None,
-        partial: Partial,
-        run_events: bool = True,
-    ) -> rt.RunResult:
+        run_events: bool,
+        agent: ap.Agent | None,
+        new_trace: bool,
+    ) -> rt.RunAgentRequest:
         request = rt.RunAgentRequest(
             agent=spec.agent,
             role=spec.role,
@@ -323,6 +332,20 @@ class TurnEngine:
             overrides=spec.overrides,
             result_only=not run_events,
         )
+        if agent is not None:
+            request.resolved_agent.CopyFrom(agent)
+        if new_trace:  # its whole history is the user message just stored: the run need not read it
+            request.history.append(user)
+            request.history_given = True
+        return request
+
+    async def _run_agent(
+        self,
+        spec: orc.RunTurnRequest,
+        request: rt.RunAgentRequest,
+        on_event: OnEvent | None,
+        partial: Partial,
+    ) -> rt.RunResult:
         deadline = (spec.timeout_ms / 1000 + self.grace_s) if spec.timeout_ms else None
         call = self.clients.runtime.RunAgent(request, timeout=deadline)
         result: rt.RunResult | None = None
