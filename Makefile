@@ -78,6 +78,9 @@ proto: $(NPM_STAMP) ## Format, lint and breaking-check the protos, then generate
 run: setup ## Start the whole mesh on loopback with the demo agents
 	$(BIN)/agentmesh up
 
+# One worker per core; a test module and its fixtures stay on one worker. PYTEST_ARGS="-n 0 -k ..." runs serially.
+PYTEST_ARGS ?= -n auto --dist loadfile
+
 .PHONY: test
 test: setup $(CHROMIUM) $(filter $(LOCAL_KUBECTL),$(KUBECTL)) ## Run every test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
