@@ -359,6 +359,10 @@ class TurnEngine:
                     result = resp.result
         except grpc.aio.AioRpcError as exc:
             err = from_rpc_error(exc)
+            if exc.code() == grpc.StatusCode.CANCELLED and (exc.details() or "CANCELLED") == "CANCELLED":
+                # The runtime's side of the call was torn down (this turn was not cancelled: that would
+                # raise CancelledError here): the turn ends `interrupted`, never `cancelled`.
+                err = Interrupted(f"the run of {spec.agent} stopped before it ended")
             if (
                 exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                 and spec.timeout_ms
