@@ -133,6 +133,8 @@ def _up(args: argparse.Namespace) -> int:
             flush=True,
         )
         print(f'        -d \'{{"agent": "general", "message": "hello"}}\' {url}/api/chat\n', flush=True)
+        a2a_grpc = f", gRPC at {settings.a2a.grpc_listen}" if settings.a2a.grpc_listen else ""
+        print(f"  A2A: agent cards at {url}/a2a/<slug>/.well-known/agent-card.json{a2a_grpc}\n", flush=True)
         print("  Ctrl-C stops everything.", flush=True)
         while not stop:
             supervisor.poll()
@@ -221,6 +223,40 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _peers(args: argparse.Namespace) -> int:
+    """`peers list` (the registry, never a secret) and `peers check` (does each answer, in time)."""
+    from libs.peer_http import PeerClients
+    from libs.peers import PeerConfigError, PeerRegistry
+
+    settings = load_settings()
+    try:
+        registry = PeerRegistry.load(settings.peers)
+    except PeerConfigError as exc:
+        print(f"agentmesh peers: {exc}", file=sys.stderr)
+        return 2
+    if not len(registry):
+        print("no peers registered (AGENTMESH_PEERS names the peer file)", file=sys.stderr)
+        return 0 if args.peers_command == "list" else 1
+    if args.peers_command == "list":
+        for peer in registry:
+            have = "set" if peer.credential and os.environ.get(peer.credential) else "unset"
+            cred = f"{peer.credential} ({have})" if peer.credential else "-"
+            print(f"{peer.alias}\t{peer.type}\t{peer.url}\t{cred}")
+        return 0
+
+    async def check() -> int:
+        clients = PeerClients(settings.federation)
+        try:
+            results = await asyncio.gather(*(clients.of(p).healthy(args.timeout) for p in registry))
+        finally:
+            await clients.close()
+        for peer, (ok, detail) in zip(registry, results, strict=True):
+            print(f"{peer.alias}\t{peer.url}\t{'up' if ok else 'DOWN'}\t{detail}")
+        return 0 if all(ok for ok, _ in results) else 1
+
+    return asyncio.run(check())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agentmesh", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -244,6 +280,11 @@ def main(argv: list[str] | None = None) -> int:
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     create = keys_sub.add_parser("create", help="create a key for a user (printed once)")
     create.add_argument("--user", required=True)
+    peers = sub.add_parser("peers", help="the peer registry (AGENTMESH_PEERS)")
+    peers_sub = peers.add_subparsers(dest="peers_command", required=True)
+    peers_sub.add_parser("list", help="each peer: alias, type, URL, credential variable (never its value)")
+    check = peers_sub.add_parser("check", help="does each peer's gateway answer (exit 1 when one does not)")
+    check.add_argument("--timeout", type=float, default=3.0, help="seconds per peer")
     sub.add_parser("mock-llm", help="run the scripted OpenAI-compatible model server", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "mock-llm":
@@ -262,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         return _chat(args)
     if args.command == "agents":
         return agents_cli.run(args)
+    if args.command == "peers":
+        return _peers(args)
     return _keys(args)
 
 

@@ -9,10 +9,12 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from gateway import errors, openapi
+from gateway.a2a import mount as a2a_server
+from gateway.a2a import routes as a2a_routes
 from gateway.drain import Drain
-from gateway.limits import BodyLimitMiddleware, HeadLimitMiddleware
+from gateway.limits import BodyLimitMiddleware, HeadLimitMiddleware, TraceGZipMiddleware
 from gateway.metrics import Metrics, MetricsMiddleware, metrics_endpoint
-from gateway.routes import agents, chat, sessions, streams, ui
+from gateway.routes import agents, chat, sessions, streams, traces, ui
 from libs import telemetry
 from libs.clients import Clients
 from libs.config import MeshSettings
@@ -25,9 +27,11 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own = clients is None
         app.state.clients = clients or Clients(settings)
+        app.state.a2a = await a2a_server.start(app.state, settings)
         try:
             yield
         finally:
+            await app.state.a2a.stop(settings.shutdown_grace_s)
             if own:
                 await app.state.clients.close()
 
@@ -38,9 +42,11 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     app.state.drain = Drain()
     app.state.auth_cache = {}
     app.state.metrics = Metrics()
+    app.state.undocumented_paths = a2a_routes.PATHS
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(HeadLimitMiddleware)  # a head over the limits reaches no route (still counted)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(TraceGZipMiddleware)  # the trace API, when the client accepts gzip (never SSE)
     if clients is not None:
         app.state.clients = clients
 
@@ -54,8 +60,10 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     app.add_route("/metrics", metrics_endpoint, methods=["GET"], include_in_schema=False)
     app.include_router(chat.router)
     app.include_router(sessions.router)
+    app.include_router(traces.router)
     app.include_router(streams.router)  # before agents: /api/agents/a2a/stream
     app.include_router(agents.router)
+    app.include_router(a2a_routes.router)
     app.include_router(ui.router)
     telemetry.instrument_app(app)  # with tracing on: the browser's traceparent starts the request's span
     return app

@@ -66,6 +66,9 @@ def _allowed_methods(request: Request) -> list[str]:
                 m.upper() for m in item if m in ("get", "put", "post", "delete", "options", "head", "patch")
             ]
             paths.append(("{" in template, re.compile(pattern), methods))
+        for template, methods in getattr(app.state, "undocumented_paths", ()):  # A2A: not in the document
+            pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
+            paths.append(("{" in template, re.compile(pattern), list(methods)))
         paths.sort(key=lambda entry: entry[0])  # concrete paths first
         app.state.openapi_paths = paths
     path = request.url.path

@@ -206,3 +206,20 @@ class HeadTimeoutProtocol(H11Protocol):
             self._head_timer.cancel()
             self._head_timer = None
         super().connection_lost(exc)
+
+
+class TraceGZipMiddleware:
+    """gzip for the trace API (/api/traces): what peers read in bulk. Starlette's GZipMiddleware, which
+    compresses only when the client sends Accept-Encoding: gzip and never text/event-stream."""
+
+    def __init__(self, app: ASGIApp, minimum_size: int = 1000) -> None:
+        from starlette.middleware.gzip import GZipMiddleware
+
+        self.app = app
+        self.gzip = GZipMiddleware(app, minimum_size=minimum_size)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/api/traces/"):
+            await self.gzip(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)

@@ -25,6 +25,7 @@ _REFS = {desc.full_name: f"#/components/schemas/{name}" for name, desc in _COMPO
 
 SESSION = {"$ref": "#/components/schemas/Session"}
 MESSAGE = {"$ref": "#/components/schemas/Message"}
+TRACE = SESSION  # a session is a trace as a user sees it: one resource
 AGENT = {"$ref": "#/components/schemas/Agent"}
 AGENT_OPTIONS = {"$ref": "#/components/schemas/AgentOptions"}
 AGENT_INPUT = {"$ref": "#/components/schemas/AgentInput"}

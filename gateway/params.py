@@ -29,6 +29,15 @@ TaskId = Annotated[
         description=f"an agent-invoke task id: {_ID}",
     ),
 ]
+# A trace id of the trace API: a local id, `@alias/<id>` or `agent://<authority>/<id>` (libs/ids.py
+# TraceRef). The authority's own grammar (a DNS name, an IPv4 address or a bracketed IPv6 one, a port
+# 1-65535) is checked by the parser, with a 422 that says what is wrong: this pattern states the shape.
+_ALIAS = "[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
+_AUTHORITY = "[A-Za-z0-9.:\\[\\]-]{1,260}"
+TRACE_ID_PATTERN = (
+    f"^(?:{LOCAL_ID_PATTERN}|@{_ALIAS}/{LOCAL_ID_PATTERN}|agent://{_AUTHORITY}/{LOCAL_ID_PATTERN})$"
+)
+
 # The trace service's page tokens: unpadded base64url of at most 512 characters (services/trace/domain.py
 # MAX_PAGE_TOKEN); one it did not issue is a 422.
 PageToken = Annotated[

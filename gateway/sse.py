@@ -28,6 +28,7 @@ from libs import events
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import InvalidArgument, NotFound, from_rpc_error
+from libs.ids import shown
 
 RESUME_RETRIES = 3  # resubscriptions after UNAVAILABLE (a stream replica went away) before giving up
 RESUME_BACKOFF_S = 0.25
@@ -45,7 +46,7 @@ def resume_offset(request: Request) -> str:
     offset = request.headers.get("last-event-id") or request.query_params.get("lastEventId") or ""
     if not _OFFSET.fullmatch(offset):
         raise InvalidArgument(
-            f"invalid Last-Event-ID offset {offset[:40]!r}: expected an event id like 1700000000000-0"
+            f"invalid Last-Event-ID offset {shown(offset, 40)}: expected an event id like 1700000000000-0"
         )
     return offset.strip(" \t")
 

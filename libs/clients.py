@@ -3,6 +3,7 @@ deadline and the acting principal's identity (libs.rpc.channel)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cached_property
 
 import grpc
@@ -16,7 +17,15 @@ from agentmesh.stream.v1 import stream_service_pb2_grpc
 from agentmesh.trace.v1 import trace_service_pb2_grpc
 from libs.config import MeshSettings
 from libs.identity import Signer, signer_for
+from libs.peer_http import PeerClients
+from libs.peers import PeerRegistry
 from libs.rpc import channel
+
+
+@dataclass
+class Peers:
+    registry: PeerRegistry
+    http: PeerClients
 
 
 class Clients:
@@ -64,7 +73,14 @@ class Clients:
         target = self.settings.addresses.agent_runtime
         return runtime_service_pb2_grpc.AgentRuntimeServiceStub(self.channel(target))
 
+    @cached_property
+    def peers(self) -> Peers:
+        """The peer registry (AGENTMESH_PEERS) and an HTTP client per peer, for calls to other meshes."""
+        return Peers(PeerRegistry.load(self.settings.peers), PeerClients(self.settings.federation))
+
     async def close(self) -> None:
+        if "peers" in self.__dict__:
+            await self.peers.http.close()
         channels, self._channels = list(self._channels.values()), {}
         for ch in channels:
             await ch.close()

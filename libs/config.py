@@ -76,6 +76,29 @@ class SubagentDefaults(BaseModel):
     )
 
 
+class FederationSettings(BaseModel):
+    """Calls to peer meshes (remote traces, remote agents): bounds on every request."""
+
+    timeout_s: float = 10.0  # one HTTP request to a peer (connect, read, write)
+    connect_timeout_s: float = 3.0
+    read_retries: int = 2  # extra attempts of an idempotent read (never of a write), with backoff
+    backoff_s: float = 0.2  # the first retry's delay; doubles
+    max_response_bytes: int = 32 * 1024 * 1024  # a larger answer (decompressed) is refused
+    page_size: int = 1000  # messages per page when syncing a remote trace
+    # A peer that could not be reached is not dialled again for this long: reads answer from the cache
+    # at once, writes fail at once (0: dial every time).
+    down_s: float = 2.0
+
+
+class A2ASettings(BaseModel):
+    """The gateway's A2A server (gateway/a2a): the gRPC binding's own port and what agent cards say."""
+
+    grpc_listen: str = "127.0.0.1:50055"  # where the gateway serves lf.a2a.v1.A2AService; empty: not at all
+    grpc_url: str = ""  # the gRPC address cards advertise; empty: the bound address
+    public_url: str = ""  # the gateway's base URL in cards (behind a proxy); empty: the request's
+    default_agent: str = "general"  # the agent of GET /.well-known/agent-card.json
+
+
 class MeshSettings(BaseSettings):
     """Everything a service reads at start; passed in, never read twice."""
 
@@ -94,6 +117,9 @@ class MeshSettings(BaseSettings):
     llm: LLMSettings = Field(default_factory=LLMSettings)
     stream: StreamSettings = Field(default_factory=StreamSettings)
     subagent: SubagentDefaults = Field(default_factory=SubagentDefaults)
+    peers: str = ""  # the peer registry file (libs/peers.py); empty: no peers, nothing is contacted
+    federation: FederationSettings = Field(default_factory=FederationSettings)
+    a2a: A2ASettings = Field(default_factory=A2ASettings)
     rpc_timeout_s: float = 10.0  # deadline of every unary RPC
     stream_rpc_timeout_s: float = 3600.0  # deadline of every server-streaming RPC
     # A server sends GOAWAY to a connection this old (in-flight calls finish on it), so clients

@@ -54,6 +54,7 @@ TABLE: dict[str, Row] = {
     "IDLE_TIMEOUT": Row(S.DEADLINE_EXCEEDED, 504, ev.ERROR_CODE_IDLE_TIMEOUT),
     "CANCELLED": Row(S.CANCELLED, 499, ev.ERROR_CODE_CANCELLED),
     "INTERNAL": Row(S.INTERNAL, 500, ev.ERROR_CODE_INTERNAL),
+    "REMOTE_FAILED": Row(S.ABORTED, 502, ev.ERROR_CODE_REMOTE_FAILED),
 }
 _CODE_NAME = ev.ErrorCode.DESCRIPTOR
 
@@ -192,6 +193,12 @@ class Internal(MeshError):
     reason = "INTERNAL"
 
 
+class RemoteFailed(MeshError):
+    """A remote A2A agent ended its task failed (or rejected it)."""
+
+    reason = "REMOTE_FAILED"
+
+
 _BY_REASON: dict[str, type[MeshError]] = {
     cls.reason: cls
     for cls in (
@@ -213,6 +220,7 @@ _BY_REASON: dict[str, type[MeshError]] = {
         IdleTimeout,
         Cancelled,
         Internal,
+        RemoteFailed,
     )
 }
 _BY_GRPC: dict[grpc.StatusCode, type[MeshError]] = {

@@ -150,6 +150,32 @@ class TraceStoreMetrics:
         )
 
 
+class PeerMetrics:
+    """Calls to peer meshes (libs/peer_http.py) and reads of peers' traces (the trace service's cache)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = registry_or_new(registry)
+        self.requests = Counter(
+            "agentmesh_peer_requests",
+            "HTTP requests to peer meshes, by peer, method and outcome (ok, or the error's code)",
+            ["peer", "method", "outcome"],
+            registry=r,
+        )
+        self.seconds = Histogram(
+            "agentmesh_peer_request_seconds",
+            "Time of one HTTP request to a peer mesh (a streamed answer: until its head)",
+            ["peer", "method"],
+            buckets=QUERY_BUCKETS,
+            registry=r,
+        )
+        self.trace_reads = Counter(
+            "agentmesh_peer_trace_reads",
+            "Reads of peers' traces, by peer and source (fresh: synced; stale: the cache, the peer down)",
+            ["peer", "source"],
+            registry=r,
+        )
+
+
 class OrchestratorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = registry_or_new(registry)

@@ -100,6 +100,52 @@ def to_json(msg: Message) -> Any:
     return out
 
 
+def from_json(data: Any, msg: Message) -> Message:
+    """The inverse of to_json: fills `msg` from its JSON shape (unknown keys are ignored, so a newer
+    peer's extra fields do not break an older reader); ValueError for a value of the wrong type."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{msg.DESCRIPTOR.name}: expected an object")
+    desc: Descriptor = msg.DESCRIPTOR
+    if desc.full_name in _WKT_JSON:
+        json_format.ParseDict(data, msg)
+        return msg
+    for key, value in data.items():
+        field = desc.fields_by_camelcase_name.get(key)
+        if field is None or value is None:
+            continue
+        if field.is_repeated:
+            if not isinstance(value, list):
+                raise ValueError(f"{key}: expected a list")
+            target = getattr(msg, field.name)
+            for item in value:
+                if field.type == FieldDescriptor.TYPE_MESSAGE:
+                    from_json(item, target.add())
+                else:
+                    target.append(_scalar_from_json(field, item))
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            sub = getattr(msg, field.name)
+            if field.message_type.full_name in _WKT_JSON:
+                json_format.ParseDict(value, sub)
+            else:
+                from_json(value, sub)
+        else:
+            setattr(msg, field.name, _scalar_from_json(field, value))
+    return msg
+
+
+def _scalar_from_json(field: FieldDescriptor, value: Any) -> Any:
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        if value == "":
+            return 0
+        try:
+            return str_to_enum(field.enum_type, str(value))
+        except KeyError as exc:
+            raise ValueError(f"{field.json_name}: unknown value {value!r}") from exc
+    if field.type == FieldDescriptor.TYPE_BYTES:
+        return bytes.fromhex(value)
+    return value
+
+
 def given_paths(data: dict[str, Any], desc: Descriptor) -> list[str]:
     """The field-mask paths (snake_case) of the fields a JSON object gives, for a JSON merge patch:
     the keys of a nested message become paths of their own (`{"limits": {"maxSteps": 3}}` ->

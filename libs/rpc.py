@@ -397,3 +397,13 @@ async def wait_serving(target: str, timeout_s: float = 20.0, service: str = "") 
                 f"{target} did not report SERVING within {timeout_s}s: {exc.code().name}"
             ) from exc
         raise TimeoutError(f"{target} stopped before it was SERVING")
+
+
+def with_principal(handler: grpc.RpcMethodHandler, principal: identity.Principal) -> grpc.RpcMethodHandler:
+    """`handler` run as `principal` (for a server interceptor that verified another credential)."""
+    return _rewrap(handler, _as(principal))
+
+
+def refused(handler: grpc.RpcMethodHandler, err: Unauthenticated) -> grpc.RpcMethodHandler:
+    """`handler` replaced by one that ends the call with `err`'s status."""
+    return _rewrap(handler, _refuse(err))

@@ -165,3 +165,20 @@ def current_ids() -> tuple[str, str]:
     if not ctx.is_valid:
         return "", ""
     return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
+
+
+@contextlib.contextmanager
+def continued(traceparent: str) -> Iterator[None]:
+    """Runs the block in the trace of a W3C `traceparent` that came in a message rather than a header
+    (A2A message metadata); nothing when tracing is off or the value is empty."""
+    if _provider is None or not traceparent:
+        yield
+        return
+    from opentelemetry import context as otel_context
+    from opentelemetry.propagate import extract
+
+    token = otel_context.attach(extract({"traceparent": traceparent}))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)

@@ -105,20 +105,25 @@ MAX_DELEGATE_TASKS = 10
 AGENT_INVOKE = ToolSpec(
     name="agent-invoke",
     description=(
-        "Ask another agent to do a task and get its answer. `input` may be a list of tasks for the same "
-        "agent, run in parallel. `continueFrom` continues the conversation of an earlier call (its traceId)."
+        "Ask another agent (by `agentSlug`, or a remote A2A agent by `agentUrl`) to do a task and get its "
+        "answer. `input` may be a list of tasks for the same agent, run in parallel. `continueFrom` "
+        "continues the conversation of an earlier call (its traceId)."
     ),
     parameters={
         "type": "object",
         "properties": {
             "agentSlug": {"type": "string", "description": "The agent to call."},
+            "agentUrl": {
+                "type": "string",
+                "description": "Or: the agent card URL of a remote A2A agent the catalog lists.",
+            },
             "input": {
                 "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}],
                 "description": "The task, or several tasks run in parallel.",
             },
             "continueFrom": {"type": "string", "description": "traceId of an earlier call to continue."},
         },
-        "required": ["agentSlug", "input"],
+        "required": ["input"],
     },
     roles=(SUPERVISOR, SUBAGENT, A2A_CALLEE),
 )

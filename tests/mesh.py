@@ -25,7 +25,7 @@ from gateway.app import create_app
 from gateway.server import http_limits
 from libs import embedded_http, identity
 from libs.clients import Clients
-from libs.config import Addresses, LLMSettings, MeshSettings, StreamSettings
+from libs.config import A2ASettings, Addresses, LLMSettings, MeshSettings, StreamSettings
 from libs.identity import Signer
 from libs.rpc import ServiceServer
 from services.agent_runtime import server as runtime_server
@@ -114,6 +114,7 @@ async def start_mesh(
     catalog: Path | None = None,
     llm_timeout_s: float = 10.0,
     stream_options: dict[str, Any] | None = None,
+    gateway_port: int = 0,
     **overrides: Any,
 ) -> Mesh:
     timing = {"ttft_ms": 0.0, "tokens_per_second": 0.0}
@@ -137,6 +138,7 @@ async def start_mesh(
         ),
         "shutdown_grace_s": 2.0,
         "log_json": False,
+        "a2a": A2ASettings(grpc_listen=ANY_PORT),  # never the default port of a running mesh
     }
     if redis_url:
         values["redis_url"] = redis_url
@@ -160,7 +162,7 @@ async def start_mesh(
         mesh.servers["orchestrator"] = await orchestrator_server.build(settings, ANY_PORT, signer)
         a.orchestrator = mesh.servers["orchestrator"].target
         mesh.clients = Clients(settings, signer)
-        mesh.gateway = await embedded_http.serve(create_app(settings), **http_limits())
+        mesh.gateway = await embedded_http.serve(create_app(settings), port=gateway_port, **http_limits())
         mesh.url = f"http://127.0.0.1:{mesh.gateway.port}"
         mesh.user = "alice"
         mesh.api_key = await mesh.new_user("alice")
@@ -366,6 +368,7 @@ def process_env(data_dir: Path, ports: Ports, **extra: str) -> dict[str, str]:
         AGENTMESH_ADDRESSES__AGENT_RUNTIME=f"127.0.0.1:{ports.take()}",
         AGENTMESH_ADDRESSES__ORCHESTRATOR=f"127.0.0.1:{ports.take()}",
         AGENTMESH_GATEWAY_PORT=str(ports.take()),
+        AGENTMESH_A2A__GRPC_LISTEN=f"127.0.0.1:{ports.take()}",
         **extra,
     )
     return env

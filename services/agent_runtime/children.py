@@ -4,6 +4,7 @@ the call, and with it the child turn and everything under it."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import grpc
@@ -11,8 +12,10 @@ import grpc
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.stream.v1 import stream_service_pb2 as ss
-from libs import telemetry
-from libs.errors import MeshError, from_event, from_rpc_error, rpc
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
+from libs import events, telemetry
+from libs.errors import Cancelled, MeshError, from_event, from_rpc_error, rpc
 from services.agent_runtime.tools import ToolContext
 
 GRACE_S = 5.0  # the child's own deadline fires first; the call's deadline is a backstop
@@ -28,6 +31,41 @@ class ChildOutcome:
     @property
     def ok(self) -> bool:
         return self.error is None and self.result is not None
+
+
+async def create_task(
+    ctx: ToolContext, callee: str, depth: int, continue_trace_id: str = "", **context: str
+) -> tp.A2ATask:
+    """The `a2a_tasks` row (and its hidden trace) of one agent-invoke call by this run's agent, with
+    where the call came from (tool call, depth, anchor message; `context` adds to it)."""
+    caller_context = {
+        "toolCallId": ctx.tool_call_id,
+        "depth": depth,
+        "anchorMessageId": ctx.anchor_message_id,
+        **context,
+    }
+    request = ts.CreateA2ATaskRequest(
+        task=tp.A2ATask(
+            callee_agent=callee,
+            caller_agent=ctx.agent.slug,
+            caller_session_id=ctx.trace_id,
+            caller_context=events.struct(caller_context),
+        ),
+        continue_trace_id=continue_trace_id,
+    )
+    return (await rpc(ctx.clients.trace.CreateA2ATask(request))).task
+
+
+async def set_task_state(ctx: ToolContext, task_id: str, state: int) -> None:
+    await rpc(ctx.clients.trace.UpdateA2ATask(ts.UpdateA2ATaskRequest(task_id=task_id, state=state)))  # type: ignore[arg-type]
+
+
+async def settle_task(ctx: ToolContext, key: str, task_id: str, err: MeshError) -> None:
+    """A call that failed around its child turn: the buffer ends with the error, the task with it."""
+    await close_buffer(ctx, key, err)
+    state = tp.TASK_STATE_CANCELED if isinstance(err, Cancelled) else tp.TASK_STATE_FAILED
+    with contextlib.suppress(MeshError):
+        await set_task_state(ctx, task_id, state)
 
 
 async def create_buffer(ctx: ToolContext, key: str, metadata: dict[str, str]) -> None:

@@ -29,13 +29,21 @@ from libs import events
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, from_rpc_error, rpc
-from libs.ids import a2a_key, new_id, session_key, subagent_key
+from libs.ids import a2a_key, is_local_id, new_id, session_key, subagent_key
 from libs.leases import LeaseKeeper
 from libs.metrics import OrchestratorMetrics
 from services.orchestrator.turns import SHUTDOWN, TurnEngine, TurnOutcome, cancel_reason
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_CHARS = 100_000
+
+
+def _refuse_copies(session: tp.Trace) -> None:
+    """Our cached copy of a peer's trace takes no turn: it would fork the peer's trace."""
+    if session.home:
+        raise InvalidArgument(
+            f"{session.home} lives on a peer: continue it there, or with agent-invoke continueFrom"
+        )
 
 
 @dataclass
@@ -57,24 +65,46 @@ class ChatOrchestrator:
         self.running: dict[str, asyncio.Task[TurnOutcome]] = {}
 
     async def execute(
-        self, agent: str, message: str, session_id: str, events_from_stream: bool = False
+        self,
+        agent: str,
+        message: str,
+        session_id: str,
+        *,
+        any_kind: bool = False,
+        events_from_stream: bool = False,
     ) -> AsyncIterator[list[ev.Event]]:
         """Starts a chat turn of the calling user and yields its events (with offsets), in batches of
-        what is ready, until the buffer closes. `events_from_stream`: the caller reads them from the
-        buffer, so only `start` and what the buffer could not take (no offset) are yielded."""
+        what is ready, until the buffer closes. `any_kind` (ContinueTrace, POST /api/traces/{id}/run):
+        the trace may be of any kind, and an empty `agent` is the trace's own. `events_from_stream`: the
+        caller reads the events from the buffer, so only `start` and what the buffer could not take (no
+        offset) are yielded."""
         if not message.strip():
             raise InvalidArgument("message must not be empty")
         if len(message) > MAX_MESSAGE_CHARS:
             raise InvalidArgument(f"message is longer than {MAX_MESSAGE_CHARS} characters")
         new_trace: tp.Trace | None = None
-        if session_id:  # the agent and the session, in one round trip
-            got_agent, got_trace = await asyncio.gather(
-                rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent))),
-                rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id))),
+        if any_kind:
+            if not is_local_id(session_id):
+                raise InvalidArgument(
+                    "a peer's trace is continued at its home (its POST /api/traces/{id}/run), or by "
+                    "agent-invoke with continueFrom"
+                )
+            session = (await rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))).trace
+            agent = agent or session.agent
+            found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
+            _refuse_copies(session)
+        elif session_id:  # the agent and the session, in one round trip (the agent's error first)
+            agent_call = asyncio.ensure_future(
+                rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))
             )
-            found, session = got_agent.agent, got_trace.trace
+            trace_call = asyncio.ensure_future(
+                rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))
+            )
+            await asyncio.wait({agent_call, trace_call})
+            found, session = agent_call.result().agent, trace_call.result().trace
             if session.kind != tp.TRACE_KIND_CHAT:
                 raise InvalidArgument("only chat sessions take chat turns")
+            _refuse_copies(session)
         else:  # a new session: created with the turn's first messages, in the same call (BeginTurn)
             found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
             new_trace = tp.Trace(agent=found.slug, kind=tp.TRACE_KIND_CHAT, title=message.strip()[:80])

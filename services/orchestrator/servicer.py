@@ -21,10 +21,19 @@ class OrchestratorServicer(orc_grpc.OrchestratorServiceServicer):
         self, request: orc.ExecuteChatRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[orc.ExecuteChatResponse]:
         turn = self.chat.execute(
-            request.agent, request.message, request.session_id, request.events_from_stream
+            request.agent, request.message, request.session_id, events_from_stream=request.events_from_stream
         )
         async for batch in turn:
             yield orc.ExecuteChatResponse(events=batch)
+
+    @grpc_errors
+    async def ContinueTrace(
+        self, request: orc.ContinueTraceRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[orc.ContinueTraceResponse]:
+        if not request.trace_id:
+            raise InvalidArgument("trace_id is required")
+        async for batch in self.chat.execute(request.agent, request.input, request.trace_id, any_kind=True):
+            yield orc.ContinueTraceResponse(events=batch)
 
     @grpc_errors
     async def CancelChat(

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from agentmesh.events.v1 import events_pb2 as ev
 from libs.config import StreamSettings
 from libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Shutdown
+from libs.ids import shown
 from services.stream.backend import BackendStats, Cursor, StreamBackend, StreamInfo, interrupted, validate_key
 
 _counter = itertools.count(time.time_ns() // 1000)
@@ -39,7 +40,7 @@ def parse_offset(offset: str) -> int:
     if not offset:
         return 0
     if len(offset) > 20 or not offset.isascii() or not offset.isdigit():
-        raise InvalidArgument(f"invalid offset {offset[:40]!r}: expected up to 20 digits")
+        raise InvalidArgument(f"invalid offset {shown(offset, 40)}: expected up to 20 digits")
     return int(offset)
 
 

@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 from agentmesh.events.v1 import events_pb2 as ev
 from libs.config import StreamSettings
 from libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from libs.ids import shown
 from services.stream.backend import BackendStats, Cursor, StreamBackend, StreamInfo, interrupted, validate_key
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ def check_offset(offset: str) -> str:
     an error that would surface as INTERNAL)."""
     if offset and not _OFFSET.fullmatch(offset):
         raise InvalidArgument(
-            f"invalid offset {offset[:40]!r}: expected a Redis entry id like 1700000000000-0"
+            f"invalid offset {shown(offset, 40)}: expected a Redis entry id like 1700000000000-0"
         )
     if offset and (max(_id_tuple(offset)) > _U64 or offset == f"{_U64}-{_U64}"):
         raise InvalidArgument(f"invalid offset {offset!r}: out of the range of Redis entry ids")

@@ -68,6 +68,7 @@ class AgentHandler:
         copy.slug = new_slug or rules.free_slug(slug, await self._known(owner))
         copy.name = name or f"{source.name[:193]} (copy)"
         copy.public = False
+        copy.ClearField("remote")  # a copy runs here; only the catalog names remote agents
         copy = rules.normalized(copy)
         await self._check(owner, copy)
         return await self.store.create_agent(owner, copy)

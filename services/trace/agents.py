@@ -20,6 +20,8 @@ from libs.ids import SLUG_PATTERN
 from libs.tools import SUBAGENT, ToolCatalog, names
 
 SLUG = re.compile(SLUG_PATTERN)
+REMOTE_URL = re.compile(r"https?://[^\s/?#@]+(/[^\s#]*)?", re.ASCII)
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}", re.ASCII)
 DEFAULT_LIMITS = ap.Limits(max_steps=8, max_output_tokens=4096, timeout_ms=120_000)
 DEFAULT_INVOKE = ap.InvokeConfig(
     max_recursion_depth=3, timeout_ms=60_000, max_output_tokens=2048, max_parallel=4
@@ -119,6 +121,13 @@ def validate(agent: ap.Agent, where: str = "agent") -> None:
     for field in ("allowed_preset_agent_ids", "allowed_tool_names"):
         if sub.HasField(field):
             _names(getattr(sub, field), f"{_at(where)}subagentConfig.{_camel(field)}")
+    if agent.HasField("remote"):
+        if not REMOTE_URL.fullmatch(agent.remote.card_url):
+            raise InvalidArgument(f"{_at(where)}remote.cardUrl must be an http(s) URL")
+        if agent.remote.credential_env and not ENV_NAME.fullmatch(agent.remote.credential_env):
+            raise InvalidArgument(f"{_at(where)}remote.credentialEnv must name an environment variable")
+        if agent.public:
+            raise InvalidArgument(f"{_at(where)}a remote agent cannot be public")
 
 
 def to_json(agent: ap.Agent) -> dict[str, Any]:
@@ -217,11 +226,17 @@ def check_references(
     and subagent presets among the agents the user may use (`known`, or the agent itself); the tools it
     allows its subagents run in subagents and are not blocked for them. InvalidArgument otherwise."""
     agents = {*known, agent.slug}
+    if agent.HasField("remote"):
+        raise InvalidArgument("remote: only the mesh's catalog lists remote agents")
     for tool in agent.tools:
         if tool not in tools.specs:
             raise InvalidArgument(f"tools: unknown tool {tool!r} (the tools are {', '.join(tools.specs)})")
     for callee in agent.invoke.allowed_callees:
-        if callee != ANY_CALLEE and callee not in agents:
+        if callee.startswith("@"):  # a peer's agent, @alias/slug (the alias is checked when it is called)
+            alias, _, slug = callee[1:].partition("/")
+            if not alias or not SLUG.fullmatch(slug):
+                raise InvalidArgument(f"invoke.allowedCallees: a peer's agent is @alias/slug, not {callee!r}")
+        elif callee != ANY_CALLEE and callee not in agents:
             raise InvalidArgument(f"invoke.allowedCallees: unknown agent {callee!r}")
     sub = agent.subagent_config
     for preset in names(sub, "allowed_preset_agent_ids") or ():

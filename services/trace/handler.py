@@ -9,7 +9,9 @@ from google.protobuf import json_format
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
+from libs.ids import TraceRef
 from services.trace.store.base import MessagePage, MessageQuery, SubagentStore, TaskStore, TraceStore
+from services.trace.store.hybrid import HybridTraceStore
 
 
 class TraceHandler:
@@ -18,11 +20,23 @@ class TraceHandler:
         self.tasks = tasks
         self.subagents = subagents
 
+    async def create_task(self, owner: str, task: tp.A2ATask, continue_trace_id: str) -> tp.A2ATask:
+        """An agent-invoke task; continuing a peer's trace (continueFrom @alias/id) runs the callee on
+        our cached copy of it (synced now), and the task names the trace by its home id."""
+        copy = None
+        if continue_trace_id and isinstance(self.traces, HybridTraceStore):
+            copy = await self.traces.copy_for_turn(owner, continue_trace_id)
+        if copy is None:
+            return await self.tasks.create_task(owner, task, continue_trace_id)
+        created = await self.tasks.create_task(owner, task, copy[0])
+        created.trace_id = copy[1]
+        return created
+
     async def list_messages(self, owner: str, query: MessageQuery, view: int) -> MessagePage:
         """A page of messages; in MESSAGE_VIEW_FULL an assistant message whose metadata lacks
         `subagents` gets its batches rebuilt from the rows anchored to it (seed 3 section 11.1)."""
         page = await self.traces.list_messages(owner, query)
-        if view == ts.MESSAGE_VIEW_FULL:
+        if view == ts.MESSAGE_VIEW_FULL and TraceRef.parse(query.trace_id).is_local:
             await self._restore_subagents(owner, query.trace_id, page.messages)
         return page
 

@@ -10,12 +10,15 @@ from agentmesh.leases.v1 import lease_service_pb2, lease_service_pb2_grpc
 from agentmesh.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from libs.config import MeshSettings
 from libs.identity import Signer, signer_for
-from libs.metrics import TraceStoreMetrics
+from libs.metrics import PeerMetrics, TraceStoreMetrics
+from libs.peer_http import PeerClients
+from libs.peers import PeerRegistry
 from libs.rpc import Registration, ServiceServer, server_settings
 from services.trace.agent_handler import AgentHandler
 from services.trace.agents import load_catalog
 from services.trace.handler import TraceHandler
 from services.trace.servicer import AgentServicer, AuthServicer, LeaseServicer, TraceServicer
+from services.trace.store.hybrid import HybridTraceStore
 from services.trace.store.sql import SqlStores
 from services.trace.store.sql.db import create_engine, migrate, time_queries
 
@@ -25,7 +28,10 @@ async def build(
 ) -> ServiceServer:
     """Migrates the database (`upgrade head`), imports the catalog's built-in agents and starts the
     gRPC server. The returned server is started; its `stop()` also disposes the engine."""
+    peer_registry = PeerRegistry.load(settings.peers)
     url = settings.sqlalchemy_url
+    if peer_registry.store.internal_url and not settings.database_url:  # the seed's trace_store.internal
+        url = settings.model_copy(update={"database_url": peer_registry.store.internal_url}).sqlalchemy_url
     if url.startswith("sqlite"):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url)
@@ -35,7 +41,11 @@ async def build(
         await migrate(engine)
         stores = SqlStores.open(engine, settings.subagent, settings.lease_s)
         await stores.agents.import_builtins(load_catalog(settings.catalog))
-        handler = TraceHandler(stores.traces, stores.tasks, stores.subagents)
+        peers = PeerClients(settings.federation, metrics=PeerMetrics(registry))
+        traces = HybridTraceStore(
+            stores.traces, stores.copies, peer_registry, peers, page_size=settings.federation.page_size
+        )
+        handler = TraceHandler(traces, stores.tasks, stores.subagents)
         server = ServiceServer(
             [
                 Registration.of(
@@ -64,7 +74,7 @@ async def build(
                 ),
             ],
             signer=signer or signer_for(settings),
-            on_stop=[engine.dispose],
+            on_stop=[engine.dispose, peers.close],
             registry=registry,
             **{**server_settings(settings, "trace"), **({"address": address} if address else {})},
         )

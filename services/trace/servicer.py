@@ -13,13 +13,14 @@ from agentmesh.auth.v1 import auth_service_pb2 as au
 from agentmesh.auth.v1 import auth_service_pb2_grpc
 from agentmesh.leases.v1 import lease_service_pb2 as ls
 from agentmesh.leases.v1 import lease_service_pb2_grpc
+from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from agentmesh.trace.v1 import trace_service_pb2_grpc
 from libs.errors import InvalidArgument, PermissionDenied, grpc_errors
 from libs.identity import current, current_user
 from services.trace.agent_handler import AgentHandler
 from services.trace.handler import TraceHandler
-from services.trace.store.base import Deleted, KeyStore, LeaseStore, MessageQuery
+from services.trace.store.base import Deleted, InboundTaskQuery, KeyStore, LeaseStore, MessageQuery
 
 Ctx: TypeAlias = grpc.aio.ServicerContext
 
@@ -83,6 +84,20 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
         return ts.AppendMessageResponse(message=message)
 
     @grpc_errors
+    async def AppendMessages(
+        self, request: ts.AppendMessagesRequest, context: Ctx
+    ) -> ts.AppendMessagesResponse:
+        if any(m.status == tp.MESSAGE_STATUS_PENDING for m in request.messages):
+            raise InvalidArgument("appended messages are finished: completed, failed or cancelled")
+        if len(request.messages) > 100:
+            raise InvalidArgument("at most 100 messages per append")
+        parent = request.parent_sequence if request.HasField("parent_sequence") else None
+        stored = await self.h.traces.append_messages(
+            current_user(), request.trace_id, list(request.messages), parent
+        )
+        return ts.AppendMessagesResponse(messages=stored)
+
+    @grpc_errors
     async def BeginTurn(self, request: ts.BeginTurnRequest, context: Ctx) -> ts.BeginTurnResponse:
         owner = current_user()
         messages = [request.user_message, request.assistant_message]
@@ -120,13 +135,16 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
             offset=request.offset,
         )
         page = await self.h.list_messages(current_user(), query, request.view)
-        return ts.ListMessagesResponse(
-            messages=page.messages, head_sequence=page.head_sequence, total=page.total
+        resp = ts.ListMessagesResponse(
+            messages=page.messages, head_sequence=page.head_sequence, total=page.total, stale=page.stale
         )
+        if page.sync_time is not None:
+            resp.sync_time.FromDatetime(page.sync_time)
+        return resp
 
     @grpc_errors
     async def CreateA2ATask(self, request: ts.CreateA2ATaskRequest, context: Ctx) -> ts.CreateA2ATaskResponse:
-        task = await self.h.tasks.create_task(current_user(), request.task, request.continue_trace_id)
+        task = await self.h.create_task(current_user(), request.task, request.continue_trace_id)
         return ts.CreateA2ATaskResponse(task=task)
 
     @grpc_errors
@@ -140,9 +158,19 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
 
     @grpc_errors
     async def ListA2ATasks(self, request: ts.ListA2ATasksRequest, context: Ctx) -> ts.ListA2ATasksResponse:
-        return ts.ListA2ATasksResponse(
-            tasks=await self.h.tasks.list_tasks(current_user(), request.caller_session_id)
+        if request.caller_session_id:
+            return ts.ListA2ATasksResponse(
+                tasks=await self.h.tasks.list_tasks(current_user(), request.caller_session_id)
+            )
+        query = InboundTaskQuery(
+            callee_agent=request.callee_agent,
+            trace_id=request.trace_id,
+            state=request.state,
+            page_size=request.page_size,
+            page_token=request.page_token,
         )
+        tasks, token = await self.h.tasks.list_inbound_tasks(current_user(), query)
+        return ts.ListA2ATasksResponse(tasks=tasks, next_page_token=token)
 
     @grpc_errors
     async def CreateSubagentSessions(

@@ -182,13 +182,18 @@ def start_mesh(
         data,
         AGENTMESH_LOG_LEVEL=log_level,
         AGENTMESH_LOG_JSON="true",
-        AGENTMESH_CATALOG=str(catalog),
+        # Scenario F's remote callee is this mesh itself over A2A, with the development key.
+        AGENTMESH_BENCH_A2A_KEY_FILE=str(data / "dev_api_key"),
         AGENTMESH_LLM__BASE_URL=f"{mock_url}/v1",
         AGENTMESH_LLM__API_KEY="bench",
         AGENTMESH_LLM__REQUEST_TIMEOUT_S="300",
     )
     if root is not None:
         env["PYTHONPATH"] = str(root)
+    text = catalog.read_text()  # a remote agent of the catalog names this mesh's gateway port
+    rendered = work / "catalog.yaml"
+    rendered.write_text(text.replace("{gateway_port}", env["AGENTMESH_GATEWAY_PORT"]))
+    env["AGENTMESH_CATALOG"] = str(rendered)
     cmd = [sys.executable, "-m", "agentmesh.cli", "up", "--no-mock-llm"]
     proc = _spawn("mesh", cmd, env, work / "mesh.log", cwd=root)
     proc.url = f"http://127.0.0.1:{env['AGENTMESH_GATEWAY_PORT']}"

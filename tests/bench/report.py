@@ -194,6 +194,26 @@ def section_d(s: dict[str, Any]) -> list[str]:
     return [*out, *table(head, [row]), ""]
 
 
+def section_f(s: dict[str, Any]) -> list[str]:
+    out = [f"## F: {s.get('what', '')}", "", *_skipped(s)]
+    if "local_ms" not in s:
+        return out
+    out.append(
+        f"{s['turns']} turns of each after {s['warmup']} warm-up, interleaved; "
+        "a turn: POST /api/chat -> done."
+    )
+    out.append("")
+    head = ["callee", "turn p50 ms", "turn p99 ms", "n"]
+    rows = [
+        ["local (child turn)", num(get(s, "local_ms", "p50"), 1), num(get(s, "local_ms", "p99"), 1),
+         str(get(s, "local_ms", "n"))],
+        ["remote (over A2A)", num(get(s, "remote_ms", "p50"), 1), num(get(s, "remote_ms", "p99"), 1),
+         str(get(s, "remote_ms", "n"))],
+        ["added by A2A", num(get(s, "added_ms", "p50"), 1), num(get(s, "added_ms", "p99"), 1), ""],
+    ]  # fmt: skip
+    return [*out, *table(head, rows), f"errors: {errors(s.get('errors'))}", ""]
+
+
 def markdown(r: dict[str, Any]) -> str:
     m = r["machine"]
     lines = [
@@ -216,13 +236,18 @@ def markdown(r: dict[str, Any]) -> str:
         )
     lines.append("")
     sc = r.get("scenarios", {})
-    for name, fn in (("A", section_a), ("B", section_b), ("C", section_c), ("D", section_d)):
+    sections = (("A", section_a), ("B", section_b), ("C", section_c), ("D", section_d), ("F", section_f))
+    for name, fn in sections:
         if name in sc:
             lines += fn(sc[name])
     if "E" in sc:
         from tests.bench import scenario_e
 
         lines += scenario_e.markdown(sc["E"])
+    if "G" in sc:
+        from tests.bench import scenario_g
+
+        lines += scenario_g.markdown(sc["G"])
     logs = r.get("logs") or {}
     noisy = {k: v for k, v in logs.items() if v.get("lines")}
     if noisy:

@@ -38,7 +38,7 @@ from typing import Any
 
 import psutil
 
-from tests.bench import procs, scenario_e
+from tests.bench import procs, scenario_e, scenario_g
 from tests.bench.scenarios import (
     QUICK,
     Bench,
@@ -48,6 +48,7 @@ from tests.bench.scenarios import (
     scenario_b,
     scenario_c,
     scenario_d,
+    scenario_f,
     write_rules,
 )
 
@@ -55,7 +56,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 RESULTS = HERE / "results"
 WORK = ROOT / ".agentmesh" / "bench"
-ALL = ("A", "B", "C", "D", "E")
+ALL = ("A", "B", "C", "D", "E", "F", "G")
 
 
 def machine() -> dict[str, Any]:
@@ -131,7 +132,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--quick", action="store_true", help="small sizes: a couple of minutes in all")
-    p.add_argument("--scenarios", default=",".join(ALL), help="comma-separated subset of A,B,C,D,E")
+    p.add_argument("--scenarios", default=",".join(ALL), help="comma-separated subset of A,B,C,D,E,F,G")
     p.add_argument("--sessions", help="scenario C's N values, e.g. 50,200 (full: 50,200,500,1000)")
     p.add_argument("--peers", default="", help="peer servers to run too: langgraph")
     p.add_argument(
@@ -174,7 +175,7 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
 
 async def run_scenarios(bench: Bench, selected: list[str], args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    steps = {"A": scenario_a, "B": scenario_b, "C": scenario_c, "D": scenario_d}
+    steps = {"A": scenario_a, "B": scenario_b, "C": scenario_c, "D": scenario_d, "F": scenario_f}
     for name in selected:
         started = time.time()
         print(f"scenario {name} ...", flush=True)
@@ -185,6 +186,8 @@ async def run_scenarios(bench: Bench, selected: list[str], args: argparse.Namesp
                 z = bench.sizes
                 ctx = scenario_e.Context(args.e_database_url, WORK / "e", z.e_appends, z.e_writers)
                 out["E"] = await scenario_e.run(ctx)
+            elif name == "G":
+                out["G"] = await scenario_g.run(5 if args.quick else 20, WORK / "g")
             else:
                 out[name] = await steps[name](bench)
         except Exception as exc:

@@ -55,6 +55,9 @@ class Sizes:
     d_warmup: int = 1
     e_appends: int = 3000
     e_writers: int = 50
+    f_tokens: int = 50
+    f_turns: int = 20
+    f_warmup: int = 2
 
 
 QUICK = {
@@ -68,6 +71,8 @@ QUICK = {
     "d_turns": 2,
     "d_warmup": 1,
     "e_appends": 600,
+    "f_turns": 5,
+    "f_warmup": 1,
 }
 
 
@@ -86,6 +91,14 @@ def rules(sizes: Sizes) -> dict[str, Any]:
             {"name": "d-fanout", "user": "^bench-d ", "after_tool": False,
              "tool_calls": [{"name": "delegate_parallel", "arguments": {"tasks": tasks}}]},
             {"name": "d-sum", "user": "^bench-d ", "after_tool": True, "tokens": 10},
+            {"name": "f-local", "user": "^bench-f-local ", "after_tool": False,
+             "tool_calls": [{"name": "agent-invoke",
+                             "arguments": {"agentSlug": "bench-callee", "input": "bench-f-callee {user}"}}]},
+            {"name": "f-remote", "user": "^bench-f-remote ", "after_tool": False,
+             "tool_calls": [{"name": "agent-invoke", "arguments": {"agentSlug": "bench-callee-a2a",
+                                                                   "input": "bench-f-callee {user}"}}]},
+            {"name": "f-sum", "user": "^bench-f-(local|remote) ", "after_tool": True, "tokens": 5},
+            {"name": "f-callee", "user": "^bench-f-callee ", "tokens": sizes.f_tokens},
             {"name": "a", "user": "^bench-a ", "tokens": sizes.a_tokens},
             {"name": "b", "user": "^bench-b ", "tokens": sizes.b_tokens, "tokens_per_second": sizes.b_tps},
             {"name": "c", "user": "^bench-c ", "tokens": sizes.c_tokens, "tokens_per_second": sizes.c_tps},
@@ -629,4 +642,35 @@ async def scenario_d(bench: Bench) -> dict[str, Any]:
         },
         "max_ratio": max((t["ratio"] for t in turns if t["ratio"] is not None), default=None),
         "per_turn": turns,
+    }
+
+
+async def scenario_f(bench: Bench) -> dict[str, Any]:
+    """F: the added latency of agent-invoke over A2A. The same caller invokes the same callee (one
+    model call of f_tokens) either locally (agentSlug bench-callee: a child turn through the
+    orchestrator) or as a remote A2A agent (bench-callee-a2a: the catalog's remote entry for this very
+    mesh's /a2a/bench-callee, so the a2a-sdk client, the gateway's A2A server and its executor are all
+    on the path). Turns interleave local and remote; the figure is the difference of the turn times."""
+    z = bench.sizes
+    walls: dict[str, list[float]] = {"local": [], "remote": []}
+    errors: Counter[str] = Counter()
+    async with bench.http_for("mesh") as http:
+        for i in range(z.f_warmup + z.f_turns):
+            for kind in ("local", "remote") if i % 2 == 0 else ("remote", "local"):
+                s = Stream(target="mesh", tag=f"bench-f-{kind} {i}")
+                await clients.mesh(http, s, "bench-caller")
+                if s.error is not None:
+                    errors[f"{kind}:{s.error}"] += 1
+                elif i >= z.f_warmup:
+                    walls[kind].append(s.end - s.start)
+    local, remote = dist(walls["local"], 1000), dist(walls["remote"], 1000)
+    added = {q: remote[q] - local[q] for q in ("p50", "p99") if q in local and q in remote}
+    return {
+        "what": f"agent-invoke of a {z.f_tokens}-token callee, local vs over A2A (same mesh, same model)",
+        "turns": z.f_turns,
+        "warmup": z.f_warmup,
+        "local_ms": local,
+        "remote_ms": remote,
+        "added_ms": added,
+        "errors": dict(errors),
     }

@@ -13,7 +13,7 @@ import pytest
 from agentmesh.agents.v1 import agent_pb2 as ag
 from agentmesh.trace.v1 import trace_pb2 as tp
 from gateway.app import create_app
-from gateway.params import ID_PATTERN, MESSAGE_PATTERN, OFFSET_PATTERN
+from gateway.params import ID_PATTERN, MESSAGE_PATTERN, OFFSET_PATTERN, TRACE_ID_PATTERN
 from libs.config import MeshSettings
 from libs.errors import TABLE
 from libs.ids import SLUG_PATTERN
@@ -43,6 +43,11 @@ ERRORS = {
     ("DELETE", "/api/sessions/{session_id}"): {401, 404, 422, 503, 504},
     ("GET", "/api/sessions/{session_id}/messages"): {401, 404, 422, 503, 504},
     **{("GET", path): {401, 404, 422, 503, 504} for path in STREAMS},
+    # the trace API: 403 for an id naming an unregistered peer (or a peer that refused our key)
+    ("GET", "/api/traces/{trace_id}"): {401, 403, 404, 422, 503, 504},
+    ("GET", "/api/traces/{trace_id}/messages"): {401, 403, 404, 422, 503, 504},
+    ("POST", "/api/traces/{trace_id}/messages"): {401, 403, 404, 409, 413, 422, 503, 504},
+    ("POST", "/api/traces/{trace_id}/run"): {401, 403, 404, 409, 413, 422, 503, 504},
 }
 
 
@@ -124,6 +129,8 @@ def test_the_bounds_the_gateway_checks(document: dict[str, Any]) -> None:
                 assert (p["schema"]["pattern"], p["schema"]["maxLength"]) == (ID_PATTERN, 64), (path, p)
             if p["name"] == "slug":
                 assert (p["schema"]["pattern"], p["schema"]["maxLength"]) == (f"^{SLUG_PATTERN}$", 100)
+            if p["name"] == "trace_id":
+                assert (p["schema"]["pattern"], p["schema"]["maxLength"]) == (TRACE_ID_PATTERN, 300), p
             if p["name"] == "If-Match":
                 assert (method, p["in"]) in {("PATCH", "header"), ("DELETE", "header")}
 

@@ -51,7 +51,7 @@ async def test_list_agents_returns_the_catalog_builtins(agent_stub, unique):
     assert [a.slug for a in listed] == ["coder", "general", "researcher"] == sorted(catalog)
     for agent in listed:
         assert _own_settings(agent) == catalog[agent.slug], agent.slug
-        assert (agent.owner, agent.version, agent.public) == ("", 1, False)
+        assert (agent.owner, agent.version, agent.public) == ("", 1, True)  # the demo agents are A2A servers
         assert recent(agent.create_time, within_s=3600) and agent.update_time == agent.create_time
     by_slug = {a.slug: a for a in listed}
     # Defaults filled in where the catalog says nothing.

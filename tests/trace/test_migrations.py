@@ -145,10 +145,8 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
 
     # 0003: leases on work in progress; a row of 0002 has none (its creation or last change counts).
     assert "lease_until" not in await _columns(empty_engine, "messages")
-    await migrate(empty_engine)
+    await migrate(empty_engine, "0003")
     assert await _revision(empty_engine) == "0003"
-    tables, diff = await _state(empty_engine)
-    assert TABLES <= tables and diff == []
     for table in ("messages", "a2a_tasks", "subagent_sessions"):
         assert "lease_until" in await _columns(empty_engine, table)
     assert (
@@ -158,8 +156,17 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
     assert {"ix_messages_pending"} <= {
         ix["name"] for ix in await _inspect(empty_engine, lambda i: i.get_indexes("messages"))
     }
+    # 0004: cached copies of peers' traces; every existing session is one of this mesh (home NULL).
+    await migrate(empty_engine)
+    assert await _revision(empty_engine) == "0004"
+    tables, diff = await _state(empty_engine)
+    assert TABLES <= tables and diff == []
+    assert {"home", "home_sequence", "synced_at"} <= await _columns(empty_engine, "sessions")
+    assert await _rows(empty_engine, "SELECT id FROM sessions WHERE home IS NOT NULL") == []
     await migrate(empty_engine)  # idempotent at head
-    assert await _revision(empty_engine) == "0003"
+    assert await _revision(empty_engine) == "0004"
+    await downgrade(empty_engine, "0003")
+    assert "home" not in await _columns(empty_engine, "sessions")
     await downgrade(empty_engine, "0002")
     assert "lease_until" not in await _columns(empty_engine, "a2a_tasks")
 
@@ -181,4 +188,4 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
 
     await migrate(empty_engine)
     tables, diff = await _state(empty_engine)
-    assert TABLES <= tables and diff == [] and await _revision(empty_engine) == "0003"
+    assert TABLES <= tables and diff == [] and await _revision(empty_engine) == "0004"

@@ -73,7 +73,9 @@ export class InvokePanel {
     const call = this.add(name, "loading");
     this.show(call);
     try {
-      const { messages } = await json(`/api/sessions/${encodeURIComponent(traceId)}/messages`);
+      // The trace API takes every id form: local, @alias/id and agent://host:port/id (a peer's trace,
+      // read through this mesh's cached copy; `stale` when the peer did not answer).
+      const { messages, stale } = await json(`/api/traces/${encodeURIComponent(traceId)}/messages`);
       const reply = messages.filter((m) => m.role === "assistant").at(-1);
       call.task = messages.find((m) => m.role === "user")?.content ?? "";
       if (reply?.status === "pending" && streamUrl) {
@@ -83,7 +85,7 @@ export class InvokePanel {
         await this.subscribe(call);
         return;
       }
-      call.text = reply?.content ?? "";
+      call.text = (stale ? "(cached copy: the peer's mesh did not answer)\n\n" : "") + (reply?.content ?? "");
       call.status = !reply || reply.status === "completed" ? "done" : reply.status === "cancelled" ? "cancelled" : "error";
       const error = reply?.metadata?.error;
       if (error) call.error = `${error.code}: ${error.message}`;

@@ -38,11 +38,12 @@ export class ToolCard {
   /** One "open" button per callee that ran (a task id and a trace id in the output). */
   offerTraces(output) {
     const runs = Array.isArray(output?.results) ? output.results : [output];
-    const slug = this.input?.agentSlug || "agent";
+    const slug = this.input?.agentSlug || this.input?.agentUrl || "agent";
     for (const [i, run] of runs.entries()) {
       if (!run?.traceId || !run?.taskId) continue;
       const label = runs.length > 1 ? `open ${i + 1}` : "open";
-      const detail = { name: slug, traceId: run.traceId, streamUrl: `/api/agents/a2a/stream?taskId=${encodeURIComponent(run.taskId)}` };
+      // A remote callee's traceId names its home (agent://host/id); our copy of the exchange is local.
+      const detail = { name: slug, traceId: run.localTraceId || run.traceId, streamUrl: `/api/agents/a2a/stream?taskId=${encodeURIComponent(run.taskId)}` };
       const open = (event) => {
         event.preventDefault(); // a button inside <summary> must not fold the card
         this.el.dispatchEvent(new CustomEvent("open-trace", { bubbles: true, detail }));

@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from agentmesh.agents.v1 import agent_pb2
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -36,6 +37,21 @@ class MessagePage:
     messages: list[tp.Message]
     head_sequence: int
     total: int
+    stale: bool = False  # a peer's trace whose peer did not answer: read from the cached copy
+    sync_time: datetime | None = None  # a peer's trace: when its cached copy was last brought up to date
+
+
+@dataclass
+class CopyState:
+    """A cached copy of a peer's trace (one per owner and home)."""
+
+    trace_id: str  # the copy's local id
+    home: str  # the trace's location-bearing id, @alias/id
+    home_sequence: int  # the last of the peer's sequences the copy holds
+    synced_at: datetime | None
+    outbox: int = 0  # messages appended here, not yet at home (a turn running on the copy)
+    outbox_pending: int = 0  # of those, still pending (0 with an outbox: its turn died unsent)
+    pending_from: int = 0  # the lowest sequence of a message still pending at home (0: none)
 
 
 @dataclass
@@ -115,6 +131,48 @@ class TraceStore(abc.ABC):
         """The main path (or every branch), by sequence, paged."""
 
 
+class CopyStore(abc.ABC):
+    """Cached copies of peers' traces (federation): trace rows with a `home`, owned by the user who read
+    them (invisible to anyone else, deleted with the owner's data), holding the peer's messages under
+    the peer's sequences. Messages appended here after home_sequence are the outbox: a turn of a local
+    agent running on the copy, sent home when it completes."""
+
+    @abc.abstractmethod
+    async def find(self, owner: str, home: str) -> CopyState | None:
+        """The owner's copy of `home`, or None."""
+
+    @abc.abstractmethod
+    async def of_trace(self, owner: str, trace_id: str) -> CopyState | None:
+        """The copy state of a local trace id, or None when it is not a copy."""
+
+    @abc.abstractmethod
+    async def save(
+        self, owner: str, home: str, trace: tp.Trace, messages: Sequence[tp.Message], final: bool
+    ) -> CopyState:
+        """Creates or updates the owner's copy of `home`: the trace's fields (agent, kind, title, head)
+        and `messages` by sequence (an existing one is replaced: a pending message completed at home).
+        `final`: the sync is complete, so synced_at moves."""
+
+    @abc.abstractmethod
+    async def outbox(self, owner: str, trace_id: str) -> list[tp.Message]:
+        """The messages appended to the copy after home_sequence, by sequence."""
+
+    @abc.abstractmethod
+    async def drop_outbox(self, owner: str, trace_id: str) -> None:
+        """Removes the outbox (sent home, or given up)."""
+
+
+@dataclass(frozen=True)
+class InboundTaskQuery:
+    """Which inbound tasks to list: filters (empty: any) and the page."""
+
+    callee_agent: str = ""
+    trace_id: str = ""
+    state: int = 0
+    page_size: int = 0
+    page_token: str = ""
+
+
 class TaskStore(abc.ABC):
     """Agent-invoke tasks (seed 1's a2aTaskSessions)."""
 
@@ -132,6 +190,11 @@ class TaskStore(abc.ABC):
     @abc.abstractmethod
     async def list_tasks(self, owner: str, caller_session_id: str) -> list[tp.A2ATask]:
         """The tasks a caller session started, oldest first."""
+
+    @abc.abstractmethod
+    async def list_inbound_tasks(self, owner: str, query: InboundTaskQuery) -> tuple[list[tp.A2ATask], str]:
+        """The owner's inbound tasks (no session of the mesh started them: A2A clients' calls), newest
+        first, one page; with the next page's token ("" on the last)."""
 
 
 class SubagentStore(abc.ABC):

@@ -72,3 +72,36 @@ def test_a_chat_message_is_taken_exactly_when_the_document_says(message: str) ->
 @pytest.mark.parametrize("text", ["a\x00", "\x00", "ok"])
 def test_no_nul(text: str) -> None:
     assert (re.search(NO_NUL, text) is not None) == ("\x00" not in text)
+
+
+# The trace API's id pattern states the shape the parser takes: everything the parser accepts matches
+# it, and what it refuses for its shape does not (the rest is refused with a clearer 422).
+@given(st.text(alphabet=st.sampled_from("agent:/@[]0123456789.abcXYZ_-"), max_size=40) | st.text(max_size=40))
+def test_the_trace_id_pattern_holds_every_id_the_parser_takes(text: str) -> None:
+    import re
+
+    from gateway.params import TRACE_ID_PATTERN
+    from libs.errors import InvalidArgument
+    from libs.ids import TraceRef
+
+    try:
+        TraceRef.parse(text)
+    except InvalidArgument:
+        return
+    assert re.fullmatch(TRACE_ID_PATTERN, text), text
+
+
+def test_the_trace_id_pattern_on_every_form() -> None:
+    import re
+
+    from gateway.params import TRACE_ID_PATTERN
+
+    for ok in (
+        "abc-123",
+        "@terminal-agent-456/abc-123",
+        "agent://terminal.local:8000/abc",
+        "agent://[::1]:9/x",
+    ):
+        assert re.fullmatch(TRACE_ID_PATTERN, ok)
+    for bad in ("a/b", "agent://u@h/x", "@a/b/c", "agent://h/x?y", ".x"):
+        assert not re.fullmatch(TRACE_ID_PATTERN, bad)

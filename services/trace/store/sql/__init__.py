@@ -9,6 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from libs.config import SubagentDefaults
 from services.trace.store.sql.agents import SqlAgentStore
 from services.trace.store.sql.common import Database
+from services.trace.store.sql.copies import SqlCopyStore
 from services.trace.store.sql.keys import SqlKeyStore
 from services.trace.store.sql.leases import SqlLeaseStore
 from services.trace.store.sql.subagents import SqlSubagentStore
@@ -26,6 +27,7 @@ class SqlStores:
     agents: SqlAgentStore
     keys: SqlKeyStore
     leases: SqlLeaseStore
+    copies: SqlCopyStore
 
     @classmethod
     def open(
@@ -39,4 +41,5 @@ class SqlStores:
             agents=SqlAgentStore(db, defaults),
             keys=SqlKeyStore(db),
             leases=SqlLeaseStore(db, lease_s),
+            copies=SqlCopyStore(db),
         )

@@ -103,6 +103,8 @@ def trace_pb(row: SessionRow, owner: str) -> tp.Trace:
         title=row.title,
         create_time=ts(row.created_at),
         update_time=ts(row.updated_at),
+        home=row.home or "",
+        sync_time=ts(row.synced_at),
     )
 
 

@@ -104,7 +104,17 @@ class SessionRow(Base):
     """A session (= a trace). `last_sequence` is the allocation counter; `head_sequence` the branch tip."""
 
     __tablename__ = "sessions"
-    __table_args__ = (Index("idx_sessions_user_updated", "user_id", "updated_at"),)
+    __table_args__ = (
+        Index("idx_sessions_user_updated", "user_id", "updated_at"),
+        Index(
+            "uq_sessions_user_home",
+            "user_id",
+            "home",
+            unique=True,
+            sqlite_where=text("home IS NOT NULL"),
+            postgresql_where=text("home IS NOT NULL"),
+        ),
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
@@ -117,6 +127,11 @@ class SessionRow(Base):
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _created()
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # A cached copy of a peer's trace (federation): its location-bearing id, the last of the peer's
+    # sequences it holds, and when it was last brought up to date. NULL home: a trace of this mesh.
+    home: Mapped[str | None] = mapped_column(String(300))
+    home_sequence: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    synced_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class MessageRow(Base):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from agentmesh.trace.v1 import trace_pb2 as tp
 from libs.errors import FailedPrecondition, InvalidArgument
 from services.trace import domain
-from services.trace.store.base import TaskStore
+from services.trace.store.base import InboundTaskQuery, TaskStore
 from services.trace.store.sql.common import (
     TASK_STATE,
     Database,
@@ -20,7 +20,7 @@ from services.trace.store.sql.common import (
     number_of,
     task_pb,
 )
-from services.trace.store.sql.models import A2ATaskRow, SessionRow
+from services.trace.store.sql.models import A2ATaskRow, SessionRow, User
 
 
 class SqlTaskStore(TaskStore):
@@ -36,15 +36,18 @@ class SqlTaskStore(TaskStore):
                 uid: int | None = (await self.db.trace_row(db, owner, task.caller_session_id)).user_id
             else:
                 uid = await self.db.user_id(db, owner, create=True)
-            callee = await self.db.agent_row(db, owner, task.callee_agent)
-            assert callee is not None
+            remote_callee = task.callee_agent.startswith("@")  # a peer's agent: @alias/slug
+            callee = None if remote_callee else await self.db.agent_row(db, owner, task.callee_agent)
+            callee_slug = task.callee_agent if callee is None else callee.slug
             caller = await self.db.agent_row(db, owner, task.caller_agent, required=False)
             stamp = now()
             if continue_trace_id:
                 trace = await self.db.trace_row(db, owner, continue_trace_id)
-                if trace.kind != "a2a":
+                if trace.home:  # a cached copy of a peer's trace: its kind and agent are the peer's
+                    pass
+                elif trace.kind != "a2a":
                     raise FailedPrecondition("continue_trace_id is not the trace of an agent-invoke call")
-                if trace.agent != callee.slug:
+                if trace.agent != callee_slug:
                     raise InvalidArgument(f"trace {continue_trace_id} belongs to agent {trace.agent!r}")
                 trace.updated_at = stamp
                 if task.visible_in_sidebar:
@@ -53,10 +56,10 @@ class SqlTaskStore(TaskStore):
                 trace = SessionRow(
                     id=str(uuid.uuid4()),
                     user_id=uid,
-                    agent=callee.slug,
+                    agent=callee_slug,
                     kind="a2a",
                     visible_in_sidebar=int(task.visible_in_sidebar),
-                    title=f"{caller.slug if caller else 'a2a'} -> {callee.slug}",
+                    title=f"{caller.slug if caller else 'a2a'} -> {callee_slug}",
                     created_at=stamp,
                     updated_at=stamp,
                 )
@@ -106,3 +109,33 @@ class SqlTaskStore(TaskStore):
                 .order_by(A2ATaskRow.created_at, A2ATaskRow.id)
             )
             return [task_pb(r, owner) for r in rows]
+
+    async def list_inbound_tasks(self, owner: str, query: InboundTaskQuery) -> tuple[list[tp.A2ATask], str]:
+        domain.need_owner(owner)
+        size = domain.page_size(query.page_size)
+        stmt = (
+            select(A2ATaskRow)
+            .join(User, User.id == A2ATaskRow.user_id)
+            .where(User.name == owner, A2ATaskRow.caller_session_id.is_(None))
+        )
+        if query.callee_agent:
+            stmt = stmt.where(A2ATaskRow.session.has(SessionRow.agent == query.callee_agent))
+        if query.trace_id:
+            stmt = stmt.where(A2ATaskRow.session_id == query.trace_id)
+        if query.state:
+            stmt = stmt.where(A2ATaskRow.state == name_of(TASK_STATE, query.state, "state"))
+        if query.page_token:
+            stamp, last_id = domain.decode_page_token(query.page_token)
+            stmt = stmt.where(
+                or_(
+                    A2ATaskRow.created_at < stamp,
+                    and_(A2ATaskRow.created_at == stamp, A2ATaskRow.id < last_id),
+                )
+            )
+        stmt = stmt.order_by(A2ATaskRow.created_at.desc(), A2ATaskRow.id.desc()).limit(size + 1)
+        async with self.db.read() as db:
+            rows = list(await db.scalars(stmt))
+        more = len(rows) > size
+        rows = rows[:size]
+        token = domain.encode_page_token(rows[-1].created_at, rows[-1].id) if more else ""
+        return [task_pb(r, owner) for r in rows], token

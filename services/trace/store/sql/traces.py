@@ -122,7 +122,9 @@ class SqlTraceStore(TraceStore):
         domain.need_owner(owner)
         size = domain.page_size(page_size)
         stmt = select(SessionRow).where(
-            self.db.owned(owner), or_(SessionRow.kind == "chat", SessionRow.visible_in_sidebar == 1)
+            self.db.owned(owner),
+            or_(SessionRow.kind == "chat", SessionRow.visible_in_sidebar == 1),
+            SessionRow.home.is_(None),  # cached copies of peers' traces are never listed
         )
         if page_token:
             after_time, after_id = domain.decode_page_token(page_token)

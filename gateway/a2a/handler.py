@@ -1,0 +1,155 @@
+"""The a2a-sdk's DefaultRequestHandler over our executor and store, with two methods of its own where
+the mesh does better than a handler whose tasks live in one process:
+
+- SubscribeToTask replays the task's buffer `a2a:<task id>` from the stream service, on any replica:
+  from the start (after the task's snapshot, as the SDK does), or, with `Last-Event-ID: <offset>` (the
+  `metadata.offset` of the last event the client saw), after that offset, so a resubscription after a
+  dropped connection loses and repeats nothing, also once the task has ended while the buffer lives.
+- CancelTask closes the buffer with `cancelled`: the replica that runs the turn sees it and cancels the
+  turn and every run under it; the task row is settled canceled here at once, so a task whose runner
+  died is settled too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncGenerator
+
+import grpc
+from a2a.server.context import ServerCallContext
+from a2a.server.events import Event
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.request_handlers.request_handler import validate_request_params
+from a2a.types import a2a_pb2 as a2a
+from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError, UnsupportedOperationError
+from a2a.utils.task import apply_history_length, validate_history_length
+
+from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
+from gateway.a2a.calls import header
+from gateway.a2a.events import to_a2a
+from gateway.a2a.executor import InboundTasks, MeshAgentExecutor
+from gateway.a2a.store import MeshTaskStore
+from libs import events
+from libs.a2a import FINAL_A2A_STATES, RESUME_HEADER, to_a2a_state
+from libs.clients import Clients
+from libs.config import MeshSettings
+from libs.errors import Cancelled, FailedPrecondition, rpc
+from libs.ids import a2a_key
+from libs.leases import LeaseKeeper
+
+MAX_OFFSET_CHARS = 64
+
+
+def handler_card() -> a2a.AgentCard:
+    """What the SDK's handler reads of a card: the capabilities (one for every agent of the mesh)."""
+    return a2a.AgentCard(
+        name="agentmesh",
+        description="the agents of an agentmesh gateway",
+        version="1",
+        supported_interfaces=[
+            a2a.AgentInterface(url="/a2a", protocol_binding="JSONRPC", protocol_version="1.0")
+        ],
+        capabilities=a2a.AgentCapabilities(streaming=True),
+        default_input_modes=["text/plain"],
+        default_output_modes=["text/plain"],
+        skills=[
+            a2a.AgentSkill(id="agents", name="agents", description="every public agent", tags=["agentmesh"])
+        ],
+    )
+
+
+class _TaskExists(logging.Filter):
+    """Drops the SDK's "Task ... already exists. Ignoring task replacement." (an error-level line per
+    task): our TaskStore has the row from the moment the request names the task (InboundTasks creates
+    it), so the executor's first Task event, which the stream still needs, is always a replacement."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "already exists. Ignoring task replacement" not in record.getMessage()
+
+
+logging.getLogger("a2a.server.agent_execution.active_task").addFilter(_TaskExists())
+
+
+class MeshRequestHandler(DefaultRequestHandler):
+    def __init__(
+        self, clients: Clients, settings: MeshSettings, leases: LeaseKeeper, default_agent: str
+    ) -> None:
+        self.store = MeshTaskStore(clients)
+        self.clients = clients
+        self.settings = settings
+        super().__init__(
+            agent_executor=MeshAgentExecutor(clients, settings, leases),
+            task_store=self.store,
+            agent_card=handler_card(),
+            request_context_builder=InboundTasks(clients, default_agent),
+        )
+
+    @validate_request_params
+    async def on_get_task(self, params: a2a.GetTaskRequest, context: ServerCallContext) -> a2a.Task | None:
+        validate_history_length(params)
+        row = await self.store.row(params.id, context)
+        if row is None:
+            raise TaskNotFoundError
+        return apply_history_length(await self.store.to_a2a(row, with_messages=True), params)
+
+    @validate_request_params
+    async def on_subscribe_to_task(  # type: ignore[override]
+        self, params: a2a.SubscribeToTaskRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Event, None]:
+        row = await self.store.row(params.id, context)
+        if row is None:
+            raise TaskNotFoundError
+        after = header(context, RESUME_HEADER).strip()[:MAX_OFFSET_CHARS]
+        if not after:
+            if to_a2a_state(row.state) in FINAL_A2A_STATES:
+                raise UnsupportedOperationError(
+                    message=f"Task {row.id} is in terminal state: {tp.TaskState.Name(row.state)}"
+                )
+            yield await self.store.to_a2a(row, with_messages=True)
+        request = ss.SubscribeStreamRequest(
+            key=a2a_key(row.id),
+            from_offset=after,
+            idle_timeout_ms=int(self.settings.turn_timeout_s * 1000),
+        )
+        first_text = not after
+        try:
+            async for resp in self.clients.stream.SubscribeStream(
+                request, timeout=self.settings.stream_rpc_timeout_s
+            ):
+                out = to_a2a(resp.event, row.id, row.trace_id, first_text=first_text)
+                if out is not None:
+                    first_text = first_text and not isinstance(out, a2a.TaskArtifactUpdateEvent)
+                    yield out
+                if events.is_terminal(resp.event):
+                    return
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            # The buffer is gone (expired): what is left is the task as stored.
+            yield await self.store.to_a2a(row, with_messages=True)
+
+    @validate_request_params
+    async def on_cancel_task(
+        self, params: a2a.CancelTaskRequest, context: ServerCallContext
+    ) -> a2a.Task | None:
+        row = await self.store.row(params.id, context)
+        if row is None:
+            raise TaskNotFoundError
+        if to_a2a_state(row.state) in FINAL_A2A_STATES:
+            raise TaskNotCancelableError
+        with contextlib.suppress(grpc.aio.AioRpcError):  # no buffer: nothing runs; the row is settled below
+            await self.clients.stream.CloseStream(
+                ss.CloseStreamRequest(
+                    key=a2a_key(row.id), error=Cancelled("cancelled by the caller").to_event()
+                )
+            )
+        with contextlib.suppress(FailedPrecondition):  # it ended meanwhile
+            await rpc(
+                self.clients.trace.UpdateA2ATask(
+                    ts.UpdateA2ATaskRequest(task_id=row.id, state=tp.TASK_STATE_CANCELED)
+                )
+            )
+        return await self.store.get(row.id, context)

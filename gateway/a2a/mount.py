@@ -1,0 +1,46 @@
+"""The A2A server's parts for one gateway process, started and stopped with the app: the request
+handler (and the lease keeper of the tasks it runs), the JSON-RPC dispatcher, the gRPC binding."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
+
+from gateway.a2a.grpc_server import A2AGrpcServer
+from gateway.a2a.handler import MeshRequestHandler
+from gateway.a2a.routes import dispatcher
+from libs.config import MeshSettings
+from libs.leases import LeaseKeeper
+
+
+@dataclass
+class A2AServer:
+    handler: MeshRequestHandler
+    dispatcher: JsonRpcDispatcher
+    leases: LeaseKeeper
+    grpc: A2AGrpcServer | None = None
+    grpc_url: str = ""  # what cards name as the gRPC interface ("" when there is none)
+
+    async def stop(self, grace_s: float) -> None:
+        if self.grpc is not None:
+            await self.grpc.stop(grace_s)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.handler.aclose(), grace_s + 5)
+        await self.leases.stop()
+
+
+async def start(app_state: Any, settings: MeshSettings) -> A2AServer:
+    leases = LeaseKeeper(app_state.clients, settings.lease_s)
+    leases.start()
+    handler = MeshRequestHandler(app_state.clients, settings, leases, settings.a2a.default_agent)
+    server = A2AServer(handler, dispatcher(handler), leases)
+    if settings.a2a.grpc_listen:
+        grpc_server = A2AGrpcServer(app_state, handler, settings.a2a.grpc_listen)
+        if await grpc_server.start():
+            server.grpc = grpc_server
+            server.grpc_url = settings.a2a.grpc_url or grpc_server.target
+    return server

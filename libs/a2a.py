@@ -1,0 +1,71 @@
+"""The mesh's A2A conventions, shared by its A2A server (gateway/a2a) and its A2A client (the
+agent-runtime's agent-invoke by URL): what it adds to the wire of A2A v1.0, and how our task states
+are A2A's.
+
+- Every event a task streams carries `metadata.offset`, its offset in our buffer `a2a:<task id>`; a
+  SubscribeToTask with `Last-Event-ID: <offset>` (an HTTP header, or gRPC metadata `last-event-id`)
+  resumes after it, losing and repeating nothing (A2A itself has no resume cursor).
+- A message may carry `metadata.traceparent` (W3C trace context; also sent as the `traceparent`
+  header) and `metadata.depth` (how deep in agent-invoke calls the caller is), so a trace and the
+  recursion limit continue across meshes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from a2a.types import a2a_pb2 as a2a
+
+from agentmesh.trace.v1 import trace_pb2 as tp
+
+OFFSET_KEY = "offset"
+RESUME_HEADER = "last-event-id"
+TRACEPARENT_KEY = "traceparent"
+DEPTH_KEY = "depth"
+USAGE_KEY = "usage"
+RESPONSE_ARTIFACT = "response"  # the id of the artifact a task's reply streams into
+BEARER_SCHEME = "bearer"  # the name of the security scheme in our agent cards
+MAX_DEPTH = 10
+
+_TO_A2A: dict[int, Any] = {
+    tp.TASK_STATE_SUBMITTED: a2a.TASK_STATE_SUBMITTED,
+    tp.TASK_STATE_WORKING: a2a.TASK_STATE_WORKING,
+    tp.TASK_STATE_INPUT_REQUIRED: a2a.TASK_STATE_INPUT_REQUIRED,
+    tp.TASK_STATE_COMPLETED: a2a.TASK_STATE_COMPLETED,
+    tp.TASK_STATE_CANCELED: a2a.TASK_STATE_CANCELED,
+    tp.TASK_STATE_FAILED: a2a.TASK_STATE_FAILED,
+    tp.TASK_STATE_REJECTED: a2a.TASK_STATE_REJECTED,
+}
+_FROM_A2A: dict[int, Any] = {v: k for k, v in _TO_A2A.items()}
+_FROM_A2A[a2a.TASK_STATE_AUTH_REQUIRED] = tp.TASK_STATE_INPUT_REQUIRED
+FINAL_A2A_STATES = frozenset(
+    {a2a.TASK_STATE_COMPLETED, a2a.TASK_STATE_CANCELED, a2a.TASK_STATE_FAILED, a2a.TASK_STATE_REJECTED}
+)
+
+
+def to_a2a_state(state: int) -> Any:
+    """Our TaskState as A2A's (UNSPECIFIED for none)."""
+    return _TO_A2A.get(state, a2a.TASK_STATE_UNSPECIFIED)
+
+
+def from_a2a_state(state: int) -> Any:
+    """A2A's TaskState as ours (UNSPECIFIED for none)."""
+    return _FROM_A2A.get(state, tp.TASK_STATE_UNSPECIFIED)
+
+
+def metadata_str(metadata: Any, key: str) -> str:
+    """A string value of a protobuf Struct ("" when absent or not a string)."""
+    if metadata is None or key not in metadata.fields:
+        return ""
+    value = metadata.fields[key]
+    return value.string_value if value.WhichOneof("kind") == "string_value" else ""
+
+
+def metadata_depth(metadata: Any) -> int:
+    """`metadata.depth` of a message, within 0..MAX_DEPTH (0 when absent or not a number)."""
+    if metadata is None or DEPTH_KEY not in metadata.fields:
+        return 0
+    value = metadata.fields[DEPTH_KEY]
+    if value.WhichOneof("kind") != "number_value":
+        return 0
+    return max(0, min(MAX_DEPTH, int(value.number_value)))

@@ -1,0 +1,267 @@
+"""HTTP to a registered peer's gateway (httpx): the one way any process of this mesh talks to another
+mesh. Every request has timeouts; idempotent reads are retried (bounded, with backoff) on connection
+failures and 502/503/504, writes never; redirects are never followed (a 3xx is an error); answers are
+gzip-compressed on the wire and bounded in size after decompression; TLS is verified. The peer's key is
+sent as `Authorization: Bearer` and never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from libs.config import FederationSettings
+from libs.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    MeshError,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unavailable,
+)
+from libs.metrics import PeerMetrics
+from libs.peers import Peer
+
+log = logging.getLogger(__name__)
+RETRYABLE_STATUS = {502, 503, 504}
+
+
+class PeerUnreachable(Unavailable):
+    """No answer at the transport level (refused, reset, cut): retried on reads, the peer marked down."""
+
+
+class NotSent(PeerUnreachable):
+    """The request never left: no connection (or the peer is marked down). A write certainly did nothing."""
+
+
+def transport_error(alias: str, exc: httpx.TransportError | httpx.TimeoutException) -> MeshError:
+    """A failed exchange as our error: whether the request may have reached the peer matters to a write."""
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+        return NotSent(f"peer {alias!r} is unreachable ({type(exc).__name__})")
+    if isinstance(exc, httpx.TimeoutException):
+        return DeadlineExceeded(f"peer {alias!r} did not answer in time")
+    return PeerUnreachable(f"peer {alias!r} did not answer ({type(exc).__name__})")
+
+
+class PeerBusy(Unavailable):
+    """The peer answered 502, 503 or 504: retried on reads."""
+
+
+RETRIED = (PeerUnreachable, PeerBusy, DeadlineExceeded)
+
+
+def _error_from(peer: Peer, status: int, body: bytes) -> MeshError:
+    """The peer's JSON error, as our error class (its message prefixed with the peer)."""
+    message = ""
+    try:
+        message = str(json.loads(body)["error"]["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        pass
+    where = f"peer {peer.alias!r}"
+    if status == 404:
+        return NotFound(f"trace not found at {where}" + (f": {message}" if message else ""))
+    if status in (401, 403):
+        return PermissionDenied(f"{where} refused our credential ({status})")
+    if status == 422:
+        return InvalidArgument(f"{where}: {message or 'invalid request'}")
+    if status == 409:
+        return FailedPrecondition(f"{where}: {message or 'conflict'}")
+    if 300 <= status < 400:
+        return Unavailable(f"{where} answered with a redirect ({status}); redirects are not followed")
+    cls = PeerBusy if status in RETRYABLE_STATUS else Unavailable
+    return cls(f"{where} answered {status}" + (f": {message}" if message else ""))
+
+
+class PeerClient:
+    """One peer's HTTP client (a connection pool), opened on first use."""
+
+    def __init__(
+        self,
+        peer: Peer,
+        settings: FederationSettings,
+        transport: httpx.AsyncBaseTransport | None = None,
+        metrics: PeerMetrics | None = None,
+    ):
+        self.peer = peer
+        self.settings = settings
+        self.metrics = metrics or PeerMetrics()
+        self._transport = transport
+        self._http: httpx.AsyncClient | None = None
+        self.down_until = 0.0  # monotonic time until which the peer counts as down (settings.down_s)
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            s = self.settings
+            self._http = httpx.AsyncClient(
+                base_url=self.peer.url,
+                timeout=httpx.Timeout(s.timeout_s, connect=s.connect_timeout_s),
+                follow_redirects=False,
+                verify=True,
+                trust_env=False,  # no proxy from the environment: the peer is dialled directly
+                headers={"Accept-Encoding": "gzip", "User-Agent": "agentmesh-federation"},
+                transport=self._transport,
+            )
+        return self._http
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        headers = dict(extra or {})
+        key = self.peer.api_key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    @staticmethod
+    def trace_path(trace_id: str, suffix: str = "") -> str:
+        return f"/api/traces/{quote(trace_id, safe='')}{suffix}"
+
+    async def _read_body(self, resp: httpx.Response) -> bytes:
+        limit = self.settings.max_response_bytes
+        declared = resp.headers.get("content-length")
+        if (
+            declared
+            and declared.isdigit()
+            and int(declared) > limit
+            and "gzip" not in resp.headers.get("content-encoding", "")
+        ):
+            raise ResourceExhausted(f"peer {self.peer.alias!r} answered more than {limit} bytes")
+        chunks, size = [], 0
+        async for chunk in resp.aiter_bytes():  # decompressed: a gzip bomb is cut at the limit too
+            size += len(chunk)
+            if size > limit:
+                raise ResourceExhausted(f"peer {self.peer.alias!r} answered more than {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _check_up(self) -> None:
+        left = self.down_until - time.monotonic()
+        if left > 0:
+            raise NotSent(
+                f"peer {self.peer.alias!r} did not answer a moment ago (tried again in {left:.1f}s)"
+            )
+
+    def _mark_down(self) -> None:
+        if self.settings.down_s > 0:
+            self.down_until = time.monotonic() + self.settings.down_s
+
+    async def _once(self, method: str, path: str, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        outcome = "ok"
+        try:
+            return await self._exchange(method, path, **kwargs)
+        except MeshError as err:
+            outcome = err.code_name
+            raise
+        finally:
+            self.metrics.requests.labels(self.peer.alias, method, outcome).inc()
+            self.metrics.seconds.labels(self.peer.alias, method).observe(time.monotonic() - started)
+
+    async def _exchange(self, method: str, path: str, **kwargs: Any) -> Any:
+        http = self._client()
+        try:
+            async with http.stream(method, path, headers=self._headers(), **kwargs) as resp:
+                body = await self._read_body(resp)
+        except (httpx.TimeoutException, httpx.TransportError) as exc:
+            raise transport_error(self.peer.alias, exc) from exc
+        if resp.status_code != 200 and resp.status_code != 201:
+            raise _error_from(self.peer, resp.status_code, body)
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise Unavailable(f"peer {self.peer.alias!r} answered something that is not JSON") from exc
+
+    async def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        """An idempotent read: retried on connection failures, timeouts and 502/503/504."""
+        self._check_up()
+        attempts = 1 + max(0, self.settings.read_retries)
+        delay = self.settings.backoff_s
+        for attempt in range(attempts):
+            try:
+                return await self._once("GET", path, params=params)
+            except RETRIED as err:
+                if attempt == attempts - 1:
+                    if not isinstance(err, PeerBusy):
+                        self._mark_down()
+                    raise
+                log.info("retrying a read of peer %s: %s", self.peer.alias, err.message)
+                await asyncio.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def post(self, path: str, body: Any) -> Any:
+        """A write: sent once (never retried, so it is never applied twice)."""
+        self._check_up()
+        try:
+            return await self._once("POST", path, json=body)
+        except (PeerUnreachable, DeadlineExceeded):
+            self._mark_down()
+            raise
+
+    @asynccontextmanager
+    async def stream(self, path: str, body: Any) -> AsyncIterator[httpx.Response]:
+        """A POST answered with SSE (text/event-stream): the open response; errors as MeshError."""
+        http = self._client()
+        try:
+            async with http.stream(
+                "POST", path, json=body, headers=self._headers({"Accept": "text/event-stream"})
+            ) as resp:
+                if resp.status_code != 200:
+                    raise _error_from(self.peer, resp.status_code, await self._read_body(resp))
+                yield resp
+        except (httpx.TimeoutException, httpx.TransportError) as exc:
+            raise transport_error(self.peer.alias, exc) from exc
+
+    async def healthy(self, timeout_s: float) -> tuple[bool, str]:
+        """`agentmesh peers check`: does the gateway answer GET /healthz within the timeout."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                resp = await self._client().get("/healthz")
+            if resp.status_code == 200:
+                return True, "ok"
+            return False, f"HTTP {resp.status_code}"
+        except TimeoutError:
+            return False, f"no answer within {timeout_s:g}s"
+        except httpx.HTTPError as exc:
+            return False, type(exc).__name__
+
+
+class PeerClients:
+    """A PeerClient per registered peer."""
+
+    def __init__(
+        self,
+        settings: FederationSettings,
+        transport: httpx.AsyncBaseTransport | None = None,
+        metrics: PeerMetrics | None = None,
+    ):
+        self.settings = settings
+        self.transport = transport
+        self.metrics = metrics or PeerMetrics()
+        self._by_alias: dict[str, PeerClient] = {}
+
+    def of(self, peer: Peer) -> PeerClient:
+        client = self._by_alias.get(peer.alias)
+        if client is None:
+            client = self._by_alias[peer.alias] = PeerClient(
+                peer, self.settings, self.transport, self.metrics
+            )
+        return client
+
+    async def close(self) -> None:
+        clients, self._by_alias = list(self._by_alias.values()), {}
+        for c in clients:
+            await c.close()
