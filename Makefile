@@ -123,6 +123,10 @@ bench: setup $(VENV)/.bench-installed ## Benchmarks A-E then the chaos run (BENC
 chaos: setup $(VENV)/.bench-installed ## Mixed turns while services are killed and restarted (CHAOS_ARGS=--minutes 1)
 	$(BIN)/python -m tests.bench.chaos $(CHAOS_ARGS)
 
+.PHONY: profile
+profile: setup ## py-spy on every service under a paced load (PROFILE_ARGS="--sessions 20 --compare DIR")
+	$(BIN)/python -m tests.bench.profile $(PROFILE_ARGS)
+
 .PHONY: bench-peers
 bench-peers: setup $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## The benchmarks with the LangGraph server beside the mesh
 	$(BIN)/python -m tests.bench.run --peers langgraph --peers-venv $(PEERS_VENV) $(BENCH_ARGS)

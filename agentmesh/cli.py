@@ -44,8 +44,10 @@ def _serve(name: str) -> int:
 
     setup_logging(name, settings.log_level, settings.log_json)
     telemetry.setup(name)  # only with OTEL_EXPORTER_OTLP_ENDPOINT
+    from libs.aio import run as run_loop
+
     try:
-        asyncio.run(run(settings))
+        run_loop(run(settings))
     finally:
         telemetry.shutdown()
     return 0

@@ -9,17 +9,18 @@ gRPC call, so the stream service lets go too).
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
 import grpc
+import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
+from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from gateway.drain import Drain
 from gateway.params import OFFSET_PATTERN
@@ -57,19 +58,26 @@ def drain_options(settings: MeshSettings) -> dict[str, Any]:
 
 def sse_message(event: Any) -> dict[str, str]:
     """One EventSourceResponse item: `{"id": offset, "data": json}` (no id for events outside the buffer)."""
-    item = {"data": json.dumps(events.to_dict(event))}
+    item = {"data": orjson.dumps(events.to_dict(event)).decode()}
     if event.offset:
         item["id"] = event.offset
     return item
 
 
-async def sse_events(
-    clients: Clients, key: str, from_offset: str, idle_timeout_ms: int = 0, drain: Drain | None = None
-) -> AsyncIterator[dict[str, str]]:
-    """Yields SSE items for the events of `key` after `from_offset`, replay then live, up to the terminal one.
+async def follow(
+    clients: Clients,
+    key: str,
+    from_offset: str,
+    idle_timeout_ms: int = 0,
+    drain: Drain | None = None,
+    interrupt: asyncio.Future[ev.Event] | None = None,
+) -> AsyncIterator[ev.Event]:
+    """Yields the events of `key` after `from_offset`, replay then live, up to the terminal one.
 
-    A stream replica going away (UNAVAILABLE) is retried from the last offset; any other failure is sent as
-    a final `error` event (code = the lowercase reason); the gateway's shutdown ends it with `shutdown`.
+    A stream replica going away (UNAVAILABLE) is retried from the last offset; any other failure is
+    yielded as a final `error` event (code = the lowercase reason); the gateway's shutdown ends it with
+    `shutdown`; `interrupt`, once it has a result, ends it with that event (the turn's end as its
+    orchestrator reported it, when the buffer will not tell).
     """
     last = from_offset
     retries = RESUME_RETRIES
@@ -78,11 +86,13 @@ async def sse_events(
         call = clients.stream.SubscribeStream(
             pb.SubscribeStreamRequest(key=key, from_offset=last, idle_timeout_ms=idle_timeout_ms),
         )
+        if interrupt is not None:
+            interrupt.add_done_callback(lambda _, call=call: call.cancel())  # type: ignore[misc]
         try:
             with drain.cancels(call):
                 async for response in call:
                     event = response.event
-                    yield sse_message(event)
+                    yield event
                     if event.offset:
                         last = event.offset
                         retries = RESUME_RETRIES
@@ -90,19 +100,34 @@ async def sse_events(
                         return
             return
         except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if interrupt is not None and interrupt.done() and task is not None and task.cancelling() == 0:
+                yield interrupt.result()
+                return
             if not drain.ended_it():
                 raise
-            yield sse_message(events.error(drain.farewell()))
+            yield events.error(drain.farewell())
             return
         except grpc.aio.AioRpcError as exc:
+            if interrupt is not None and interrupt.done():
+                yield interrupt.result()
+                return
             if exc.code() == grpc.StatusCode.UNAVAILABLE and retries > 0:
                 await asyncio.sleep(RESUME_BACKOFF_S * (RESUME_RETRIES - retries + 1))
                 retries -= 1
                 continue
-            yield sse_message(events.error(from_rpc_error(exc)))
+            yield events.error(from_rpc_error(exc))
             return
         finally:
             call.cancel()
+
+
+async def sse_events(
+    clients: Clients, key: str, from_offset: str, idle_timeout_ms: int = 0, drain: Drain | None = None
+) -> AsyncIterator[dict[str, str]]:
+    """`follow` as SSE items."""
+    async for event in follow(clients, key, from_offset, idle_timeout_ms, drain):
+        yield sse_message(event)
 
 
 async def stream_response(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import TypeVar
+import os
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -19,3 +20,14 @@ async def to_the_end(aw: Awaitable[T]) -> T:
     except asyncio.CancelledError:
         await asyncio.wait({task})
         raise
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """Runs `main` to its end on a new event loop: uvloop's (libuv: a cheaper loop iteration, socket
+    and timer handling than asyncio's selector loop), the loop every process of the mesh runs on;
+    AGENTMESH_EVENT_LOOP=asyncio keeps asyncio's own."""
+    if os.environ.get("AGENTMESH_EVENT_LOOP", "uvloop") == "asyncio":
+        return asyncio.run(main)
+    import uvloop
+
+    return uvloop.run(main)

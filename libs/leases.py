@@ -64,22 +64,35 @@ class LeaseKeeper:
             self._loop = None
 
     async def renew(self) -> None:
-        """One round: every lease held now."""
-        messages, tasks, subagents, streams = (
-            self._ids(k) for k in ("message", "task", "subagent", "stream")
-        )
-        with identity.acting_as(""):  # leases are the mesh's own business
-            if messages or tasks or subagents:
+        """One round: every lease held now, the two services' side by side."""
+        results = await asyncio.gather(self._renew_rows(), self._renew_streams(), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _renew_rows(self) -> None:
+        messages, tasks, subagents = (self._ids(k) for k in ("message", "task", "subagent"))
+        if messages or tasks or subagents:
+            with identity.acting_as(""):  # leases are the mesh's own business
                 await self.clients.leases.RenewLeases(
                     ls.RenewLeasesRequest(message_ids=messages, task_ids=tasks, subagent_ids=subagents)
                 )
-            if streams:
+
+    async def _renew_streams(self) -> None:
+        streams = self._ids("stream")
+        if streams:
+            with identity.acting_as(""):
                 await self.clients.stream.RenewStreams(ss.RenewStreamsRequest(keys=streams))
 
     async def _renew_forever(self) -> None:
+        # One loop per service: a trace service slowed by load (its writes queue) must not hold back the
+        # buffers' renewals until their leases run out, which ended busy turns as if they were abandoned.
+        await asyncio.gather(self._every(self._renew_rows), self._every(self._renew_streams))
+
+    async def _every(self, renew: Any) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
             try:
-                await self.renew()
+                await renew()
             except grpc.aio.AioRpcError as exc:
                 log.warning("lease renewal failed, retrying: %s", exc.details())

@@ -11,23 +11,27 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import orjson
 from fastapi import APIRouter, Depends, Request, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sse_starlette.sse import EventSourceResponse
 
+from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from gateway.deps import authenticate, clients, current_user, settings
 from gateway.drain import Drain
 from gateway.errors import READ, SSE, WRITE, responses
 from gateway.openapi import obj, ok
 from gateway.params import ID_PATTERN, MESSAGE_PATTERN, NO_NUL, SessionId
-from gateway.sse import drain_options, sse_message
+from gateway.sse import drain_options, follow, sse_message
 from libs import events
 from libs.clients import Clients
-from libs.errors import FailedPrecondition, InvalidArgument, MeshError, from_rpc_error, rpc
-from libs.ids import MAX_ID
+from libs.config import MeshSettings
+from libs.errors import FailedPrecondition, Internal, InvalidArgument, MeshError, from_rpc_error, rpc
+from libs.ids import MAX_ID, session_key
 
 router = APIRouter()
+END_WAIT_S = 10.0  # the longest a live turn's terminal event waits for the turn to be over
 log = logging.getLogger(__name__)
 
 
@@ -54,14 +58,62 @@ class ChatRequest(BaseModel):
 
 
 def _execute(c: Clients, body: ChatRequest) -> grpc.aio.UnaryStreamCall:
-    return c.orchestrator.ExecuteChat(
-        orc.ExecuteChatRequest(agent=body.agent, message=body.message, session_id=body.session_id or "")
+    request = orc.ExecuteChatRequest(
+        agent=body.agent, message=body.message, session_id=body.session_id or "", events_from_stream=True
     )
+    return c.orchestrator.ExecuteChat(request)
 
 
 async def _first(call: grpc.aio.UnaryStreamCall) -> Any:
     """The first response, so that an early failure becomes an HTTP error, not a broken stream."""
-    return await rpc(call.read())
+    response = await rpc(call.read())
+    if response is grpc.aio.EOF:
+        raise Internal("the turn ended before it started")
+    return response
+
+
+async def _turn_events(
+    c: Clients, mesh: MeshSettings, call: grpc.aio.UnaryStreamCall, first: Any, drain: Drain
+) -> AsyncIterator[ev.Event]:
+    """The events of a turn ExecuteChat started (events_from_stream): `start`, its first response,
+    then session:<id> read from the stream service, one hop from the runtime that writes it (the path
+    a resume takes). The call stays open while the turn runs: when the orchestrator goes away, or
+    reports an end the buffer could not store, that ends the reading."""
+    start: ev.Event | None = None
+    for event in first.events:
+        yield event
+        if events.kind(event) == "start":
+            start = event
+        if events.is_terminal(event):
+            return
+    if start is None:
+        yield events.error(Internal("the turn did not start"))
+        return
+    outcome: asyncio.Future[ev.Event] = asyncio.get_running_loop().create_future()
+
+    async def watch() -> None:
+        try:
+            async for response in call:
+                for event in response.events:
+                    if events.is_terminal(event) and not event.offset and not outcome.done():
+                        outcome.set_result(event)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED and not outcome.done():
+                outcome.set_result(events.error(from_rpc_error(exc)))
+
+    watcher = asyncio.create_task(watch(), name=f"watch:{start.start.session_id}")
+    try:
+        idle_ms = int(mesh.turn_timeout_s * 1000)
+        key = session_key(start.start.session_id)
+        async for event in follow(c, key, start.offset, idle_ms, drain, outcome):
+            if events.is_terminal(event) and event.offset:
+                # The buffer ended (a cancel, the turn's own end): the stream ends once the turn is
+                # over too, so the reply it settled is stored when the client reads it.
+                await asyncio.wait({watcher}, timeout=END_WAIT_S)
+            yield event
+    finally:
+        watcher.cancel()
+        call.cancel()  # a client that left stops reading; the turn itself goes on
 
 
 @router.post("/api/chat", response_class=EventSourceResponse, responses={200: SSE, **responses(*WRITE, 409)})
@@ -69,27 +121,18 @@ async def chat(
     body: ChatRequest, request: Request, user: str = Depends(current_user), c: Clients = Depends(clients)
 ) -> EventSourceResponse:
     call = _execute(c, body)
-    first = await _first(call)
+    try:
+        first = await _first(call)
+    except BaseException:
+        call.cancel()
+        raise
     drain: Drain = request.app.state.drain
+    mesh = settings(request)
 
     async def stream() -> AsyncIterator[dict[str, str]]:
-        try:
-            with drain.cancels(call):
-                response = first
-                while response is not grpc.aio.EOF:
-                    for event in response.events:
-                        yield sse_message(event)
-                    response = await call.read()
-        except grpc.aio.AioRpcError as exc:
-            yield sse_message(events.error(from_rpc_error(exc)))
-        except asyncio.CancelledError:
-            if not drain.ended_it():
-                raise
-            yield sse_message(events.error(drain.farewell()))  # the turn goes on: resume it later
-        finally:
-            call.cancel()  # a client that left stops reading; the turn itself goes on
+        async for event in _turn_events(c, mesh, call, first, drain):
+            yield sse_message(event)
 
-    mesh = settings(request)
     return EventSourceResponse(stream(), ping=mesh.stream.heartbeat_s, **drain_options(mesh))
 
 
@@ -130,7 +173,7 @@ async def ws(socket: WebSocket) -> None:
 
     async def send(data: dict[str, Any]) -> None:
         async with send_lock:
-            await socket.send_json(data)
+            await socket.send_text(orjson.dumps(data).decode())
 
     async def farewell() -> None:
         """The gateway shuts down: a last `error` (code shutdown) that says how to resume, then 1012."""
@@ -146,13 +189,13 @@ async def ws(socket: WebSocket) -> None:
     async def run_turn(body: ChatRequest) -> None:
         call = _execute(c, body)
         try:
-            async for response in call:
-                for event in response.events:
-                    await send(events.to_dict(event, with_offset=True))
-        except grpc.aio.AioRpcError as exc:
-            await send(_ws_error(from_rpc_error(exc)))
-        finally:
+            first = await _first(call)
+        except MeshError as err:
             call.cancel()
+            await send(_ws_error(err))
+            return
+        async for event in _turn_events(c, socket.app.state.settings, call, first, drain):
+            await send(events.to_dict(event, with_offset=True))
 
     async def handle(data: Any) -> None:
         nonlocal turn

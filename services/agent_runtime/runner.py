@@ -100,6 +100,8 @@ class AgentRunner:
         self.metrics = metrics or llm.metrics
 
     async def history(self, req: rt.RunAgentRequest) -> list[dict[str, Any]]:
+        if req.history_given:  # the caller knew it (a new trace: its user message)
+            return history_to_openai(list(req.history))
         if not req.trace_id:
             return []
         request = ts.ListMessagesRequest(
@@ -139,6 +141,8 @@ class AgentRunner:
         if req.depth < 0:
             raise InvalidArgument("depth must not be negative")
         agents = AgentDirectory(self.clients)
+        if req.HasField("resolved_agent") and req.resolved_agent.slug == req.agent:
+            agents.remember(req.resolved_agent)  # read by the caller for this very run
         # The agent (read for every run: an edit applies to the next one) and the history at once.
         agent, history = await asyncio.gather(agents.get(req.agent), self.history(req))
         role = req.role or rt.RUN_ROLE_SUPERVISOR

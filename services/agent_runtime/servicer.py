@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 import grpc
@@ -11,9 +12,11 @@ import grpc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from libs.clients import Clients
-from libs.errors import InvalidArgument, grpc_errors
+from libs.errors import Interrupted, InvalidArgument, grpc_errors
 from services.agent_runtime.runner import AgentRunner
 from services.agent_runtime.sink import EventSink
+
+log = logging.getLogger(__name__)
 
 
 class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
@@ -38,8 +41,19 @@ class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
         task = asyncio.create_task(run(), name=f"run:{request.agent}:{request.trace_id}")
         try:
             async for batch in sink.committed():
-                yield rt.RunAgentResponse(events=rt.EventBatch(events=batch))
-            result = await task
+                if not request.result_only:
+                    yield rt.RunAgentResponse(events=rt.EventBatch(events=batch))
+            try:
+                result = await task
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # the caller went away or cancelled: the RPC ends CANCELLED
+                # The run was cancelled from inside (nobody cancelled this RPC): a bare CANCELLED
+                # status would make its turn end `cancelled`, which nobody asked for.
+                log.warning("a run was cancelled from inside the runtime", exc_info=True,
+                            extra={"agent": request.agent, "trace": request.trace_id})  # fmt: skip
+                raise Interrupted("the run stopped before it ended (cancelled inside the runtime)") from None
             yield rt.RunAgentResponse(result=result)
         finally:
             if not task.done():

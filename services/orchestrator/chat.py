@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf import field_mask_pb2
 
+from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.agents.v1 import agent_service_pb2 as ag
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
@@ -28,7 +29,7 @@ from libs import events
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, from_rpc_error, rpc
-from libs.ids import a2a_key, is_local_id, session_key, subagent_key
+from libs.ids import a2a_key, is_local_id, new_id, session_key, subagent_key
 from libs.leases import LeaseKeeper
 from libs.metrics import OrchestratorMetrics
 from services.orchestrator.turns import SHUTDOWN, TurnEngine, TurnOutcome, cancel_reason
@@ -64,15 +65,24 @@ class ChatOrchestrator:
         self.running: dict[str, asyncio.Task[TurnOutcome]] = {}
 
     async def execute(
-        self, agent: str, message: str, session_id: str, *, any_kind: bool = False
+        self,
+        agent: str,
+        message: str,
+        session_id: str,
+        *,
+        any_kind: bool = False,
+        events_from_stream: bool = False,
     ) -> AsyncIterator[list[ev.Event]]:
         """Starts a chat turn of the calling user and yields its events (with offsets), in batches of
         what is ready, until the buffer closes. `any_kind` (ContinueTrace, POST /api/traces/{id}/run):
-        the trace may be of any kind, and an empty `agent` is the trace's own."""
+        the trace may be of any kind, and an empty `agent` is the trace's own. `events_from_stream`: the
+        caller reads the events from the buffer, so only `start` and what the buffer could not take (no
+        offset) are yielded."""
         if not message.strip():
             raise InvalidArgument("message must not be empty")
         if len(message) > MAX_MESSAGE_CHARS:
             raise InvalidArgument(f"message is longer than {MAX_MESSAGE_CHARS} characters")
+        new_trace: tp.Trace | None = None
         if any_kind:
             if not is_local_id(session_id):
                 raise InvalidArgument(
@@ -81,17 +91,24 @@ class ChatOrchestrator:
                 )
             session = (await rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))).trace
             agent = agent or session.agent
-        found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
-        if any_kind:
+            found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
             _refuse_copies(session)
-        elif session_id:
-            session = (await rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))).trace
+        elif session_id:  # the agent and the session, in one round trip (the agent's error first)
+            agent_call = asyncio.ensure_future(
+                rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))
+            )
+            trace_call = asyncio.ensure_future(
+                rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))
+            )
+            await asyncio.wait({agent_call, trace_call})
+            found, session = agent_call.result().agent, trace_call.result().trace
             if session.kind != tp.TRACE_KIND_CHAT:
                 raise InvalidArgument("only chat sessions take chat turns")
             _refuse_copies(session)
-        else:
-            trace = tp.Trace(agent=found.slug, kind=tp.TRACE_KIND_CHAT, title=message.strip()[:80])
-            session = (await rpc(self.clients.trace.CreateTrace(ts.CreateTraceRequest(trace=trace)))).trace
+        else:  # a new session: created with the turn's first messages, in the same call (BeginTurn)
+            found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
+            new_trace = tp.Trace(agent=found.slug, kind=tp.TRACE_KIND_CHAT, title=message.strip()[:80])
+            session = tp.Trace(id=new_id())
         spec = orc.RunTurnRequest(
             trace_id=session.id,
             agent=found.slug,
@@ -103,7 +120,9 @@ class ChatOrchestrator:
         )
         queue: asyncio.Queue[ev.Event | _End] = asyncio.Queue()
         # The turn outlives this generator when the caller leaves; self.running keeps it.
-        task = asyncio.create_task(self._turn(spec, queue), name=f"turn:{session.id}")
+        task = asyncio.create_task(
+            self._turn(spec, queue, events_from_stream, new_trace, found), name=f"turn:{session.id}"
+        )
         previous = self.running.get(session.id)
         if previous is None or previous.done():
             self.running[session.id] = task
@@ -127,32 +146,50 @@ class ChatOrchestrator:
             yield batch
 
     async def run_turn(self, spec: orc.RunTurnRequest) -> TurnOutcome:
-        """A child turn (agent-invoke callee, subagent), run to its end for the calling runtime."""
-        return await self.turns.run(spec)
+        """A child turn (agent-invoke callee, subagent), run to its end for the calling runtime (its
+        events are in its own buffer, where its readers follow them)."""
+        return await self.turns.run(spec, run_events=False)
 
-    async def _turn(self, spec: orc.RunTurnRequest, queue: asyncio.Queue[ev.Event | _End]) -> TurnOutcome:
+    async def _turn(
+        self,
+        spec: orc.RunTurnRequest,
+        queue: asyncio.Queue[ev.Event | _End],
+        from_stream: bool = False,
+        new_trace: tp.Trace | None = None,
+        agent: ap.Agent | None = None,
+    ) -> TurnOutcome:
+        """Runs the turn, handing its events to `queue` (from_stream: `start` and those without an
+        offset alone, the caller reads the rest from the buffer)."""
         watcher: asyncio.Task[None] | None = None
         current = asyncio.current_task()
         assert current is not None
-        delivered_terminal = False
+        delivered_terminal = started = False
 
-        async def on_event(event: ev.Event) -> None:
-            nonlocal watcher, delivered_terminal
-            if events.kind(event) == "start" and watcher is None:
-                watcher = asyncio.create_task(self._watch(spec, event.offset, current))
-            if events.kind(event) in events.TERMINAL:
+        def on_event(event: ev.Event) -> None:
+            nonlocal watcher, delivered_terminal, started
+            which = events.kind(event)
+            if which == "start":
+                started = True
+                if watcher is None:
+                    watcher = asyncio.create_task(self._watch(spec, event.offset, current))
+            if which in events.TERMINAL:
                 delivered_terminal = True
-            queue.put_nowait(event)
+            if not from_stream or which == "start" or not event.offset:
+                queue.put_nowait(event)
+
+        def ended_elsewhere(err: MeshError) -> None:
+            """Its buffer was ended by someone else (a cancel, a lease that ran out): say how, unless
+            the caller reads that buffer, whose own terminal event says it."""
+            if not delivered_terminal and not (from_stream and started):
+                queue.put_nowait(events.error(err))
 
         try:
-            outcome = await self.turns.run(spec, on_event)
-            if not delivered_terminal:  # its buffer was ended by someone else (a lease ran out): say how
-                queue.put_nowait(events.error(outcome.error or Internal("the turn ended without an outcome")))
+            outcome = await self.turns.run(spec, on_event, new_trace, not from_stream, agent)
+            ended_elsewhere(outcome.error or Internal("the turn ended without an outcome"))
             queue.put_nowait(_End())
             return outcome
         except asyncio.CancelledError as exc:
-            if not delivered_terminal:
-                queue.put_nowait(events.error(cancel_reason(exc)))
+            ended_elsewhere(cancel_reason(exc))
             queue.put_nowait(_End())
             raise
         except MeshError as err:

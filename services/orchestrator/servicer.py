@@ -20,7 +20,10 @@ class OrchestratorServicer(orc_grpc.OrchestratorServiceServicer):
     async def ExecuteChat(
         self, request: orc.ExecuteChatRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[orc.ExecuteChatResponse]:
-        async for batch in self.chat.execute(request.agent, request.message, request.session_id):
+        turn = self.chat.execute(
+            request.agent, request.message, request.session_id, events_from_stream=request.events_from_stream
+        )
+        async for batch in turn:
             yield orc.ExecuteChatResponse(events=batch)
 
     @grpc_errors

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 from google.protobuf import field_mask_pb2
 
+from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
@@ -59,6 +60,7 @@ class TurnOutcome:
     result: rt.RunResult | None = None
     error: MeshError | None = None
     written: bool = False  # the result is stored on the placeholder
+    start_offset: str = ""  # of `start` in the turn's buffer
 
     @property
     def ok(self) -> bool:
@@ -74,8 +76,10 @@ class Partial:
     calls: dict[str, dict[str, Any]] = field(default_factory=dict)
     step: int = 0
     _after_output: bool = False
+    seen: bool = False  # it saw the run's events live (else they are read back from the buffer)
 
     def see(self, event: ev.Event) -> None:
+        self.seen = True
         which = events.kind(event)
         if which == "text_delta":
             self.text.append(event.text_delta.text_delta)
@@ -168,13 +172,24 @@ class TurnEngine:
             model=spec.overrides.model if role == tp.MESSAGE_ROLE_ASSISTANT else "",
         )
 
-    async def run(self, spec: orc.RunTurnRequest, on_event: OnEvent | None = None) -> TurnOutcome:
+    async def run(
+        self,
+        spec: orc.RunTurnRequest,
+        on_event: OnEvent | None = None,
+        new_trace: tp.Trace | None = None,
+        run_events: bool = True,
+        agent: ap.Agent | None = None,
+    ) -> TurnOutcome:
         """Runs the turn; returns its outcome (failures are in `outcome.error`); re-raises cancellation.
 
         Errors before the user message is saved (an unknown trace, a turn already streaming) raise,
         and the buffer is closed with them when this turn created it. While it runs, the turn keeps the
         leases of its buffer and of its placeholder alive (so if this process dies, a reaper settles
-        them)."""
+        them). `new_trace`: the trace `spec.trace_id` does not exist yet; it is created with the turn's
+        first messages, in the same call. `run_events=False`: `on_event` gets the turn's own events
+        (start, finish, the end), not the run's: the runtime sends its result alone, and the run's
+        events are read back from the buffer only when a failed turn must keep what was streamed.
+        `agent`: the agent as the caller just read it, handed to the run (which would read it again)."""
         outcome = "cancelled"
         started = time.monotonic()
         with telemetry.span(
@@ -182,7 +197,7 @@ class TurnEngine:
         ) as span:
             try:
                 with self.leases.hold(stream=spec.stream_key):
-                    out = await self._run(spec, on_event)
+                    out = await self._run(spec, on_event, new_trace, run_events, agent)
                 outcome = out.error.code_name if out.error is not None else "ok"
                 return out
             except MeshError as err:
@@ -202,30 +217,50 @@ class TurnEngine:
                     },
                 )
 
-    async def _run(self, spec: orc.RunTurnRequest, on_event: OnEvent | None) -> TurnOutcome:
+    async def _run(
+        self,
+        spec: orc.RunTurnRequest,
+        on_event: OnEvent | None,
+        new_trace: tp.Trace | None,
+        run_events: bool,
+        agent: ap.Agent | None,
+    ) -> TurnOutcome:
         out = TurnOutcome()
         partial = Partial()
+        create = None
         if not spec.stream_created:
-            metadata = dict(spec.stream_metadata)
-            await rpc(
-                self.clients.stream.CreateStream(
-                    ss.CreateStreamRequest(key=spec.stream_key, metadata=metadata)
+            request = ss.CreateStreamRequest(key=spec.stream_key, metadata=dict(spec.stream_metadata))
+            create = rpc(self.clients.stream.CreateStream(request))
+            if new_trace is None:  # the buffer first: it is the session's lock against a second turn
+                await create
+                create = None
+        # The user message and the placeholder (and a new trace): one call, all stored or none. A new
+        # trace has no other turn to lock out, so its buffer is created meanwhile.
+        begin = ts.BeginTurnRequest(
+            trace_id=spec.trace_id,
+            user_message=self._message(
+                spec, tp.MESSAGE_ROLE_USER, spec.user_text, tp.MESSAGE_STATUS_COMPLETED
+            ),
+            assistant_message=self._message(spec, tp.MESSAGE_ROLE_ASSISTANT, "", tp.MESSAGE_STATUS_PENDING),
+        )
+        if new_trace is not None:
+            begin.new_trace.CopyFrom(new_trace)
+        try:
+            if create is None:
+                begun = await rpc(self.clients.trace.BeginTurn(begin))
+            else:
+                results = await asyncio.gather(
+                    rpc(self.clients.trace.BeginTurn(begin)), create, return_exceptions=True
                 )
-            )
-        try:  # the user message and the placeholder: one call, both stored or neither
-            begun = await rpc(
-                self.clients.trace.BeginTurn(
-                    ts.BeginTurnRequest(
-                        trace_id=spec.trace_id,
-                        user_message=self._message(
-                            spec, tp.MESSAGE_ROLE_USER, spec.user_text, tp.MESSAGE_STATUS_COMPLETED
-                        ),
-                        assistant_message=self._message(
-                            spec, tp.MESSAGE_ROLE_ASSISTANT, "", tp.MESSAGE_STATUS_PENDING
-                        ),
+                if isinstance(results[0], ts.BeginTurnResponse):
+                    out.user_message, out.assistant_message = (
+                        results[0].user_message,
+                        results[0].assistant_message,
                     )
-                )
-            )
+                for result in results:
+                    if isinstance(result, BaseException):
+                        raise result
+                begun = results[0]
         except MeshError as err:
             await to_the_end(self._fail(spec, out, err, None, partial))  # never leave the buffer open
             raise
@@ -236,7 +271,8 @@ class TurnEngine:
         out.user_message, out.assistant_message = user, placeholder
         try:
             with self.leases.hold(message=placeholder.id):
-                await self._stream_turn(spec, user, placeholder, on_event, partial, out)
+                request = self._run_request(spec, user, placeholder, run_events, agent, new_trace is not None)
+                await self._stream_turn(spec, user, placeholder, on_event, partial, out, request)
         except asyncio.CancelledError as exc:
             await to_the_end(self._fail(spec, out, cancel_reason(exc), on_event, partial))
             raise
@@ -252,6 +288,7 @@ class TurnEngine:
         on_event: OnEvent | None,
         partial: Partial,
         out: TurnOutcome,
+        request: rt.RunAgentRequest,
     ) -> None:
         """start -> the run -> the write-back -> finish -> done."""
         start = ev.Event(
@@ -263,7 +300,8 @@ class TurnEngine:
             )
         )
         await self._append(spec.stream_key, start, on_event)
-        out.result = await self._run_agent(spec, user, placeholder, on_event, partial)
+        out.start_offset = start.offset
+        out.result = await self._run_agent(spec, request, on_event, partial)
         await self._write_back(out)
         finish = ev.Event(
             finish=ev.TurnFinish(
@@ -273,14 +311,15 @@ class TurnEngine:
         await self._append(spec.stream_key, finish, on_event)
         await self._close(spec.stream_key, events.done(), on_event)
 
-    async def _run_agent(
-        self,
+    @staticmethod
+    def _run_request(
         spec: orc.RunTurnRequest,
         user: tp.Message,
         anchor: tp.Message,
-        on_event: OnEvent | None,
-        partial: Partial,
-    ) -> rt.RunResult:
+        run_events: bool,
+        agent: ap.Agent | None,
+        new_trace: bool,
+    ) -> rt.RunAgentRequest:
         request = rt.RunAgentRequest(
             agent=spec.agent,
             role=spec.role,
@@ -291,7 +330,22 @@ class TurnEngine:
             depth=spec.depth,
             timeout_ms=spec.timeout_ms,
             overrides=spec.overrides,
+            result_only=not run_events,
         )
+        if agent is not None:
+            request.resolved_agent.CopyFrom(agent)
+        if new_trace:  # its whole history is the user message just stored: the run need not read it
+            request.history.append(user)
+            request.history_given = True
+        return request
+
+    async def _run_agent(
+        self,
+        spec: orc.RunTurnRequest,
+        request: rt.RunAgentRequest,
+        on_event: OnEvent | None,
+        partial: Partial,
+    ) -> rt.RunResult:
         deadline = (spec.timeout_ms / 1000 + self.grace_s) if spec.timeout_ms else None
         call = self.clients.runtime.RunAgent(request, timeout=deadline)
         result: rt.RunResult | None = None
@@ -305,6 +359,10 @@ class TurnEngine:
                     result = resp.result
         except grpc.aio.AioRpcError as exc:
             err = from_rpc_error(exc)
+            if exc.code() == grpc.StatusCode.CANCELLED and (exc.details() or "CANCELLED") == "CANCELLED":
+                # The runtime's side of the call was torn down (this turn was not cancelled: that would
+                # raise CancelledError here): the turn ends `interrupted`, never `cancelled`.
+                err = Interrupted(f"the run of {spec.agent} stopped before it ended")
             if (
                 exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                 and spec.timeout_ms
@@ -354,6 +412,8 @@ class TurnEngine:
         out.error = err
         log.info("turn failed", extra={"trace": spec.trace_id, "code": err.code_name, "error": err.message})
         if out.assistant_message is not None and not out.written:
+            if not partial.seen and out.start_offset:
+                partial = await self._read_back(spec.stream_key, out.start_offset)
             cancelled = isinstance(err, Cancelled)
             status = tp.MESSAGE_STATUS_CANCELLED if cancelled else tp.MESSAGE_STATUS_FAILED
             msg = partial.message(out.assistant_message.id, status, err)
@@ -376,7 +436,22 @@ class TurnEngine:
                 )
         await self._close(spec.stream_key, events.error(err), on_event)
 
+    async def _read_back(self, key: str, after: str) -> Partial:
+        """What the run streamed into `key` after `after`, read back from the buffer (replayed to its
+        end: the subscription stops at the terminal event, or once nothing more comes for a moment)."""
+        partial = Partial()
+        request = ss.SubscribeStreamRequest(key=key, from_offset=after, idle_timeout_ms=READ_BACK_IDLE_MS)
+        try:
+            async for resp in self.clients.stream.SubscribeStream(request, timeout=self.grace_s):
+                if events.kind(resp.event) in events.TERMINAL:
+                    break
+                partial.see(resp.event)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("could not read back what %s streamed: %s", key, exc.details(), extra={"key": key})
+        return partial
 
+
+READ_BACK_IDLE_MS = 200
 SHUTDOWN = "shutdown"  # the cancel message of a turn its process stops before it ends
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
+from libs.aio import run
 from libs.config import load_settings
 from services.stream.server import main
 
 if __name__ == "__main__":
     settings = load_settings()
     logging.basicConfig(level=settings.log_level)
-    asyncio.run(main(settings))
+    run(main(settings))

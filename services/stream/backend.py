@@ -145,8 +145,9 @@ class StreamBackend(abc.ABC):
         """Facts about the buffer; `exists=False` for an unknown or expired key."""
 
     @abc.abstractmethod
-    async def _cursor(self, key: str, after: str) -> Cursor | None:
-        """A read position after `after` ("" = start); None when the buffer is closed and read to its end."""
+    async def _cursor(self, key: str, after: str, terminal_only: bool = False) -> Cursor | None:
+        """A read position after `after` ("" = start); None when the buffer is closed and read to its end.
+        `terminal_only`: the reader wants the terminal event alone (the cursor may skip the rest)."""
 
     @abc.abstractmethod
     def stats(self) -> BackendStats: ...
@@ -184,9 +185,15 @@ class StreamBackend(abc.ABC):
         return found
 
     async def subscribe(
-        self, key: str, from_offset: str = "", reader: str = "", idle_timeout_ms: int = 0
+        self,
+        key: str,
+        from_offset: str = "",
+        reader: str = "",
+        idle_timeout_ms: int = 0,
+        terminal_only: bool = False,
     ) -> AsyncGenerator[ev.Event, None]:
         """Replays the events after `from_offset`, then follows live; the last one is `done` or `error`.
+        `terminal_only`: that last event alone (a backend may skip reading the others at all).
 
         NotFound for an unknown key or a reader who is not the owner. Without any event for the idle
         timeout it ends with an `error` event (code idle_timeout, no offset).
@@ -199,7 +206,7 @@ class StreamBackend(abc.ABC):
         if self._stopping.is_set():
             raise Shutdown("stream service is shutting down; resume from the last offset")
         idle_s = (idle_timeout_ms or self.settings.idle_timeout_ms) / 1000
-        cursor = await self._cursor(key, from_offset)
+        cursor = await self._cursor(key, from_offset, terminal_only)
         if cursor is None:
             return
         loop = asyncio.get_running_loop()
@@ -212,7 +219,7 @@ class StreamBackend(abc.ABC):
                 if remaining <= 0:
                     yield events.error(IdleTimeout(f"no event on {key} for {idle_s:g}s"))
                     return
-                batch = await self._guard(cursor.read(BATCH, remaining))
+                batch = await self._read(cursor, BATCH, remaining)
                 if not batch:
                     continue
                 self._max_batch = max(self._max_batch, len(batch))
@@ -221,12 +228,18 @@ class StreamBackend(abc.ABC):
                 if len(merged) < len(batch):
                     self.metrics.coalesced.inc(len(batch) - len(merged))
                 for event in merged:
+                    if terminal_only and not is_terminal(event):
+                        continue
                     yield event
                     if is_terminal(event):
                         return
         finally:
             self._subscribers -= 1
             self.metrics.subscribers.dec()
+
+    async def _read(self, cursor: Cursor, limit: int, timeout_s: float) -> list[ev.Event]:
+        """The cursor's next events; Shutdown when the service stops first. (A backend may do it cheaper.)"""
+        return await self._guard(cursor.read(limit, timeout_s))
 
     async def _guard(self, aw: Awaitable[T]) -> T:
         """Awaits `aw` unless shutdown comes first (then Unavailable); cancels it on the way out."""

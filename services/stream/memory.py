@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from agentmesh.events.v1 import events_pb2 as ev
 from libs.config import StreamSettings
-from libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Shutdown
 from libs.ids import shown
 from services.stream.backend import BackendStats, Cursor, StreamBackend, StreamInfo, interrupted, validate_key
 
@@ -52,7 +52,10 @@ class _Buffer:
     events: list[ev.Event] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
     closed: bool = False
-    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    # Readers waiting for the next event, and those waiting for the terminal one alone (each a future,
+    # woken by a set_result: no task and no Event per wait).
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    close_waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
     def push(self, event: ev.Event) -> str:
         n = _next_offset()
@@ -67,24 +70,49 @@ class _Buffer:
         self.expires_at = now + seconds
 
     def notify(self) -> None:
-        wakeup, self.wakeup = self.wakeup, asyncio.Event()
-        wakeup.set()
+        waiters, self.waiters = self.waiters, []
+        if self.closed:
+            waiters += self.close_waiters
+            self.close_waiters = []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 class _MemoryCursor(Cursor):
-    def __init__(self, buffer: _Buffer, index: int) -> None:
+    def __init__(self, buffer: _Buffer, index: int, terminal_only: bool = False) -> None:
         self.buffer = buffer
         self.index = index
+        self.terminal_only = terminal_only
 
-    async def read(self, limit: int, timeout_s: float) -> list[ev.Event]:
+    def take(self, limit: int) -> list[ev.Event]:
+        """The events ready after the position (advancing it), without waiting; a terminal-only cursor
+        skips to the terminal event (none while the buffer is open)."""
         buf = self.buffer
-        if self.index >= len(buf.events):
-            wakeup = buf.wakeup  # taken with no await since the length check: no lost wake-up
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wakeup.wait(), timeout_s)
+        if self.terminal_only:
+            if not buf.closed or self.index >= len(buf.events):
+                return []
+            self.index = len(buf.events)
+            return buf.events[-1:]
         batch = buf.events[self.index : self.index + limit]
         self.index += len(batch)
         return batch
+
+    def waiter(self) -> asyncio.Future[None]:
+        """A future the buffer resolves when what this cursor waits for arrives (taken with no await
+        since `take` came back empty: no wake-up is lost)."""
+        fut = asyncio.get_running_loop().create_future()
+        (self.buffer.close_waiters if self.terminal_only else self.buffer.waiters).append(fut)
+        return fut
+
+    async def read(self, limit: int, timeout_s: float) -> list[ev.Event]:
+        batch = self.take(limit)
+        if batch:
+            return batch
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self.waiter()
+        return self.take(limit)
 
 
 class MemoryBackend(StreamBackend):
@@ -98,10 +126,38 @@ class MemoryBackend(StreamBackend):
         self.clock = clock  # expiry deadlines; a test passes a clock it moves itself
         self._buffers: dict[str, _Buffer] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._waiting: set[asyncio.Future[None]] = set()  # every reader's wait, ended by shutdown
 
     async def start(self) -> None:
         if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep_forever(), name="stream-expiry-sweep")
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        for waiter in list(self._waiting):
+            if not waiter.done():
+                waiter.set_exception(Shutdown("stream service is shutting down; resume from the last offset"))
+
+    async def _read(self, cursor: Cursor, limit: int, timeout_s: float) -> list[ev.Event]:
+        """The base class's read without its two tasks per wait: events that are there are taken at
+        once; otherwise one future, resolved by the next append (or close), by the timeout or by
+        shutdown."""
+        assert isinstance(cursor, _MemoryCursor)
+        batch = cursor.take(limit)
+        if batch:
+            return batch
+        if self._stopping.is_set():
+            raise Shutdown("stream service is shutting down; resume from the last offset")
+        waiter = cursor.waiter()
+        self._waiting.add(waiter)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await waiter
+        except TimeoutError:
+            return []
+        finally:
+            self._waiting.discard(waiter)
+        return cursor.take(limit)
 
     async def aclose(self) -> None:
         await super().aclose()
@@ -216,14 +272,14 @@ class MemoryBackend(StreamBackend):
             length=len(buf.events),
         )
 
-    async def _cursor(self, key: str, after: str) -> Cursor | None:
+    async def _cursor(self, key: str, after: str, terminal_only: bool = False) -> Cursor | None:
         buf = self._get(key)
         if buf is None:
             raise NotFound(f"no stream buffer {key}")
         index = bisect.bisect_right(buf.offsets, parse_offset(after))
         if buf.closed and index >= len(buf.events):
             return None
-        return _MemoryCursor(buf, index)
+        return _MemoryCursor(buf, index, terminal_only)
 
     async def open_buffers(self) -> int:
         return sum(1 for b in self._buffers.values() if not b.closed)

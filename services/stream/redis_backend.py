@@ -374,7 +374,7 @@ class RedisBackend(StreamBackend):
             length=int(length),
         )
 
-    async def _cursor(self, key: str, after: str) -> Cursor | None:
+    async def _cursor(self, key: str, after: str, terminal_only: bool = False) -> Cursor | None:
         check_offset(after)
         meta_key, stream_key, _ = self._keys(key)
         closed, close_offset, gen, deleted = await self.client.hmget(

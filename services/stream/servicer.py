@@ -11,7 +11,6 @@ from agentmesh.stream.v1 import stream_service_pb2 as pb
 from agentmesh.stream.v1 import stream_service_pb2_grpc
 from libs import identity
 from libs.errors import InvalidArgument, PermissionDenied, grpc_errors
-from libs.events import is_terminal
 from services.stream.backend import StreamBackend
 
 MAX_DELETE = 10_000  # keys per DeleteStreams / RenewStreams
@@ -73,11 +72,11 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
     async def SubscribeStream(
         self, request: pb.SubscribeStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.SubscribeStreamResponse]:
-        events = self.backend.subscribe(request.key, request.from_offset, _reader(), request.idle_timeout_ms)
+        events = self.backend.subscribe(
+            request.key, request.from_offset, _reader(), request.idle_timeout_ms, request.terminal_only
+        )
         try:
             async for event in events:
-                if request.terminal_only and not is_terminal(event):
-                    continue
                 yield pb.SubscribeStreamResponse(event=event)
         finally:
             await events.aclose()

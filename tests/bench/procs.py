@@ -169,8 +169,12 @@ def start_mock(work: Path, rules: Path) -> Proc:
     return proc
 
 
-def start_mesh(work: Path, mock_url: str, catalog: Path, log_level: str = "WARNING") -> Proc:
-    """`agentmesh up --no-mock-llm` on free ports with a fresh SQLite file; waits for the dev key."""
+def start_mesh(
+    work: Path, mock_url: str, catalog: Path, log_level: str = "WARNING", root: Path | None = None
+) -> Proc:
+    """`agentmesh up --no-mock-llm` on free ports with a fresh SQLite file; waits for the dev key.
+    `root`: another checkout of the mesh (with its generated code) to run instead of this one, for a
+    before/after comparison in one run (its processes import from it: it is their working directory)."""
     data = work / "mesh"
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
@@ -184,12 +188,14 @@ def start_mesh(work: Path, mock_url: str, catalog: Path, log_level: str = "WARNI
         AGENTMESH_LLM__API_KEY="bench",
         AGENTMESH_LLM__REQUEST_TIMEOUT_S="300",
     )
+    if root is not None:
+        env["PYTHONPATH"] = str(root)
     text = catalog.read_text()  # a remote agent of the catalog names this mesh's gateway port
     rendered = work / "catalog.yaml"
     rendered.write_text(text.replace("{gateway_port}", env["AGENTMESH_GATEWAY_PORT"]))
     env["AGENTMESH_CATALOG"] = str(rendered)
     cmd = [sys.executable, "-m", "agentmesh.cli", "up", "--no-mock-llm"]
-    proc = _spawn("mesh", cmd, env, work / "mesh.log")
+    proc = _spawn("mesh", cmd, env, work / "mesh.log", cwd=root)
     proc.url = f"http://127.0.0.1:{env['AGENTMESH_GATEWAY_PORT']}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -84,8 +84,16 @@ async def test_same_turn_over_websocket(mesh: Mesh) -> None:
         async with asyncio.timeout(30):
             while not got or got[-1]["type"] not in ("done", "error"):
                 got.append(json.loads(await ws.recv()))
-    assert [e["type"] for e in got] == [e["type"] for e in sse]
-    for a, b in zip(got, sse, strict=True):
+
+    # Both read session:<id>, where consecutive text deltas a reader reads at once arrive merged: the
+    # same text and the same other events, the deltas maybe cut differently.
+    def text(events: list[dict]) -> str:
+        return "".join(e["textDelta"] for e in events if e["type"] == "text-delta")
+
+    assert text(got) == text(sse)
+    others, sse_others = ([e for e in events if e["type"] != "text-delta"] for events in (got, sse))
+    assert [e["type"] for e in others] == [e["type"] for e in sse_others]
+    for a, b in zip(others, sse_others, strict=True):
         strip = {"sessionId", "userMessageId", "assistantMessageId", "_id", "offset"}
         assert {k: v for k, v in a.items() if k not in strip} == {
             k: v for k, v in b.items() if k not in strip
@@ -224,3 +232,53 @@ async def test_another_users_session_is_not_found(mesh: Mesh) -> None:
     async with mesh.http() as http:
         messages = (await http.get(f"/api/sessions/{mine}/messages")).json()["messages"]
     assert [m["content"] for m in messages if m["role"] == "user"] == ["private"], "nothing was added"
+
+
+async def test_the_live_turn_is_read_from_the_stream_service(mesh: Mesh) -> None:
+    """ExecuteChat with events_from_stream carries `start` alone while the turn runs (the caller reads
+    session:<id>, whose deltas arrive, paced, before the turn ends); over HTTP the same turn streams."""
+    from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
+
+    mesh.mock.set_rules({"rules": [], "default": {"text": "paced " * 20, "tokens_per_second": 40}})
+    assert mesh.clients is not None
+    with identity.acting_as(mesh.user):
+        call = mesh.clients.orchestrator.ExecuteChat(
+            orc.ExecuteChatRequest(agent="general", message="live", events_from_stream=True)
+        )
+        first = await call.read()
+        assert [e.WhichOneof("payload") for e in first.events] == ["start"]
+        start = first.events[0]
+        follow = mesh.clients.stream.SubscribeStream(
+            ss.SubscribeStreamRequest(key=session_key(start.start.session_id), from_offset=start.offset)
+        )
+        rest: list[str] = []
+        text_before_end = False
+        async with asyncio.timeout(20):
+            async for resp in follow:
+                kind = resp.event.WhichOneof("payload")
+                rest.append(kind)
+                if kind == "text_delta" and not text_before_end:
+                    text_before_end = True
+                    assert not call.done(), "text arrives while the turn still runs"
+                if kind in ("done", "error"):
+                    break
+            assert [r async for r in call] == [], "nothing after start: every event is in the buffer"
+    assert text_before_end and rest[-2:] == ["finish", "done"], rest
+    assert set(rest[:-2]) == {"text_delta"}, rest
+
+
+async def test_paced_reply_streams_over_sse_before_the_turn_ends(mesh: Mesh) -> None:
+    mesh.mock.set_rules({"rules": [], "default": {"text": "tick " * 30, "tokens_per_second": 30}})
+    async with mesh.http() as http:
+        async with http.stream("POST", "/api/chat", json={"agent": "general", "message": "pace"}) as resp:
+            got: list[tuple[float, dict]] = []
+            loop = asyncio.get_running_loop()
+            async with asyncio.timeout(20):
+                async for event in sse_events(resp):
+                    got.append((loop.time(), event))
+    kinds = [e["type"] for _, e in got]
+    assert kinds[0] == "start" and kinds[-2:] == ["finish", "done"], kinds
+    deltas = [t for t, e in got if e["type"] == "text-delta"]
+    assert len(deltas) >= 10, "paced tokens arrive one by one, not as one block"
+    assert got[-1][0] - deltas[0] > 0.5, "the first text came long before the turn's end"
+    assert "".join(e["textDelta"] for _, e in got if e["type"] == "text-delta") == "tick " * 30

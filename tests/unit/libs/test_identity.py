@@ -45,6 +45,24 @@ def test_tokens_expire_and_are_renewed() -> None:
         signer.verify(token)
 
 
+def test_a_verified_token_is_remembered_until_it_expires() -> None:
+    now = [1_000_000.0]
+    signer = Signer(SECRET, ttl_s=60, clock=lambda: now[0])
+    token = signer.mint("carol")
+    assert signer.verify(token) == Principal("carol")
+    assert token in signer._verified, "verified once, then looked up"
+    forged = token[:-2] + ("AA" if not token.endswith("AA") else "BB")
+    with pytest.raises(Unauthenticated):  # the cache is keyed by the whole token, signature included
+        signer.verify(forged)
+    now[0] += 59
+    assert signer.verify(token) == Principal("carol")
+    now[0] += 1 + LEEWAY_S + 0.5  # past its expiry: refused, although it was verified before
+    with pytest.raises(Unauthenticated, match="expired"):
+        signer.verify(token)
+    with pytest.raises(Unauthenticated, match="expired"):
+        signer.verify(token)  # and again, now without the cache
+
+
 def test_short_secrets_are_refused() -> None:
     with pytest.raises(ValueError):
         Signer(b"short")
