@@ -23,6 +23,7 @@ from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from gateway.deps import clients, current_user, settings
+from gateway.drain import Drain
 from gateway.errors import READ, SSE, WRITE, responses
 from gateway.openapi import INTEGER, MESSAGE, TRACE, obj, ok
 from gateway.params import MESSAGE_PATTERN, NO_NUL, SLUG_PATTERN, TRACE_ID_PATTERN
@@ -236,17 +237,25 @@ async def _result(c: Clients, trace_id: str, collected: list[Any]) -> dict[str, 
 
 
 def _sse(request: Request, call: grpc.aio.UnaryStreamCall, first: Any) -> EventSourceResponse:
+    """The run's events as SSE; the gateway's shutdown ends it with `shutdown` (the run goes on)."""
     from gateway.sse import drain_options, sse_message
+
+    drain: Drain = request.app.state.drain
 
     async def stream() -> AsyncIterator[dict[str, str]]:
         try:
-            response = first
-            while response is not grpc.aio.EOF:
-                for event in response.events:
-                    yield sse_message(event)
-                response = await call.read()
+            with drain.cancels(call):
+                response = first
+                while response is not grpc.aio.EOF:
+                    for event in response.events:
+                        yield sse_message(event)
+                    response = await call.read()
         except grpc.aio.AioRpcError as exc:
             yield sse_message(events.error(from_rpc_error(exc)))
+        except asyncio.CancelledError:
+            if not drain.ended_it():
+                raise
+            yield sse_message(events.error(drain.farewell()))
         finally:
             call.cancel()
 

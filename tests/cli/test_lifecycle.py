@@ -277,8 +277,9 @@ async def test_up_restarts_a_child_that_died_and_the_rest_keeps_serving(tmp_path
 async def test_sigterm_ends_every_live_stream_with_a_terminal_event_within_the_grace(
     tmp_path: Path, ports: Ports
 ) -> None:
-    """20 clients follow slow replies; `up` is told to stop: each gets a last event (`shutdown`, with
-    how to resume, or `done`) before its connection closes, within the grace; no turn is left pending."""
+    """20 clients follow slow replies (one of them a trace API `/run`); `up` is told to stop: each gets a
+    last event (`shutdown`, with how to resume, or `done`) before its connection closes, within the
+    grace; no turn is left pending."""
     mock = MockLLM({"rules": [], "default": {"text": "slow " * 400, "tokens_per_second": 20}})
     await mock.start()
     env = _env(tmp_path, ports)
@@ -288,18 +289,34 @@ async def test_sigterm_ends_every_live_stream_with_a_terminal_event_within_the_g
         clients: list[list[dict[str, Any]]] = [[] for _ in range(20)]
         live = [asyncio.Event() for _ in clients]
 
+        async def read(i: int, resp: httpx.Response) -> None:
+            assert resp.status_code == 200
+            async for event in sse_events(resp):
+                clients[i].append(event)
+                if event["type"] == "text-delta":
+                    live[i].set()
+
         async def follow(i: int) -> None:
-            async with (
-                httpx.AsyncClient(
-                    base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60
-                ) as http,
-                http.stream("POST", "/api/chat", json={"agent": "general", "message": f"slow {i}"}) as resp,
-            ):
-                assert resp.status_code == 200
-                async for event in sse_events(resp):
-                    clients[i].append(event)
-                    if event["type"] == "text-delta":
-                        live[i].set()
+            async with httpx.AsyncClient(
+                base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60
+            ) as http:
+                if i == 0:  # the trace API's run: a trace (its first turn cancelled), then its SSE /run
+                    async with http.stream(
+                        "POST", "/api/chat", json={"agent": "general", "message": "x"}
+                    ) as r:
+                        async for event in sse_events(r):
+                            if event["type"] == "start":
+                                trace = event["sessionId"]
+                                assert (await http.post(f"/api/sessions/{trace}/cancel")).status_code == 200
+                    run = f"/api/traces/{trace}/run"
+                    headers = {"Accept": "text/event-stream"}
+                    async with http.stream("POST", run, json={"input": "slow 0"}, headers=headers) as resp:
+                        await read(i, resp)
+                    return
+                async with http.stream(
+                    "POST", "/api/chat", json={"agent": "general", "message": f"slow {i}"}
+                ) as r:
+                    await read(i, r)
 
         readers = [asyncio.create_task(follow(i)) for i in range(len(clients))]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in live)), 30)
