@@ -90,14 +90,14 @@ async def follow(
             interrupt.add_done_callback(lambda _, call=call: call.cancel())  # type: ignore[misc]
         try:
             with drain.cancels(call):
+                # The server ends the call right after the terminal event: the loop reads that end, so
+                # the call (and its client span) completes instead of waiting to be collected.
                 async for response in call:
                     event = response.event
                     yield event
                     if event.offset:
                         last = event.offset
                         retries = RESUME_RETRIES
-                    if events.kind(event) in events.TERMINAL:
-                        return
             return
         except asyncio.CancelledError:
             task = asyncio.current_task()

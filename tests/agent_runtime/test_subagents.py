@@ -331,8 +331,16 @@ async def test_http_and_websocket_give_the_same_events(mesh: Mesh) -> None:
             return [norm(v) for v in value]
         return value
 
-    assert [e["type"] for e in got] == [e["type"] for e in sse]
-    assert norm(got) == norm(sse)
+    # A reader that falls behind gets consecutive text deltas merged (the same text, cut otherwise):
+    # the text is compared whole, every other event one by one.
+    def text(events: list[dict[str, Any]]) -> str:
+        return "".join(e["textDelta"] for e in events if e["type"] == "text-delta")
+
+    def others(events: list[dict[str, Any]]) -> list[Any]:
+        return norm([e for e in events if e["type"] != "text-delta"])
+
+    assert text(got) == text(sse) != ""
+    assert others(got) == others(sse)
     assert "subagent-batch-start" in [e["type"] for e in got]
 
 
