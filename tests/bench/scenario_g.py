@@ -41,7 +41,7 @@ async def run(rounds: int = 20, work: Path | None = None) -> dict[str, Any]:
     from tests.mesh import Ports, start_mesh
 
     tmp = Path(work or tempfile.mkdtemp(prefix="bench-g-"))
-    tmp.mkdir(parents=True, exist_ok=True)
+    os.makedirs(tmp, exist_ok=True)
     ports = Ports()
     home_port, reader_port = ports.take(), ports.take()
     env_name = f"BENCH_G_{uuid.uuid4().hex[:8].upper()}"
