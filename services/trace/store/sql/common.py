@@ -109,6 +109,11 @@ def trace_pb(row: SessionRow, owner: str) -> tp.Trace:
 
 
 def message_pb(row: MessageRow) -> tp.Message:
+    return _message(row, row.caller_agent.slug if row.caller_agent else "")
+
+
+def _message(row: Any, caller_agent: str) -> tp.Message:
+    """A message from an ORM row or a row of `message_columns` (they differ in the caller's slug)."""
     return tp.Message(
         id=row.id,
         trace_id=row.session_id,
@@ -122,7 +127,7 @@ def message_pb(row: MessageRow) -> tp.Message:
         usage=ev.Usage(input_tokens=row.input_tokens, output_tokens=row.output_tokens),
         source=number_of(SOURCE, row.source),
         a2a_task_id=row.a2a_task_id or "",
-        caller_agent=row.caller_agent.slug if row.caller_agent else "",
+        caller_agent=caller_agent,
         caller_session_id=row.caller_session_id or "",
         status=number_of(MSG_STATUS, row.status),
         create_time=ts(row.created_at),
@@ -167,24 +172,7 @@ MESSAGES_WITH_AGENT = _M.outerjoin(_A, _A.c.id == _M.c.caller_agent_id)
 
 def message_from_row(row: Row[Any]) -> tp.Message:
     """A message from a row of `message_columns`."""
-    return tp.Message(
-        id=row.id,
-        trace_id=row.session_id,
-        sequence=row.sequence,
-        parent_sequence=row.parent_sequence or 0,
-        role=number_of(ROLE, row.role),
-        content=row.content,
-        thinking=row.thinking,
-        metadata=to_struct(row.meta),
-        model=row.model,
-        usage=ev.Usage(input_tokens=row.input_tokens, output_tokens=row.output_tokens),
-        source=number_of(SOURCE, row.source),
-        a2a_task_id=row.a2a_task_id or "",
-        caller_agent=row.caller_agent_slug or "",
-        caller_session_id=row.caller_session_id or "",
-        status=number_of(MSG_STATUS, row.status),
-        create_time=ts(row.created_at),
-    )
+    return _message(row, row.caller_agent_slug or "")
 
 
 def task_pb(row: A2ATaskRow, owner: str) -> tp.A2ATask:
