@@ -37,6 +37,19 @@ ANY_PORT = "127.0.0.1:0"
 TEST_CATALOG = Path(__file__).parent / "catalogs" / "mesh.yaml"  # agents whose prompts the test rules match
 
 
+# A model rule: the general agent, asked "tree ...", calls agent-invoke on coder and delegate_parallel
+# to one helper subagent in one step (a turn whose work spans every service).
+TREE_RULE: dict[str, Any] = {
+    "system": r"\[general\]",
+    "user": "^tree",
+    "after_tool": False,
+    "tool_calls": [
+        {"name": "agent-invoke", "arguments": {"agentSlug": "coder", "input": "callee"}},
+        {"name": "delegate_parallel", "arguments": {"tasks": [{"goal": "sub", "agentSlug": "helper"}]}},
+    ],
+}
+
+
 class Ports:
     """Ports for processes started by a test, reserved until the test ends: each is bound here with
     SO_REUSEPORT (and never listened on), so no other program can take it, while the process that

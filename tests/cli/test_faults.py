@@ -21,6 +21,7 @@ from libs import events as evlib
 from libs import identity
 from tests.mesh import (
     BACKENDS,
+    TREE_RULE,
     ProcessMesh,
     SseReader,
     read_tree,
@@ -34,18 +35,7 @@ BOUND_S = 25.0  # the longest a reader may wait for its terminal event
 WORDS = 80  # at 20 tokens a second: four seconds of text per run
 RULES: dict[str, Any] = {
     "rules": [
-        {
-            "system": r"\[general\]",
-            "user": "^tree",
-            "after_tool": False,
-            "tool_calls": [
-                {"name": "agent-invoke", "arguments": {"agentSlug": "coder", "input": "callee"}},
-                {
-                    "name": "delegate_parallel",
-                    "arguments": {"tasks": [{"goal": "sub", "agentSlug": "helper"}]},
-                },
-            ],
-        },
+        TREE_RULE,
         {"system": r"\[general\]", "after_tool": True, "text": "after " * WORDS, "tokens_per_second": 20},
         {"system": r"\[general\]", "text": "fine", "tokens_per_second": 50},
         {"system": r"\[coder\]", "text": "callee " * WORDS, "tokens_per_second": 20},

@@ -24,24 +24,21 @@ from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events as evlib
 from libs import identity
-from tests.mesh import ProcessMesh, SseReader, read_tree, sse_events, start_process_mesh, wait_until
+from tests.mesh import (
+    TREE_RULE,
+    ProcessMesh,
+    SseReader,
+    read_tree,
+    sse_events,
+    start_process_mesh,
+    wait_until,
+)
 
 LEASE_S = 2.0
 WORDS = 60  # at 20 tokens a second: three seconds of text per run
 RULES: dict[str, Any] = {
     "rules": [
-        {
-            "system": r"\[general\]",
-            "user": "^tree",
-            "after_tool": False,
-            "tool_calls": [
-                {"name": "agent-invoke", "arguments": {"agentSlug": "coder", "input": "callee"}},
-                {
-                    "name": "delegate_parallel",
-                    "arguments": {"tasks": [{"goal": "sub", "agentSlug": "helper"}]},
-                },
-            ],
-        },
+        TREE_RULE,
         {"system": r"\[general\]", "after_tool": True, "text": "after " * WORDS, "tokens_per_second": 20},
         {"system": r"\[general\]", "user": "^long", "text": "long " * WORDS, "tokens_per_second": 20},
         {

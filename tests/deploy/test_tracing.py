@@ -21,23 +21,12 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as otlp_grpc
 
-from tests.mesh import BACKENDS, ProcessMesh, sse_events, start_process_mesh, wait_until
+from tests.mesh import BACKENDS, TREE_RULE, ProcessMesh, sse_events, start_process_mesh, wait_until
 
 FIVE = {f"agentmesh-{s}" for s in ("gateway", "orchestrator", "agent-runtime", "trace", "stream")}
 RULES: dict[str, Any] = {
     "rules": [
-        {
-            "system": r"\[general\]",
-            "user": "^tree",
-            "after_tool": False,
-            "tool_calls": [
-                {"name": "agent-invoke", "arguments": {"agentSlug": "coder", "input": "callee"}},
-                {
-                    "name": "delegate_parallel",
-                    "arguments": {"tasks": [{"goal": "sub", "agentSlug": "helper"}]},
-                },
-            ],
-        },
+        TREE_RULE,
         {"system": r"\[general\]", "after_tool": True, "text": "all done"},
         {"system": r"\[general\]", "text": "hello"},
         {"system": r"\[coder\]", "text": "callee reply"},
