@@ -3,8 +3,12 @@ deadline and the acting principal's identity (libs.rpc.channel)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any, TypeVar
 
 import grpc
 
@@ -14,12 +18,17 @@ from agentmesh.leases.v1 import lease_service_pb2_grpc
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2_grpc
 from agentmesh.runtime.v1 import runtime_service_pb2_grpc
 from agentmesh.stream.v1 import stream_service_pb2_grpc
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
 from agentmesh.trace.v1 import trace_service_pb2_grpc
 from libs.config import MeshSettings
+from libs.errors import DeadlineExceeded, Unavailable, from_reason, from_rpc_error
 from libs.identity import Signer, signer_for
 from libs.peer_http import PeerClients
 from libs.peers import PeerRegistry
 from libs.rpc import channel
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -84,3 +93,67 @@ class Clients:
         channels, self._channels = list(self._channels.values()), {}
         for ch in channels:
             await ch.close()
+
+
+class MessageAppender:
+    """Appends messages one after another on one `AppendMessageStream`: for a writer of many messages,
+    a fraction of a unary `AppendMessage` each. The stream opens at the first append as the acting
+    principal, who stays the caller of every append on it. Each append waits for its answer (at most
+    `timeout_s`); a failed append raises its `MeshError` and the stream goes on; a stream that ended
+    (the service restarted, the deadline) raises its error, and the next append opens a new one."""
+
+    def __init__(self, stub: trace_service_pb2_grpc.TraceServiceStub, timeout_s: float = 10.0) -> None:
+        self._stub = stub
+        self._timeout_s = timeout_s
+        self._call: Any = None
+        self._requests: asyncio.Queue[ts.AppendMessageStreamRequest | None] = asyncio.Queue()
+        self._lock = asyncio.Lock()
+
+    async def append(self, message: tp.Message, parent_sequence: int | None = None) -> tp.Message:
+        request = ts.AppendMessageStreamRequest(
+            append=ts.AppendMessageRequest(message=message, parent_sequence=parent_sequence)
+        )
+        async with self._lock:
+            if self._call is None:
+                self._requests = asyncio.Queue()
+                self._call = self._stub.AppendMessageStream(_drain(self._requests))
+            call = self._call
+            self._requests.put_nowait(request)
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    resp = await call.read()
+            except TimeoutError:
+                self._drop()
+                raise DeadlineExceeded(f"no answer to an append within {self._timeout_s:g} s") from None
+            except grpc.aio.AioRpcError as exc:
+                self._drop()
+                raise from_rpc_error(exc) from None
+            if resp is grpc.aio.EOF:
+                self._drop()
+                raise Unavailable("the trace service ended the append stream")
+        if resp.error_reason:
+            raise from_reason(resp.error_reason, resp.error_message)
+        return resp.message
+
+    def _drop(self) -> None:
+        self._requests.put_nowait(None)  # ends the request iterator gRPC reads
+        self._call.cancel()
+        self._call = None
+
+    async def aclose(self) -> None:
+        """Ends the stream (appends already answered are stored)."""
+        async with self._lock:
+            if self._call is None:
+                return
+            call = self._call
+            self._requests.put_nowait(None)
+            self._call = None
+        with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
+            async with asyncio.timeout(self._timeout_s):
+                await call.read()  # EOF: the service ended its side
+        call.cancel()
+
+
+async def _drain(queue: asyncio.Queue[T | None]) -> AsyncIterator[T]:
+    while (item := await queue.get()) is not None:
+        yield item

@@ -256,6 +256,11 @@ def to_status(err: MeshError) -> grpc.Status:
     return rpc_status.to_status(status)
 
 
+def from_reason(reason: str, message: str) -> MeshError:
+    """The error a REASON of the table names (one sent as data, e.g. a stream's per-item error)."""
+    return _BY_REASON.get(reason, Internal)(message or reason)
+
+
 def from_rpc_error(exc: grpc.RpcError) -> MeshError:
     """The domain error behind a failed RPC: by the ErrorInfo reason our services send, else by the
     gRPC status code."""

@@ -3,6 +3,7 @@ call's verified identity (libs.identity), never from the request."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import TypeAlias
 
 import grpc
@@ -16,7 +17,7 @@ from agentmesh.leases.v1 import lease_service_pb2_grpc
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from agentmesh.trace.v1 import trace_service_pb2_grpc
-from libs.errors import InvalidArgument, PermissionDenied, grpc_errors
+from libs.errors import InvalidArgument, MeshError, PermissionDenied, grpc_errors
 from libs.identity import current, current_user
 from services.trace.agent_handler import AgentHandler
 from services.trace.handler import TraceHandler
@@ -82,6 +83,21 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
         parent = request.parent_sequence if request.HasField("parent_sequence") else None
         message = await self.h.traces.append_message(current_user(), request.message, parent)
         return ts.AppendMessageResponse(message=message)
+
+    @grpc_errors
+    async def AppendMessageStream(
+        self, requests: AsyncIterator[ts.AppendMessageStreamRequest], context: Ctx
+    ) -> AsyncIterator[ts.AppendMessageStreamResponse]:
+        owner = current_user()  # the stream's verified identity, for every append on it
+        async for request in requests:
+            append = request.append
+            parent = append.parent_sequence if append.HasField("parent_sequence") else None
+            try:
+                message = await self.h.traces.append_message(owner, append.message, parent)
+            except MeshError as err:  # this append's error: the stream goes on
+                yield ts.AppendMessageStreamResponse(error_reason=err.reason, error_message=err.message)
+                continue
+            yield ts.AppendMessageStreamResponse(message=message)
 
     @grpc_errors
     async def AppendMessages(

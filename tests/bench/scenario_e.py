@@ -10,8 +10,11 @@ Three shapes (issue 17's table), each `appends` messages of `content_chars` char
 Targets, one after the other, on a fresh PostgreSQL database (`--e-database-url`, else
 $TEST_DATABASE_URL) and for the trace service also on SQLite:
 
-- `trace`: `agentmesh serve trace` as its own process (reserved ports, AGENTMESH_MESH_SECRET),
-  driven over gRPC with libs.rpc.channel and a Signer, every writer acting as its user;
+- `trace_stream`: `agentmesh serve trace` as its own process (reserved ports,
+  AGENTMESH_MESH_SECRET), driven over gRPC with libs.rpc.channel and a Signer, every writer acting
+  as its user on its own `AppendMessageStream` (libs.clients.MessageAppender), one append after the
+  other: the path for a writer of many messages, and the one issue 17's goals are read on;
+- `trace`: the same process and writers, one unary `AppendMessage` per append;
 - `grpc_floor`: grpc.health.v1 Check on that same trace process with the same writers: a unary
   call that does nothing, the most any RPC can reach here (not for `one_session`: no session);
 - `store`: the same store in this process (no gRPC), which shows what the transport costs;
@@ -63,7 +66,15 @@ class Context:
     writers: int = 50
     content_chars: int = 200
     sqlite: bool = True
-    targets: tuple[str, ...] = ("trace", "grpc_floor", "store", "raw_tx", "raw_stmt", "raw_insert")
+    targets: tuple[str, ...] = (
+        "trace_stream",
+        "trace",
+        "grpc_floor",
+        "store",
+        "raw_tx",
+        "raw_stmt",
+        "raw_insert",
+    )
     progress: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
 
 
@@ -342,6 +353,40 @@ class TraceProcess:
         return one
 
 
+class TraceStream:
+    """The same trace process, each writer appending on its own `AppendMessageStream`
+    (libs.clients.MessageAppender: one stream per writer, opened as its user)."""
+
+    def __init__(self, trace: TraceProcess) -> None:
+        self.trace = trace
+        self.appenders: dict[int, Any] = {}
+
+    @property
+    def psutil(self) -> psutil.Process | None:
+        return self.trace.psutil
+
+    async def new_session(self, owner: str) -> str:
+        return await self.trace.new_session(owner)
+
+    def append(self, content: str) -> Append:
+        from libs import identity
+        from libs.clients import MessageAppender
+
+        async def one(i: int, owner: str, sid: str) -> Any:
+            appender = self.appenders.get(i)
+            if appender is None:
+                appender = self.appenders[i] = MessageAppender(self.trace.stub, timeout_s=60)
+            with identity.acting_as(owner):
+                return await appender.append(_message(sid, content))
+
+        return one
+
+    async def done(self) -> None:
+        """Closes the writers' streams (after a case, and after its warm-up)."""
+        appenders, self.appenders = list(self.appenders.values()), {}
+        await asyncio.gather(*(a.aclose() for a in appenders))
+
+
 class InProcessStore:
     """The trace store of the service, opened in this process on the same database."""
 
@@ -544,11 +589,16 @@ async def case(
     warm_owner = f"e-{tag}-warm"
     warm = await target.new_session(warm_owner)
     await asyncio.gather(*(append(i, warm_owner, warm) for i in range(min(writers, 8))))
+    done = getattr(target, "done", None)
+    if done is not None:
+        await done()
     plan = Plan(shape, owners, sessions, split(ctx.appends, writers))
     meter = CpuMeter(backend == "postgres", getattr(target, "psutil", None))
     before = meter.read()
     out = await drive(plan, append)
     after = meter.read()
+    if done is not None:
+        await done()
     out["cpu"] = CpuMeter.report(before, after, out["acknowledged"])
     acked = out.pop("_acked")
     problems = await check(acked) if asyncio.iscoroutinefunction(check) else check(acked)
@@ -585,6 +635,10 @@ async def run(ctx: Context) -> dict[str, Any]:
 
         # The trace service first: it migrates the database that every other target then uses.
         async with TraceProcess(ctx.work, url) as trace:
+            if "trace_stream" in ctx.targets:
+                stream = TraceStream(trace)
+                for shape in SHAPES:
+                    cases.append(await case(ctx, stream, "trace_stream", shape, "postgres", checked))
             if "trace" in ctx.targets:
                 for shape in SHAPES:
                     cases.append(await case(ctx, trace, "trace", shape, "postgres", checked))
@@ -606,11 +660,16 @@ async def run(ctx: Context) -> dict[str, Any]:
                 async with RawPg(url, kind, writers) as raw:
                     check = checked_rows if kind == "raw_insert" else checked
                     cases.append(await case(ctx, raw, kind, shape, "postgres", check))
-    if ctx.sqlite and "trace" in ctx.targets:
+    if ctx.sqlite and ("trace" in ctx.targets or "trace_stream" in ctx.targets):
         async with TraceProcess(ctx.work, "") as trace:
             db = trace.data_dir / "agentmesh.db"
-            for shape in SHAPES:
-                cases.append(await case(ctx, trace, "trace", shape, "sqlite", lambda a: check_sqlite(db, a)))
+            for name, target in (("trace_stream", TraceStream(trace)), ("trace", trace)):
+                if name not in ctx.targets:
+                    continue
+                for shape in SHAPES:
+                    cases.append(
+                        await case(ctx, target, name, shape, "sqlite", lambda a: check_sqlite(db, a))
+                    )
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for c in cases:
         table.setdefault(c["backend"], {}).setdefault(c["target"], {})[c["shape"]] = c["appends_per_s"]
@@ -626,31 +685,39 @@ async def run(ctx: Context) -> dict[str, Any]:
 
 
 def goals(table: dict[str, Any], cases: list[dict[str, Any]]) -> dict[str, Any]:
-    """Issue 17's Done-when, from this run's figures."""
+    """Issue 17's Done-when, from this run's figures: the trace service as a writer of many appends
+    uses it (AppendMessageStream), with the unary call beside it."""
     pg = table.get("postgres", {})
-    trace = pg.get("trace", {})
+    stream, unary = pg.get("trace_stream", {}), pg.get("trace", {})
     raw_insert = pg.get("raw_insert", {}).get("sessions")
     one = next(
-        (c for c in cases if (c["backend"], c["target"], c["shape"]) == ("postgres", "trace", "one_session")),
+        (
+            c
+            for c in cases
+            if (c["backend"], c["target"], c["shape"]) == ("postgres", "trace_stream", "one_session")
+        ),
         None,
     )
-    sessions = trace.get("sessions")
+    sessions = stream.get("sessions")
     return {
         "sessions_per_s": sessions,
         "sessions_goal": 5000,
         "sessions_of_raw_insert": sessions / raw_insert if sessions and raw_insert else None,
         "sessions_of_raw_insert_goal": 0.8,
-        "one_session_per_s": trace.get("one_session"),
+        "one_session_per_s": stream.get("one_session"),
         "one_session_goal": 2000,
         "one_session_p99_ms": one["latency_ms"].get("p99") if one else None,
         "one_session_p99_goal_ms": 50,
+        "unary_sessions_per_s": unary.get("sessions"),
+        "unary_one_session_per_s": unary.get("one_session"),
     }
 
 
 # --- the report ----------------------------------------------------------------------------------------
 
 TARGET_NAMES = {
-    "trace": "trace service (gRPC)",
+    "trace_stream": "trace service, AppendMessageStream (one stream per writer)",
+    "trace": "trace service, unary AppendMessage",
     "grpc_floor": "gRPC floor: health Check, same process",
     "store": "the store in-process, no gRPC",
     "raw_tx": "raw asyncpg, the old transaction",
@@ -713,12 +780,14 @@ def markdown(s: dict[str, Any]) -> list[str]:
     g = s.get("goals") or {}
     out += [
         "",
-        "Issue 17's goals on PostgreSQL: "
+        "Issue 17's goals on PostgreSQL, through AppendMessageStream: "
         f"sessions x writers: {num(g.get('sessions_per_s'), 0)}/s (goal {g.get('sessions_goal')}), "
         f"{num(g.get('sessions_of_raw_insert'), 2)} of raw single INSERTs "
         f"(goal {g.get('sessions_of_raw_insert_goal')}); "
         f"one session x writers: {num(g.get('one_session_per_s'), 0)}/s (goal {g.get('one_session_goal')}), "
-        f"p99 {num(g.get('one_session_p99_ms'), 1)} ms (goal {g.get('one_session_p99_goal_ms')}).",
+        f"p99 {num(g.get('one_session_p99_ms'), 1)} ms (goal {g.get('one_session_p99_goal_ms')}); "
+        f"unary AppendMessage: {num(g.get('unary_sessions_per_s'), 0)}/s and "
+        f"{num(g.get('unary_one_session_per_s'), 0)}/s.",
         "",
     ]
     return out
