@@ -115,8 +115,8 @@ $(PEERS_VENV)/.installed: tests/bench/peers/requirements.txt
 	touch $@
 
 .PHONY: bench
-bench: setup $(VENV)/.bench-installed ## Benchmarks A-E then the chaos run (BENCH_ARGS=--quick for a short run); tests/bench/results/
-	$(BIN)/python -m tests.bench.run $(BENCH_ARGS)
+bench: setup $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## Benchmarks A-G with the LangGraph server beside the mesh, then the chaos run (BENCH_ARGS=--quick for a short run); tests/bench/results/
+	$(BIN)/python -m tests.bench.run --peers langgraph --peers-venv $(PEERS_VENV) $(BENCH_ARGS)
 	$(BIN)/python -m tests.bench.chaos $(CHAOS_ARGS)
 
 .PHONY: chaos
@@ -128,7 +128,7 @@ profile: setup ## py-spy on every service under a paced load (PROFILE_ARGS="--se
 	$(BIN)/python -m tests.bench.profile $(PROFILE_ARGS)
 
 .PHONY: bench-peers
-bench-peers: setup $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## The benchmarks with the LangGraph server beside the mesh
+bench-peers: setup $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## The benchmarks with the LangGraph server beside the mesh, without the chaos run
 	$(BIN)/python -m tests.bench.run --peers langgraph --peers-venv $(PEERS_VENV) $(BENCH_ARGS)
 
 .PHONY: clean

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import signal
 import subprocess
 import sys
@@ -51,6 +52,14 @@ PORTS = Ports()
 
 def free_port() -> int:
     return PORTS.take()
+
+
+def unreserved_port() -> int:
+    """A port free right now, not held: for a server that checks the port itself and moves to
+    another one when it finds it bound (`langgraph dev` does), which a reserved port would be."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def mesh_env(data_dir: Path, **extra: str) -> dict[str, str]:
@@ -231,7 +240,7 @@ def start_langgraph(work: Path, venv: Path, mock_url: str, jobs: int) -> Proc:
     app.mkdir(parents=True)
     for name in ("graph.py", "langgraph.json"):
         shutil.copy(PEERS / "langgraph" / name, app / name)
-    port = free_port()
+    port = unreserved_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTMESH_", "VIRTUAL_ENV"))}
     env.update(LANGGRAPH_OFFLINE_ENV, OPENAI_BASE_URL=f"{mock_url}/v1", OPENAI_API_KEY="bench")
     cmd = [str(exe), "dev", "--no-browser", "--no-reload", "--allow-blocking", "--port", str(port)]
