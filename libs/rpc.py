@@ -75,6 +75,8 @@ def server_settings(settings: Any, service: str) -> dict[str, Any]:
         "grace_s": settings.shutdown_grace_s,
         "metrics_address": getattr(settings.metrics, service),
         "max_connection_age_s": settings.max_connection_age_s,
+        # A call may wait to be taken as long as the longest deadline the mesh's clients give a call.
+        "max_queued_s": settings.stream_rpc_timeout_s,
     }
 
 
@@ -95,6 +97,8 @@ class ServiceServer:
     metrics_address: str = ""  # host:port of GET /metrics; empty: none
     metrics_refresh: list[Refresh] = field(default_factory=list)  # run before each scrape
     max_connection_age_s: float = 0.0  # GOAWAY to connections this old (0: never)
+    # How long a call that arrived may wait for the server to take it before gRPC core cancels it.
+    max_queued_s: float = 3600.0
 
     def __post_init__(self) -> None:
         options = list(_SERVER_OPTIONS)
@@ -102,6 +106,11 @@ class ServiceServer:
             # Clients reconnect (and re-resolve) on GOAWAY; calls in flight finish on the old connection
             # (no max_connection_age_grace: a turn's stream may last minutes).
             options.append(("grpc.max_connection_age_ms", int(self.max_connection_age_s * 1000)))
+        # grpc.aio takes calls one at a time, one event-loop round trip each: with the loop saturated a
+        # burst of calls waits in gRPC core's queue of calls not yet taken, and core cancels one that
+        # waited longer than grpc.server_max_unrequested_time_in_server (default 30 s) with a bare
+        # CANCELLED, as if its caller had gone. The caller's deadline bounds the wait instead.
+        options.append(("grpc.server_max_unrequested_time_in_server", max(1, round(self.max_queued_s))))
         self.rpc_metrics = RpcMetrics(self.registry)
         self.metrics_server: MetricsServer | None = None
         self.server = grpc.aio.server(

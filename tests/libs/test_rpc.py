@@ -4,10 +4,14 @@ service refuses a call without a valid identity (UNAUTHENTICATED), whatever the 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
@@ -18,8 +22,9 @@ from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.stream.v1 import stream_service_pb2_grpc
 from libs import events as evlib
 from libs import identity
+from libs.config import MeshSettings
 from libs.identity import HEADER, Signer
-from libs.rpc import channel
+from libs.rpc import ServiceServer, channel, server_settings
 from tests.mesh import TEST_CATALOG, Mesh, start_mesh
 
 
@@ -115,3 +120,56 @@ async def test_a_stream_outlives_its_connections_age(tmp_path_factory: pytest.Te
         await mesh.stop()
     text = "".join(e.text_delta.text_delta for e in received)
     assert text == "".join(f"{i} " for i in range(appended)) and received[-1].HasField("done")
+
+
+def _checks_queued(
+    target: str, blocked: threading.Event, release: threading.Event, queued_s: float
+) -> list[str]:
+    """Runs in a thread while the server's loop is blocked: four Health.Check calls arrive and stay in
+    gRPC core's queue of calls not yet taken for `queued_s`, a fifth arrives, then the loop is released.
+    Returns every call's status."""
+    try:
+        assert blocked.wait(10), "the server's loop was not blocked"
+        with grpc.insecure_channel(target) as ch:
+            check = ch.unary_unary(
+                "/grpc.health.v1.Health/Check",
+                request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                response_deserializer=health_pb2.HealthCheckResponse.FromString,
+            )
+            calls = [check.future(health_pb2.HealthCheckRequest(), timeout=30) for _ in range(4)]
+            time.sleep(queued_s)  # the load under test (how long calls stay queued), not a synchronisation
+            calls.append(check.future(health_pb2.HealthCheckRequest(), timeout=30))
+            release.set()
+            return [c.exception().code().name if c.exception() else "OK" for c in calls]  # type: ignore[union-attr]
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("stream_rpc_timeout_s", [1.0, 30.0])
+async def test_a_call_queued_behind_a_busy_loop_waits_as_long_as_a_deadline_allows(
+    tmp_path: Path, stream_rpc_timeout_s: float
+) -> None:
+    """grpc.aio takes calls one at a time, one event-loop round trip each: calls that arrive while the
+    server's loop is saturated wait in gRPC core, which cancels (bare CANCELLED) those not taken within
+    grpc.server_max_unrequested_time_in_server, 30 s unless set; 1,000 chat turns on 2 cores lost their
+    RunAgent calls that way. A mesh server lets a call wait as long as the longest deadline the mesh's
+    clients give (stream_rpc_timeout_s, an hour). Here the loop is blocked for 2 s while calls arrive:
+    with a 1 s limit the calls that waited end CANCELLED (the mechanism), with 30 s all are served."""
+    settings = MeshSettings(data_dir=tmp_path, stream_rpc_timeout_s=stream_rpc_timeout_s)
+    args = {**server_settings(settings, "agent_runtime"), "address": "127.0.0.1:0"}
+    server = await ServiceServer([], Signer(b"0123456789abcdef0123456789abcdef"), **args).start()
+    blocked, release = threading.Event(), threading.Event()
+    try:
+        codes = asyncio.get_running_loop().run_in_executor(
+            None, _checks_queued, server.target, blocked, release, 2.0
+        )
+        blocked.set()
+        assert release.wait(20)  # blocks this loop, the server's, as a saturated loop would
+        result = await asyncio.wait_for(codes, 20)
+    finally:
+        release.set()
+        await server.stop(0)
+    if stream_rpc_timeout_s < 2.0:
+        assert "CANCELLED" in result, result
+    else:
+        assert result == ["OK"] * 5
