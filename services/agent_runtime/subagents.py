@@ -294,6 +294,8 @@ class SubagentBatch:
                 caller_session_id=ctx.trace_id,
                 timeout_ms=min(self.cfg.timeout_ms, plan.agent.limits.timeout_ms),  # its own, only its own
                 overrides=overrides,
+                resolved_agent=plan.agent,  # read once for the batch
+                empty_trace=True,  # the row's new hidden trace
             ),
         )
 
