@@ -116,6 +116,7 @@ class RowWriter:
         return await asyncio.shield(fut)
 
     async def _write(self) -> None:
+        batch: list[tuple[ts.UpdateSubagentSessionRequest, asyncio.Future[tp.SubagentSession]]] = []
         try:
             while self._queue:
                 batch, self._queue = self._queue, []
@@ -125,9 +126,10 @@ class RowWriter:
                     else:
                         fut.set_result(result)
         except BaseException as exc:  # never leave a caller waiting
-            for _, fut in self._queue:
+            err = exc if isinstance(exc, Exception) else Cancelled("the write stopped")
+            for _, fut in batch + self._queue:
                 if not fut.done():
-                    fut.set_exception(exc if isinstance(exc, Exception) else Cancelled("the write stopped"))
+                    fut.set_exception(err)
             self._queue = []
             raise
 
