@@ -96,11 +96,12 @@ class LocalCallee:
         callee = self.agent
         task = await create_task(ctx, callee.slug, depth, continue_trace_id=continue_from)
         with ctx.leases.hold(task=task.id, stream=a2a_key(task.id)):  # while this call runs it
-            return await self._run(ctx, callee, task, text, depth)
+            return await self._run(ctx, callee, task, text, depth, not continue_from)
 
     async def _run(
-        self, ctx: ToolContext, callee: ap.Agent, task: tp.A2ATask, text: str, depth: int
+        self, ctx: ToolContext, callee: ap.Agent, task: tp.A2ATask, text: str, depth: int, new: bool
     ) -> InvokeResult:
+        """`new`: the task's hidden trace was just created (it has no messages yet)."""
         cfg = ctx.agent.invoke
         key = a2a_key(task.id)
         try:
@@ -136,6 +137,8 @@ class LocalCallee:
                     caller_session_id=ctx.trace_id,
                     timeout_ms=min(cfg.timeout_ms, callee.limits.timeout_ms),
                     overrides=rt.RunOverrides(model=callee.model, max_output_tokens=cfg.max_output_tokens),
+                    resolved_agent=callee,  # as resolve_callee just read it
+                    empty_trace=new,
                 ),
             )
         except asyncio.CancelledError:

@@ -143,8 +143,12 @@ class AgentRunner:
         agents = AgentDirectory(self.clients)
         if req.HasField("resolved_agent") and req.resolved_agent.slug == req.agent:
             agents.remember(req.resolved_agent)  # read by the caller for this very run
-        # The agent (read for every run: an edit applies to the next one) and the history at once.
-        agent, history = await asyncio.gather(agents.get(req.agent), self.history(req))
+        # The agent (read for every run: an edit applies to the next one) and the history at once;
+        # a history handed over needs no read (nor tasks that a busy loop would schedule late).
+        if req.history_given:
+            agent, history = await agents.get(req.agent), await self.history(req)
+        else:
+            agent, history = await asyncio.gather(agents.get(req.agent), self.history(req))
         role = req.role or rt.RUN_ROLE_SUPERVISOR
         timeout_ms = req.timeout_ms or agent.limits.timeout_ms
         try:

@@ -24,11 +24,12 @@ from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
 from libs.aio import to_the_end
+from libs.clients import Clients
 from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, rpc
 from libs.ids import subagent_key
 from libs.protojson import enum_to_str, to_json
 from libs.tools import MAX_DELEGATE_TASKS
-from services.agent_runtime.children import ChildOutcome, create_buffer, run_child
+from services.agent_runtime.children import ChildOutcome, close_buffer, create_buffer, run_child
 from services.agent_runtime.tools import SUBAGENT, ToolContext, ToolOutcome, names
 
 MAX_TASKS = MAX_DELEGATE_TASKS
@@ -94,6 +95,66 @@ async def _plan(ctx: ToolContext, task: Any) -> _Plan:
     return plan
 
 
+class RowWriter:
+    """The changes of one batch's rows: one call in flight at a time, and whatever is asked for
+    meanwhile goes in the next as one UpdateSubagentSessions (one transaction), so the rows of
+    subagents that start or end together settle in a write or two, not one write after another. A
+    call of several that fails is retried row by row: one row's failure stays its own."""
+
+    def __init__(self, clients: Clients) -> None:
+        self.clients = clients
+        self._queue: list[tuple[ts.UpdateSubagentSessionRequest, asyncio.Future[tp.SubagentSession]]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def update(self, request: ts.UpdateSubagentSessionRequest) -> tp.SubagentSession:
+        """The changed row (or the change's error). A caller cancelled meanwhile stops waiting; the
+        change is still written."""
+        fut: asyncio.Future[tp.SubagentSession] = asyncio.get_running_loop().create_future()
+        self._queue.append((request, fut))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write())
+        return await asyncio.shield(fut)
+
+    async def _write(self) -> None:
+        batch: list[tuple[ts.UpdateSubagentSessionRequest, asyncio.Future[tp.SubagentSession]]] = []
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                for (_, fut), result in zip(batch, await self._send([r for r, _ in batch]), strict=True):
+                    if isinstance(result, BaseException):
+                        fut.set_exception(result)
+                    else:
+                        fut.set_result(result)
+        except BaseException as exc:  # never leave a caller waiting
+            err = exc if isinstance(exc, Exception) else Cancelled("the write stopped")
+            for _, fut in batch + self._queue:
+                if not fut.done():
+                    fut.set_exception(err)
+            self._queue = []
+            raise
+
+    async def _send(
+        self, requests: list[ts.UpdateSubagentSessionRequest]
+    ) -> list[tp.SubagentSession | MeshError]:
+        trace = self.clients.trace
+        if len(requests) > 1:
+            try:
+                resp = await rpc(
+                    trace.UpdateSubagentSessions(ts.UpdateSubagentSessionsRequest(updates=requests))
+                )
+                return list(resp.subagents)
+            except MeshError:
+                pass  # all or none: each on its own, so that only the failing row fails
+
+        async def one(request: ts.UpdateSubagentSessionRequest) -> tp.SubagentSession | MeshError:
+            try:
+                return (await rpc(trace.UpdateSubagentSession(request))).subagent
+            except MeshError as err:
+                return err
+
+        return list(await asyncio.gather(*(one(r) for r in requests)))
+
+
 class SubagentBatch:
     """One delegate call: rows, events, concurrency, failure isolation, cancellation."""
 
@@ -104,6 +165,8 @@ class SubagentBatch:
         self.cfg = ctx.agent.effective_subagent_config
         self.rows: list[tp.SubagentSession] = []
         self.outputs: list[dict[str, Any]] = []
+        self.writer = RowWriter(ctx.clients)
+        self._opened: set[int] = set()  # rows whose buffer may exist
 
     async def _update(self, i: int, paths: list[str], **values: Any) -> None:
         row = tp.SubagentSession(id=self.rows[i].id)
@@ -114,15 +177,16 @@ class SubagentBatch:
                 row.result_payload.CopyFrom(events.struct(value))
             else:
                 setattr(row, key, value)
-        resp = await rpc(
-            self.ctx.clients.trace.UpdateSubagentSession(
-                ts.UpdateSubagentSessionRequest(
-                    subagent=row, update_mask=field_mask_pb2.FieldMask(paths=paths)
-                )
-            )
+        self.rows[i] = await self.writer.update(
+            ts.UpdateSubagentSessionRequest(subagent=row, update_mask=field_mask_pb2.FieldMask(paths=paths))
         )
-        self.rows[i] = resp.subagent
         self._emit_update(i)
+
+    async def _create_buffer(self, i: int) -> None:
+        self._opened.add(i)
+        parent = str(self.ctx.anchor_message_id)
+        meta = {"agent": self.plans[i].agent.slug, "kind": "subagent", "parentMessageId": parent}
+        await create_buffer(self.ctx, subagent_key(self.rows[i].id), meta)
 
     def _emit_update(self, i: int) -> None:
         self.ctx.sink.emit(
@@ -227,17 +291,14 @@ class SubagentBatch:
                             i, ["status", "error"], status=ev.SUBAGENT_STATUS_CANCELLED, error="cancelled"
                         )
                     )
+            if i in self._opened:  # a turn that never started leaves its buffer open: end it
+                await to_the_end(close_buffer(self.ctx, subagent_key(sub_id), Cancelled("cancelled")))
             raise
 
     async def _execute(self, i: int, plan: _Plan, out: dict[str, Any]) -> None:
-        ctx = self.ctx
         row = self.rows[i]
         key = subagent_key(row.id)
-        await create_buffer(
-            ctx,
-            key,
-            {"agent": plan.agent.slug, "kind": "subagent", "parentMessageId": str(ctx.anchor_message_id)},
-        )
+        await self._create_buffer(i)
         # The row turns running while the child's turn starts: its model request waits on no write
         # of the batch's bookkeeping (the buffer exists, so a reader who sees `running` finds it).
         running = asyncio.create_task(self._update(i, ["status"], status=ev.SUBAGENT_STATUS_RUNNING))
@@ -294,6 +355,8 @@ class SubagentBatch:
                 caller_session_id=ctx.trace_id,
                 timeout_ms=min(self.cfg.timeout_ms, plan.agent.limits.timeout_ms),  # its own, only its own
                 overrides=overrides,
+                resolved_agent=plan.agent,  # read once for the batch
+                empty_trace=True,  # the row's new hidden trace
             ),
         )
 

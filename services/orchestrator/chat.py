@@ -148,7 +148,8 @@ class ChatOrchestrator:
     async def run_turn(self, spec: orc.RunTurnRequest) -> TurnOutcome:
         """A child turn (agent-invoke callee, subagent), run to its end for the calling runtime (its
         events are in its own buffer, where its readers follow them)."""
-        return await self.turns.run(spec, run_events=False)
+        agent = spec.resolved_agent if spec.HasField("resolved_agent") else None
+        return await self.turns.run(spec, run_events=False, agent=agent)
 
     async def _turn(
         self,

@@ -271,7 +271,8 @@ class TurnEngine:
         out.user_message, out.assistant_message = user, placeholder
         try:
             with self.leases.hold(message=placeholder.id):
-                request = self._run_request(spec, user, placeholder, run_events, agent, new_trace is not None)
+                empty = new_trace is not None or spec.empty_trace
+                request = self._run_request(spec, user, placeholder, run_events, agent, empty)
                 await self._stream_turn(spec, user, placeholder, on_event, partial, out, request)
         except asyncio.CancelledError as exc:
             await to_the_end(self._fail(spec, out, cancel_reason(exc), on_event, partial))
@@ -318,7 +319,7 @@ class TurnEngine:
         anchor: tp.Message,
         run_events: bool,
         agent: ap.Agent | None,
-        new_trace: bool,
+        empty_trace: bool,
     ) -> rt.RunAgentRequest:
         request = rt.RunAgentRequest(
             agent=spec.agent,
@@ -334,7 +335,7 @@ class TurnEngine:
         )
         if agent is not None:
             request.resolved_agent.CopyFrom(agent)
-        if new_trace:  # its whole history is the user message just stored: the run need not read it
+        if empty_trace:  # its whole history is the user message just stored: the run need not read it
             request.history.append(user)
             request.history_given = True
         return request

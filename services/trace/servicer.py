@@ -204,6 +204,14 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
         return ts.UpdateSubagentSessionResponse(subagent=row)
 
     @grpc_errors
+    async def UpdateSubagentSessions(
+        self, request: ts.UpdateSubagentSessionsRequest, context: Ctx
+    ) -> ts.UpdateSubagentSessionsResponse:
+        updates = [(u.subagent, list(u.update_mask.paths)) for u in request.updates]
+        rows = await self.h.subagents.update_subagents(current_user(), updates)
+        return ts.UpdateSubagentSessionsResponse(subagents=rows)
+
+    @grpc_errors
     async def GetSubagentSession(
         self, request: ts.GetSubagentSessionRequest, context: Ctx
     ) -> ts.GetSubagentSessionResponse:

@@ -128,6 +128,26 @@ async def test_a_turn_moves_the_series_of_every_service(mesh: Mesh) -> None:
     assert moved("gateway", "agentmesh_http_requests_total", route="/api/chat", status="200") == 1
 
 
+async def test_child_turns_are_handed_their_agent_and_history(mesh: Mesh) -> None:
+    """The callee and the two subagents run in new hidden traces: each is handed the agent its caller
+    read and its history (its user message), so no run reads a history back, and each agent of the
+    tree is read once (the supervisor by the orchestrator, the callee and the preset by the tools)."""
+    before = await scrape_all(mesh)
+    events = await chat(mesh, "general", "tree of reads")
+    assert events[-1]["type"] == "done", events[-3:]
+    after = await scrape_all(mesh)
+    handled = "agentmesh_grpc_server_handled_total"
+
+    def moved(method: str) -> float:
+        return value(after["trace"], handled, grpc_method=method) - value(
+            before["trace"], handled, grpc_method=method
+        )
+
+    assert moved("BeginTurn") == 4  # the supervisor's turn and three children
+    assert moved("ListMessages") == 0
+    assert moved("GetAgent") == 3, moved("GetAgent")
+
+
 async def test_the_metrics_server_answers_only_metrics(mesh: Mesh) -> None:
     port = mesh.servers["trace"].metrics_port
     async with httpx.AsyncClient(timeout=5) as http:

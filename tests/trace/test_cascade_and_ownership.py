@@ -213,6 +213,16 @@ async def test_other_owner_gets_not_found_on_every_rpc(trace_stub, trace_engine,
                     update_mask=status_mask,
                 )
             ),
+            "UpdateSubagentSessions": lambda: trace_stub.UpdateSubagentSessions(
+                ts.UpdateSubagentSessionsRequest(
+                    updates=[
+                        ts.UpdateSubagentSessionRequest(
+                            subagent=tp.SubagentSession(id=s, status=ev.SUBAGENT_STATUS_CANCELLED),
+                            update_mask=status_mask,
+                        )
+                    ]
+                )
+            ),
             "GetSubagentSession": lambda: trace_stub.GetSubagentSession(
                 ts.GetSubagentSessionRequest(subagent_id=s)
             ),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -12,6 +14,8 @@ from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import identity
+from libs.errors import FailedPrecondition
+from services.agent_runtime.subagents import RowWriter
 from tests.trace.conftest import append, code_of, error_of, new_trace, recent
 
 BAD = grpc.StatusCode.INVALID_ARGUMENT
@@ -242,3 +246,160 @@ async def test_subagent_batch_rules(trace_stub, unique):
             ts.ListSubagentSessionsRequest(trace_id=other.id)
         )
         assert list(listed_other.subagents) == []
+
+
+async def test_several_rows_change_in_one_call_all_or_none(trace_stub, unique):
+    """UpdateSubagentSessions: each change as UpdateSubagentSession would make it, answered in request
+    order; one change that cannot be made (a backward move, a row not found) leaves every row as it was."""
+    owner = f"u-{unique}"
+    s = await new_trace(trace_stub, owner)
+    anchor = await append(trace_stub, owner, s.id, "", ASSISTANT)
+    rows = await _create(
+        trace_stub,
+        owner,
+        *(
+            tp.SubagentSession(trace_id=s.id, parent_message_id=anchor.id, name=n, sort_order=i)
+            for i, n in enumerate("abc")
+        ),
+    )
+    a, b, c = rows
+
+    def change(row: Any, status: Any, paths: Any = ("status",), **kw: Any) -> ts.UpdateSubagentSessionRequest:
+        return ts.UpdateSubagentSessionRequest(
+            subagent=tp.SubagentSession(id=row.id, status=status, **kw),
+            update_mask=field_mask_pb2.FieldMask(paths=list(paths)),
+        )
+
+    async def update(*changes: ts.UpdateSubagentSessionRequest) -> Any:
+        with identity.acting_as(owner):
+            return await trace_stub.UpdateSubagentSessions(ts.UpdateSubagentSessionsRequest(updates=changes))
+
+    async def stored() -> list[tp.SubagentSession]:
+        with identity.acting_as(owner):
+            resp = await trace_stub.ListSubagentSessions(ts.ListSubagentSessionsRequest(trace_id=s.id))
+        return list(resp.subagents)
+
+    started = (
+        await update(change(c, ev.SUBAGENT_STATUS_RUNNING), change(a, ev.SUBAGENT_STATUS_RUNNING))
+    ).subagents
+    assert [r.id for r in started] == [c.id, a.id]  # request order
+    assert all(r.status == ev.SUBAGENT_STATUS_RUNNING and recent(r.start_time) for r in started)
+    before = await stored()
+    assert [r.status for r in before] == [
+        ev.SUBAGENT_STATUS_RUNNING,
+        ev.SUBAGENT_STATUS_QUEUED,
+        ev.SUBAGENT_STATUS_RUNNING,
+    ]
+
+    # A backward move (c: running -> queued) refuses the whole call: a and b stay as they were.
+    error = await error_of(
+        update(
+            change(a, ev.SUBAGENT_STATUS_COMPLETED, ("status", "summary"), summary="done"),
+            change(b, ev.SUBAGENT_STATUS_CANCELLED),
+            change(c, ev.SUBAGENT_STATUS_QUEUED),
+        )
+    )
+    assert (error.code(), error.details()) == (FAILED, "subagent cannot go from running to queued")
+    assert await stored() == before
+    # So does a row that is not found, or another owner's (the same answer), and a bad mask.
+    missing = tp.SubagentSession(id="0" * 24)
+    for bad, code in (
+        (change(missing, ev.SUBAGENT_STATUS_CANCELLED), grpc.StatusCode.NOT_FOUND),
+        (change(b, ev.SUBAGENT_STATUS_CANCELLED, ("name",)), BAD),
+    ):
+        assert await code_of(update(change(a, ev.SUBAGENT_STATUS_FAILED), bad)) == code
+    with identity.acting_as(f"stranger-{unique}"):
+        error = await error_of(
+            trace_stub.UpdateSubagentSessions(
+                ts.UpdateSubagentSessionsRequest(updates=[change(b, ev.SUBAGENT_STATUS_CANCELLED)])
+            )
+        )
+    assert (error.code(), error.details()) == (grpc.StatusCode.NOT_FOUND, "subagent session not found")
+    assert await stored() == before
+
+    ended = (
+        await update(
+            change(a, ev.SUBAGENT_STATUS_COMPLETED, ("status", "summary"), summary="done"),
+            change(b, ev.SUBAGENT_STATUS_CANCELLED),
+            change(c, ev.SUBAGENT_STATUS_FAILED, ("status", "error"), error="boom"),
+        )
+    ).subagents
+    assert [(r.status, r.summary, r.error) for r in ended] == [
+        (ev.SUBAGENT_STATUS_COMPLETED, "done", ""),
+        (ev.SUBAGENT_STATUS_CANCELLED, "", ""),
+        (ev.SUBAGENT_STATUS_FAILED, "", "boom"),
+    ]
+    assert all(recent(r.end_time) for r in ended) and await stored() == list(ended)
+
+
+async def test_the_runtimes_row_writer_coalesces_and_keeps_failures_apart(trace_clients, unique):
+    """services/agent_runtime/subagents.RowWriter: changes asked for while a call is in flight go in
+    the next as one UpdateSubagentSessions; when that call is refused, each change is retried on its
+    own, so only the change that cannot be made fails."""
+    owner = f"u-{unique}"
+    trace_stub = trace_clients.trace
+    s = await new_trace(trace_stub, owner)
+    anchor = await append(trace_stub, owner, s.id, "", ASSISTANT)
+    a, b, c, d = await _create(
+        trace_stub,
+        owner,
+        *(
+            tp.SubagentSession(trace_id=s.id, parent_message_id=anchor.id, name=n, sort_order=i)
+            for i, n in enumerate("abcd")
+        ),
+    )
+    calls: list[tuple[str, int]] = []
+
+    class Counted:
+        """The real stub, noting each call (method, rows)."""
+
+        def __getattr__(self, name: str) -> Any:
+            method = getattr(trace_stub, name)
+
+            def call(request: Any, **kw: Any) -> Any:
+                calls.append((name, len(request.updates) if hasattr(request, "updates") else 1))
+                return method(request, **kw)
+
+            return call
+
+    writer = RowWriter(SimpleNamespace(trace=Counted()))  # type: ignore[arg-type]
+
+    def change(row: Any, status: Any) -> ts.UpdateSubagentSessionRequest:
+        return ts.UpdateSubagentSessionRequest(
+            subagent=tp.SubagentSession(id=row.id, status=status),
+            update_mask=field_mask_pb2.FieldMask(paths=["status"]),
+        )
+
+    async def together(*changes: ts.UpdateSubagentSessionRequest) -> list[Any]:
+        with identity.acting_as(owner):
+            return await asyncio.gather(*(writer.update(c) for c in changes), return_exceptions=True)
+
+    running = await together(*(change(r, ev.SUBAGENT_STATUS_RUNNING) for r in (a, b, c, d)))
+    assert [r.status for r in running] == [ev.SUBAGENT_STATUS_RUNNING] * 4
+    assert calls == [("UpdateSubagentSessions", 4)]  # asked for together: written together
+
+    calls.clear()
+    # b cannot go back to queued: the coalesced call is refused, and each of its changes retried alone.
+    first, done, back, cancelled = await together(
+        change(a, ev.SUBAGENT_STATUS_COMPLETED),
+        change(c, ev.SUBAGENT_STATUS_COMPLETED),
+        change(b, ev.SUBAGENT_STATUS_QUEUED),
+        change(d, ev.SUBAGENT_STATUS_CANCELLED),
+    )
+    assert (first.status, done.status, cancelled.status) == (
+        ev.SUBAGENT_STATUS_COMPLETED,
+        ev.SUBAGENT_STATUS_COMPLETED,
+        ev.SUBAGENT_STATUS_CANCELLED,
+    )
+    assert (
+        isinstance(back, FailedPrecondition) and back.message == "subagent cannot go from running to queued"
+    )
+    assert calls == [("UpdateSubagentSessions", 4)] + [("UpdateSubagentSession", 1)] * 4
+    with identity.acting_as(owner):
+        stored = await trace_stub.ListSubagentSessions(ts.ListSubagentSessionsRequest(trace_id=s.id))
+    assert [r.status for r in stored.subagents] == [
+        ev.SUBAGENT_STATUS_COMPLETED,
+        ev.SUBAGENT_STATUS_RUNNING,
+        ev.SUBAGENT_STATUS_COMPLETED,
+        ev.SUBAGENT_STATUS_CANCELLED,
+    ]

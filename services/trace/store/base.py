@@ -213,6 +213,12 @@ class SubagentStore(abc.ABC):
         """Changes the fields in `paths`; the status moves only forward."""
 
     @abc.abstractmethod
+    async def update_subagents(
+        self, owner: str, updates: Sequence[tuple[tp.SubagentSession, Sequence[str]]]
+    ) -> list[tp.SubagentSession]:
+        """Several rows' changes (row, paths), each as `update_subagent`, in one transaction, all or none."""
+
+    @abc.abstractmethod
     async def get_subagent(self, owner: str, subagent_id: str) -> tp.SubagentSession: ...
 
     @abc.abstractmethod

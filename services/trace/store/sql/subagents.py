@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 
 from sqlalchemy import select
 
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.trace.v1 import trace_pb2 as tp
-from libs.errors import FailedPrecondition, InvalidArgument
+from libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from libs.ids import new_token_id
 from libs.protojson import enum_to_str
 from services.trace import domain
+from services.trace.domain import need_owner
 from services.trace.store.base import SubagentStore
 from services.trace.store.sql.common import (
     SUB_SOURCE,
@@ -114,37 +116,61 @@ class SqlSubagentStore(SubagentStore):
     async def update_subagent(
         self, owner: str, row: tp.SubagentSession, paths: Sequence[str]
     ) -> tp.SubagentSession:
-        fields = domain.check_mask(paths, domain.SUBAGENT_FIELDS)
+        return (await self.update_subagents(owner, [(row, paths)]))[0]
+
+    async def update_subagents(
+        self, owner: str, updates: Sequence[tuple[tp.SubagentSession, Sequence[str]]]
+    ) -> list[tp.SubagentSession]:
+        masks = [domain.check_mask(paths, domain.SUBAGENT_FIELDS) for _, paths in updates]
+        need_owner(owner)
         async with self.db.tx() as db:
-            stored = await self.db.owned_row(
-                db, SubagentRow, SubagentRow.public_id == row.id, owner, "subagent session", lock=True
+            # Every row in one read (not one read each), locked, of the traces `owner` owns.
+            stmt = (
+                select(SubagentRow)
+                .join(SessionRow, SessionRow.id == SubagentRow.session_id)
+                .where(SubagentRow.public_id.in_({row.id for row, _ in updates}), self.db.owned(owner))
+                .with_for_update(of=SubagentRow)
             )
+            found = {r.public_id: r for r in (await db.scalars(stmt)).all()}
             stamp = now()
-            if "status" in fields:
-                new = name_of(SUB_STATUS, row.status, "status")
-                old = number_of(SUB_STATUS, stored.status)
-                if new != stored.status:
-                    if row.status not in domain.SUBAGENT_MOVES[old]:
-                        raise FailedPrecondition(f"subagent cannot go from {stored.status} to {new}")
-                    stored.status = new
-                    if row.status == ev.SUBAGENT_STATUS_RUNNING and stored.started_at is None:
-                        stored.started_at = stamp
-                    if not domain.SUBAGENT_MOVES[row.status] and stored.ended_at is None:
-                        stored.ended_at = stamp
-            if "model" in fields:
-                stored.model = row.model
-            if "tool_names" in fields:
-                stored.tool_names = list(row.tool_names)
-            if "summary" in fields:
-                stored.summary = row.summary or None
-            if "result_payload" in fields:
-                stored.result_payload = from_struct(row, "result_payload")
-            if "error" in fields:
-                stored.error = row.error or None
-            if "token_usage" in fields:
-                stored.token_usage = usage_json(row.token_usage) if row.HasField("token_usage") else None
-            stored.updated_at = stamp
-            return subagent_pb(stored)
+            out = []
+            for (row, _), fields in zip(updates, masks, strict=True):
+                stored = found.get(row.id)
+                if stored is None:
+                    raise NotFound("subagent session not found")
+                out.append(self._apply(stored, row, fields, stamp))
+            return out
+
+    @staticmethod
+    def _apply(
+        stored: SubagentRow, row: tp.SubagentSession, fields: set[str], stamp: datetime
+    ) -> tp.SubagentSession:
+        """One row's change (its transaction writes it); the status moves only forward."""
+        if "status" in fields:
+            new = name_of(SUB_STATUS, row.status, "status")
+            old = number_of(SUB_STATUS, stored.status)
+            if new != stored.status:
+                if row.status not in domain.SUBAGENT_MOVES[old]:
+                    raise FailedPrecondition(f"subagent cannot go from {stored.status} to {new}")
+                stored.status = new
+                if row.status == ev.SUBAGENT_STATUS_RUNNING and stored.started_at is None:
+                    stored.started_at = stamp
+                if not domain.SUBAGENT_MOVES[row.status] and stored.ended_at is None:
+                    stored.ended_at = stamp
+        if "model" in fields:
+            stored.model = row.model
+        if "tool_names" in fields:
+            stored.tool_names = list(row.tool_names)
+        if "summary" in fields:
+            stored.summary = row.summary or None
+        if "result_payload" in fields:
+            stored.result_payload = from_struct(row, "result_payload")
+        if "error" in fields:
+            stored.error = row.error or None
+        if "token_usage" in fields:
+            stored.token_usage = usage_json(row.token_usage) if row.HasField("token_usage") else None
+        stored.updated_at = stamp
+        return subagent_pb(stored)
 
     async def get_subagent(self, owner: str, subagent_id: str) -> tp.SubagentSession:
         async with self.db.read() as db:
