@@ -620,8 +620,10 @@ async def start_process_mesh(
         mesh.clients = Clients(settings)
         with identity.acting_as(""):
             mesh.api_key = (
-                await mesh.clients.auth.CreateApiKey(au.CreateApiKeyRequest(user=mesh.user))
-            ).api_key
+                await mesh.clients.auth.CreateApiKey(
+                    au.CreateApiKeyRequest(user=mesh.user), timeout=60, wait_for_ready=True
+                )
+            ).api_key  # a loaded machine may take a while to answer a new connection
     except BaseException:
         await mesh.stop()
         raise
