@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -107,6 +107,7 @@ class StreamBackend(abc.ABC):
         self.settings = settings or StreamSettings()
         self.metrics = metrics or StreamMetrics()  # the stream server gives its registry's
         self._stopping = asyncio.Event()
+        self._stop_future: asyncio.Future[None] | None = None
         self._subscribers = 0
         self._max_batch = 0
 
@@ -170,8 +171,11 @@ class StreamBackend(abc.ABC):
     # --- shared behaviour ----------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Ends every subscription promptly (UNAVAILABLE: resume elsewhere) and refuses new ones."""
+        """Ends every subscription and write stream promptly (UNAVAILABLE: resume elsewhere) and refuses
+        new ones."""
         self._stopping.set()
+        if self._stop_future is not None and not self._stop_future.done():
+            self._stop_future.set_result(None)
 
     @property
     def subscribers(self) -> int:
@@ -236,6 +240,35 @@ class StreamBackend(abc.ABC):
         finally:
             self._subscribers -= 1
             self.metrics.subscribers.dec()
+
+    async def until_shutdown(self, items: AsyncIterable[T]) -> AsyncGenerator[T, None]:
+        """The items of `items` (a writer's batches) until it ends; Shutdown once the service stops while
+        waiting for the next one. An item is either yielded or, when Shutdown is raised, never taken: a
+        writer told to shut down may send the batch it has no answer for again, elsewhere."""
+        source = aiter(items)
+        stop = self._stop_signal()
+        while True:
+            if stop.done():
+                raise Shutdown("stream service is shutting down; write to another replica")
+            ahead = asyncio.ensure_future(anext(source))
+            await asyncio.wait((ahead, stop), return_when=asyncio.FIRST_COMPLETED)
+            if not ahead.done():
+                ahead.cancel()
+                ahead.add_done_callback(_consume)
+                raise Shutdown("stream service is shutting down; write to another replica")
+            try:
+                item = ahead.result()
+            except StopAsyncIteration:
+                return
+            yield item
+
+    def _stop_signal(self) -> asyncio.Future[None]:
+        """One future per backend, resolved by shutdown (no task per wait, as the Event would need)."""
+        if self._stop_future is None:
+            self._stop_future = asyncio.get_running_loop().create_future()
+            if self._stopping.is_set():
+                self._stop_future.set_result(None)
+        return self._stop_future
 
     async def _read(self, cursor: Cursor, limit: int, timeout_s: float) -> list[ev.Event]:
         """The cursor's next events; Shutdown when the service stops first. (A backend may do it cheaper.)"""
