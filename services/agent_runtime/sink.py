@@ -100,6 +100,7 @@ class EventSink:
         for attempt in range(2):
             call = self._call
             if call is not None and call.done() and call.answered:
+                call.cancel()
                 call = None  # it ended between batches, with nothing unanswered: write on a new one
             if call is None:
                 call = self._call = _WriteCall(self.clients)
@@ -107,6 +108,7 @@ class EventSink:
                 offsets = await call.send(request)
             except grpc.aio.AioRpcError as exc:
                 self._call = None
+                call.cancel()
                 if attempt == 0 and isinstance(from_rpc_error(exc), Shutdown):
                     continue  # the service stopped before it took the batch: send it elsewhere
                 raise
@@ -200,4 +202,7 @@ class _WriteCall:
             await asyncio.wait_for(self.call.code(), 5.0)
 
     def cancel(self) -> None:
+        """Ends the call (when it still runs) and its request reader (which waits on the queue even
+        after the call ended)."""
+        self._requests.put_nowait(None)
         self.call.cancel()
