@@ -63,7 +63,9 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
         async for message in self.backend.until_shutdown(request):
             key = key or message.key
             if message.key != key:
-                raise InvalidArgument(f"one WriteStream call writes one key: {key}, not {shown(message.key, 80)}")
+                raise InvalidArgument(
+                    f"one WriteStream call writes one key: {key}, not {shown(message.key, 80)}"
+                )
             yield pb.WriteStreamResponse(offsets=await self.backend.append(key, message.events, writer))
 
     @grpc_errors

@@ -31,7 +31,6 @@ from tests.stream.conftest import (
     close,
     collect,
     create,
-    deltas,
     info,
 )
 
@@ -84,7 +83,11 @@ async def test_batches_are_answered_with_their_offsets_in_order(
     key = f"session:{unique}"
     await create(stream, key, owner="alice")
     writer = Writer(stream, user)
-    answered = [await writer.send(key, "a"), await writer.send(key, "b", "c", "d"), await writer.send(key, "e")]
+    answered = [
+        await writer.send(key, "a"),
+        await writer.send(key, "b", "c", "d"),
+        await writer.send(key, "e"),
+    ]
     assert [len(o) for o in answered] == [1, 3, 1]
     offsets = [o for batch in answered for o in batch]
     assert [as_int(o) for o in offsets] == sorted({as_int(o) for o in offsets})  # strictly increasing
