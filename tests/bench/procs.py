@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import signal
+import socket
 import subprocess
 import sys
 import time
