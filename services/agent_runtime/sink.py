@@ -21,7 +21,7 @@ import grpc
 
 from agentmesh.events.v1 import events_pb2
 from agentmesh.stream.v1 import stream_service_pb2
-from libs.clients import Clients
+from libs.clients import Clients, drain
 from libs.errors import Cancelled, Internal, MeshError, Shutdown, from_rpc_error
 
 _MAX_BATCH = 256
@@ -169,17 +169,12 @@ class EventSink:
 
 
 class _WriteCall:
-    """One WriteStream call: `send` a batch, get its offsets. Its requests come from a queue the call
-    consumes itself (one task per call, where `call.write` would start tasks per message)."""
+    """One WriteStream call: `send` a batch, get its offsets."""
 
     def __init__(self, clients: Clients) -> None:
         self._requests: asyncio.Queue[stream_service_pb2.WriteStreamRequest | None] = asyncio.Queue()
-        self.call = clients.stream.WriteStream(self._feed())
+        self.call = clients.stream.WriteStream(drain(self._requests))
         self.answered = False  # it answered a batch: it worked, so it may be replaced once it ends
-
-    async def _feed(self) -> AsyncIterator[stream_service_pb2.WriteStreamRequest]:
-        while (request := await self._requests.get()) is not None:
-            yield request
 
     def done(self) -> bool:
         return bool(self.call.done())
