@@ -6,9 +6,9 @@ the next), so per-delta work on the hot path is a list append. The batches trave
 WriteStream call per sink, each answered with its offsets: a message each way per batch instead of a
 unary call. A call that ended between batches (a replica drained or lost, its deadline) is replaced
 by a new one; a batch without an answer is never sent twice, except after SHUTDOWN, which says it was
-not appended. `committed()` yields the
-stored batches, events carrying their offsets, in order. `await sink.store(e)` when the caller
-must know the event is durable before going on (a2a-task-started before the callee starts).
+not appended. `committed()` yields the stored batches, events carrying their offsets, in order.
+`await sink.store(e)` when the caller must know the event is durable before going on
+(a2a-task-started before the callee starts).
 """
 
 from __future__ import annotations
