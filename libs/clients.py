@@ -116,7 +116,7 @@ class MessageAppender:
         async with self._lock:
             if self._call is None:
                 self._requests = asyncio.Queue()
-                self._call = self._stub.AppendMessageStream(_drain(self._requests))
+                self._call = self._stub.AppendMessageStream(drain(self._requests))
             call = self._call
             self._requests.put_nowait(request)
             try:
@@ -154,6 +154,8 @@ class MessageAppender:
         call.cancel()
 
 
-async def _drain(queue: asyncio.Queue[T | None]) -> AsyncIterator[T]:
+async def drain(queue: asyncio.Queue[T | None]) -> AsyncIterator[T]:
+    """The queue's items until a None: the requests of a client-streaming call that a writer puts
+    one by one (gRPC reads them in one task of its own, where `call.write` starts tasks per message)."""
     while (item := await queue.get()) is not None:
         yield item

@@ -82,6 +82,7 @@ class StreamMetrics:
         self.appended = Counter(
             "agentmesh_stream_events_appended", "Events appended, by key kind", ["kind"], registry=r
         )
+        self._appended: dict[str, Any] = {}
         self.subscribers = Gauge("agentmesh_stream_subscribers", "Subscriptions being served", registry=r)
         self.coalesced = Counter(
             "agentmesh_stream_events_coalesced",
@@ -96,7 +97,11 @@ class StreamMetrics:
 
     def appended_to(self, key: str, count: int) -> None:
         if count:
-            self.appended.labels(key.split(":", 1)[0]).inc(count)
+            kind = key.split(":", 1)[0]
+            child = self._appended.get(kind)
+            if child is None:  # labels() takes a lock and builds a tuple: once per kind, not per append
+                child = self._appended[kind] = self.appended.labels(kind)
+            child.inc(count)
 
 
 class RuntimeMetrics:

@@ -1,10 +1,14 @@
 """EventSink: the single ordered writer of one stream key.
 
 `emit(event)` queues an event and returns at once; a writer task appends queued events to the
-stream service in batches (one AppendEvents RPC for everything that queued up while the previous
-one was in flight), so per-delta work on the hot path is a list append. `committed()` yields the
-stored batches, events carrying their offsets, in order. `await sink.store(e)` when the caller
-must know the event is durable before going on (a2a-task-started before the callee starts).
+stream service in batches (everything that queued up while the previous batch was in flight goes in
+the next), so per-delta work on the hot path is a list append. The batches travel on one long-lived
+WriteStream call per sink, each answered with its offsets: a message each way per batch instead of a
+unary call. A call that ended between batches (a replica drained or lost, its deadline) is replaced
+by a new one; a batch without an answer is never sent twice, except after SHUTDOWN, which says it was
+not appended. `committed()` yields the stored batches, events carrying their offsets, in order.
+`await sink.store(e)` when the caller must know the event is durable before going on
+(a2a-task-started before the callee starts).
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ import grpc
 
 from agentmesh.events.v1 import events_pb2
 from agentmesh.stream.v1 import stream_service_pb2
-from libs.clients import Clients
-from libs.errors import Cancelled, MeshError, from_rpc_error
+from libs.clients import Clients, drain
+from libs.errors import Cancelled, Internal, MeshError, Shutdown, from_rpc_error
 
 _MAX_BATCH = 256
 _Entry = tuple[events_pb2.Event, "asyncio.Future[str] | None"]  # a future only where someone waits
@@ -35,6 +39,7 @@ class EventSink:
         self._out: asyncio.Queue[list[events_pb2.Event] | None] = asyncio.Queue()
         self._closed = False
         self._failure: MeshError | None = None
+        self._call: _WriteCall | None = None
         self._writer = asyncio.create_task(self._write_loop(), name=f"sink:{key}")
 
     def emit(self, event: events_pb2.Event) -> None:
@@ -67,9 +72,7 @@ class EventSink:
             while self._pending:
                 batch, self._pending = self._pending[:_MAX_BATCH], self._pending[_MAX_BATCH:]
                 try:
-                    resp = await self.clients.stream.AppendEvents(
-                        stream_service_pb2.AppendEventsRequest(key=self.key, events=[e for e, _ in batch])
-                    )
+                    offsets = await self._append([e for e, _ in batch])
                 except grpc.aio.AioRpcError as exc:
                     err = from_rpc_error(exc)
                     if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
@@ -77,15 +80,49 @@ class EventSink:
                         err = Cancelled(f"{self.key} was closed: {err.message}")
                     self._fail(err, batch)
                     return
-                for (event, fut), offset in zip(batch, resp.offsets, strict=True):
+                except MeshError as err:
+                    self._fail(err, batch)
+                    return
+                for (event, fut), offset in zip(batch, offsets, strict=True):
                     event.offset = offset
                     if fut is not None and not fut.done():
                         fut.set_result(offset)
                 self._out.put_nowait([event for event, _ in batch])
             self._idle.set()
             if self._closed:
+                await self._end_call()
                 self._out.put_nowait(None)
                 return
+
+    async def _append(self, events: list[events_pb2.Event]) -> list[str]:
+        """Appends one batch on the write call (opened, or replaced, as needed); returns its offsets."""
+        request = stream_service_pb2.WriteStreamRequest(key=self.key, events=events)
+        for attempt in range(2):
+            call = self._call
+            if call is not None and call.done() and call.answered:
+                call.cancel()
+                call = None  # it ended between batches, with nothing unanswered: write on a new one
+            if call is None:
+                call = self._call = _WriteCall(self.clients)
+            try:
+                offsets = await call.send(request)
+            except grpc.aio.AioRpcError as exc:
+                self._call = None
+                call.cancel()
+                if attempt == 0 and isinstance(from_rpc_error(exc), Shutdown):
+                    continue  # the service stopped before it took the batch: send it elsewhere
+                raise
+            if len(offsets) != len(events):
+                self._call = None
+                call.cancel()
+                raise Internal(f"the stream service answered a batch of {len(events)} events wrongly")
+            return offsets
+        raise Shutdown(f"the stream service kept shutting down under the writer of {self.key}")
+
+    async def _end_call(self) -> None:
+        call, self._call = self._call, None
+        if call is not None:
+            await call.end()
 
     def _fail(self, err: MeshError, batch: list[_Entry]) -> None:
         self._failure = err
@@ -95,6 +132,9 @@ class EventSink:
         self._pending.clear()
         self._idle.set()
         self._out.put_nowait(None)
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
 
     async def flush(self) -> None:
         """Waits until everything emitted so far is stored (raises the append error, if any)."""
@@ -114,6 +154,9 @@ class EventSink:
     def cancel(self) -> None:
         self._closed = True
         self._writer.cancel()
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
         self._idle.set()
         self._out.put_nowait(None)
 
@@ -123,3 +166,38 @@ class EventSink:
             if batch is None:
                 return
             yield batch
+
+
+class _WriteCall:
+    """One WriteStream call: `send` a batch, get its offsets."""
+
+    def __init__(self, clients: Clients) -> None:
+        self._requests: asyncio.Queue[stream_service_pb2.WriteStreamRequest | None] = asyncio.Queue()
+        self.call = clients.stream.WriteStream(drain(self._requests))
+        self.answered = False  # it answered a batch: it worked, so it may be replaced once it ends
+
+    def done(self) -> bool:
+        return bool(self.call.done())
+
+    async def send(self, request: stream_service_pb2.WriteStreamRequest) -> list[str]:
+        """The batch's offsets; the call's AioRpcError when it ended first (after the batch was sent
+        or before)."""
+        self._requests.put_nowait(request)
+        resp = await self.call.read()
+        if resp is grpc.aio.EOF:
+            raise Internal("the stream service ended a write call before it answered the batch")
+        self.answered = True
+        return list(resp.offsets)
+
+    async def end(self) -> None:
+        """Half-closes and waits (a bounded while) for the service to end the call: every batch was
+        answered, so how it ends changes nothing."""
+        self._requests.put_nowait(None)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.call.code(), 5.0)
+
+    def cancel(self) -> None:
+        """Ends the call (when it still runs) and its request reader (which waits on the queue even
+        after the call ended)."""
+        self._requests.put_nowait(None)
+        self.call.cancel()

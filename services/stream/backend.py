@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -94,6 +94,9 @@ class Cursor(abc.ABC):
     async def read(self, limit: int, timeout_s: float) -> list[ev.Event]:
         """Up to `limit` events after the position (advancing it); [] after `timeout_s` without any."""
 
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Releases what the cursor holds (timers); the subscription ended."""
+
 
 def _consume(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
@@ -107,6 +110,7 @@ class StreamBackend(abc.ABC):
         self.settings = settings or StreamSettings()
         self.metrics = metrics or StreamMetrics()  # the stream server gives its registry's
         self._stopping = asyncio.Event()
+        self._idle_writers: set[asyncio.Task[Any]] = set()  # WriteStream calls waiting for a batch
         self._subscribers = 0
         self._max_batch = 0
 
@@ -170,8 +174,11 @@ class StreamBackend(abc.ABC):
     # --- shared behaviour ----------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Ends every subscription promptly (UNAVAILABLE: resume elsewhere) and refuses new ones."""
+        """Ends every subscription and write stream promptly (UNAVAILABLE: resume elsewhere) and refuses
+        new ones."""
         self._stopping.set()
+        for task in self._idle_writers:
+            task.cancel()
 
     @property
     def subscribers(self) -> int:
@@ -234,8 +241,36 @@ class StreamBackend(abc.ABC):
                     if is_terminal(event):
                         return
         finally:
+            cursor.close()
             self._subscribers -= 1
             self.metrics.subscribers.dec()
+
+    async def until_shutdown(self, items: AsyncIterable[T]) -> AsyncGenerator[T, None]:
+        """The items of `items` (a writer's batches) until it ends; Shutdown once the service stops while
+        waiting for the next one. An item is either yielded or, when Shutdown is raised, never taken: a
+        writer told to shut down may send the batch it has no answer for again, elsewhere.
+
+        The wait runs in the caller's task (no task per item): shutdown cancels the tasks that wait, and
+        the cancellation comes out here as Shutdown.
+        """
+        source = aiter(items)
+        task = asyncio.current_task()
+        assert task is not None
+        while True:
+            if self._stopping.is_set():
+                raise Shutdown("stream service is shutting down; write to another replica")
+            self._idle_writers.add(task)
+            try:
+                item = await anext(source)
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if self._stopping.is_set() and task.uncancel() == 0:
+                    raise Shutdown("stream service is shutting down; write to another replica") from None
+                raise
+            finally:
+                self._idle_writers.discard(task)
+            yield item
 
     async def _read(self, cursor: Cursor, limit: int, timeout_s: float) -> list[ev.Event]:
         """The cursor's next events; Shutdown when the service stops first. (A backend may do it cheaper.)"""

@@ -84,6 +84,36 @@ class _MemoryCursor(Cursor):
         self.buffer = buffer
         self.index = index
         self.terminal_only = terminal_only
+        # The idle deadline of the wait under way: one timer per cursor, moved on lazily when it fires
+        # early, so a subscriber that gets an event per wait arms no timer per event.
+        self._deadline = 0.0
+        self._waiting: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def wake_by(self, waiter: asyncio.Future[None], deadline: float) -> None:
+        """Resolves `waiter` (with no event: its read comes back empty) at `deadline` at the latest."""
+        self._waiting, self._deadline = waiter, deadline
+        if self._timer is not None and self._timer.when() > deadline:
+            self._timer.cancel()
+            self._timer = None
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        waiter = self._waiting
+        if waiter is None or waiter.done():
+            return  # nobody waits: the next wait arms it again
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._deadline:
+            self._timer = loop.call_at(self._deadline, self._expire)
+        else:
+            waiter.set_result(None)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def take(self, limit: int) -> list[ev.Event]:
         """The events ready after the position (advancing it), without waiting; a terminal-only cursor
@@ -140,8 +170,8 @@ class MemoryBackend(StreamBackend):
 
     async def _read(self, cursor: Cursor, limit: int, timeout_s: float) -> list[ev.Event]:
         """The base class's read without its two tasks per wait: events that are there are taken at
-        once; otherwise one future, resolved by the next append (or close), by the timeout or by
-        shutdown."""
+        once; otherwise one future, resolved by the next append (or close), by the cursor's idle timer
+        or by shutdown."""
         assert isinstance(cursor, _MemoryCursor)
         batch = cursor.take(limit)
         if batch:
@@ -150,11 +180,9 @@ class MemoryBackend(StreamBackend):
             raise Shutdown("stream service is shutting down; resume from the last offset")
         waiter = cursor.waiter()
         self._waiting.add(waiter)
+        cursor.wake_by(waiter, asyncio.get_running_loop().time() + timeout_s)
         try:
-            async with asyncio.timeout(timeout_s):
-                await waiter
-        except TimeoutError:
-            return []
+            await waiter
         finally:
             self._waiting.discard(waiter)
         return cursor.take(limit)

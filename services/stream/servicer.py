@@ -11,6 +11,7 @@ from agentmesh.stream.v1 import stream_service_pb2 as pb
 from agentmesh.stream.v1 import stream_service_pb2_grpc
 from libs import identity
 from libs.errors import InvalidArgument, PermissionDenied, grpc_errors
+from libs.ids import shown
 from services.stream.backend import StreamBackend
 
 MAX_DELETE = 10_000  # keys per DeleteStreams / RenewStreams
@@ -53,6 +54,19 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
             count += len(offsets)
             last = offsets[-1] if offsets else last
         return pb.StreamAppendEventsResponse(count=count, last_offset=last)
+
+    @grpc_errors
+    async def WriteStream(
+        self, request: AsyncIterator[pb.WriteStreamRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.WriteStreamResponse]:
+        writer, key = _reader(), ""
+        async for message in self.backend.until_shutdown(request):
+            key = key or message.key
+            if message.key != key:
+                raise InvalidArgument(
+                    f"one WriteStream call writes one key: {key}, not {shown(message.key, 80)}"
+                )
+            yield pb.WriteStreamResponse(offsets=await self.backend.append(key, message.events, writer))
 
     @grpc_errors
     async def CloseStream(

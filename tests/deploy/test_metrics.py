@@ -99,6 +99,7 @@ async def test_a_turn_moves_the_series_of_every_service(mesh: Mesh) -> None:
         ("trace", "BeginTurn"),
         ("trace", "UpdateMessage"),
         ("stream", "AppendEvents"),
+        ("stream", "WriteStream"),  # the runtime's writers
     ):
         assert moved(service, handled, grpc_method=method, grpc_code="OK") >= 1, (service, method)
         assert moved(service, "agentmesh_grpc_server_handling_seconds_count", grpc_method=method) >= 1

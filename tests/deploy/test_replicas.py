@@ -101,12 +101,13 @@ async def finish(
 async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(mesh: ProcessMesh) -> None:
     assert mesh.clients is not None
     # 1. Turns spread over the replicas: each gateway sends turns, each orchestrator's channel spreads
-    # its runs over the runtimes, every process appends through either stream replica.
+    # its runs over the runtimes, every process appends through either stream replica (the orchestrator
+    # with AppendEvents, the runtime's writers with WriteStream).
     served = {
-        "gateway": "/api/chat",
-        "orchestrator": "ExecuteChat",
-        "agent-runtime": "RunAgent",
-        "stream": "AppendEvents",
+        "gateway": ("/api/chat",),
+        "orchestrator": ("ExecuteChat",),
+        "agent-runtime": ("RunAgent",),
+        "stream": ("AppendEvents", "WriteStream"),
     }
 
     async def spread() -> bool:
@@ -116,7 +117,7 @@ async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(mesh:
         for ended in await asyncio.gather(*(turn(f"gateway-{1 + i % 2}") for i in range(4))):
             assert ended[-1]["type"] == "done", ended[-3:]
         counts = {
-            name: await handled(mesh, name, served[service])
+            name: sum([await handled(mesh, name, method) for method in served[service]])
             for service in REPLICATED
             for name in mesh.names(service)
         }

@@ -29,6 +29,13 @@ async def _batches(key: str) -> AsyncIterator[pb.StreamAppendEventsRequest]:
     yield pb.StreamAppendEventsRequest(key=key, events=deltas("x"))
 
 
+async def _write(stub: stream_service_pb2_grpc.StreamServiceStub, key: str, metadata: Any) -> Any:
+    async def batches() -> AsyncIterator[pb.WriteStreamRequest]:
+        yield pb.WriteStreamRequest(key=key, events=deltas("x"))
+
+    return [r async for r in stub.WriteStream(batches(), metadata=metadata)]
+
+
 async def _subscribe(stub: stream_service_pb2_grpc.StreamServiceStub, key: str, metadata: Any) -> Any:
     return [r async for r in stub.SubscribeStream(pb.SubscribeStreamRequest(key=key), metadata=metadata)]
 
@@ -39,6 +46,7 @@ RPCS: dict[str, Call] = {
         pb.AppendEventsRequest(key=k, events=deltas("x")), metadata=m
     ),
     "StreamAppendEvents": lambda s, k, m: s.StreamAppendEvents(_batches(k), metadata=m),
+    "WriteStream": _write,
     "CloseStream": lambda s, k, m: s.CloseStream(
         pb.CloseStreamRequest(key=k, done=ev.StreamDone()), metadata=m
     ),

@@ -17,9 +17,12 @@ from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from agentmesh.stream.v1 import stream_service_pb2_grpc
 from libs import events, identity
+from libs.clients import Clients
+from libs.errors import Unavailable
 from libs.identity import Signer
 from libs.rpc import channel, wait_serving
-from tests.conftest import TEST_SECRET
+from services.agent_runtime.sink import EventSink
+from tests.conftest import TEST_SECRET, service_settings
 from tests.mesh import Ports
 
 pytestmark = pytest.mark.redis
@@ -137,3 +140,34 @@ async def test_two_replicas_survive_a_killed_writer(
     finally:
         await ch_a.close()
         await ch_b.close()
+
+
+async def test_a_writer_whose_stream_service_is_killed_fails_at_once(
+    spawn: Spawn, ports: Ports, signer: Signer, unique: str
+) -> None:
+    """The runtime's EventSink writing through WriteStream when its stream service is SIGKILLed: the next
+    batch fails the sink with `unavailable` (its run then ends with that terminal event, see
+    tests/cli/test_faults.py), what was stored stays committed, and nothing waits for a deadline."""
+    port = ports.take()
+    proc = await spawn(port)
+    settings = service_settings()
+    settings.addresses.stream = f"127.0.0.1:{port}"
+    clients = Clients(settings, signer)
+    key = f"session:{unique}"
+    try:
+        with identity.acting_as("alice"):
+            await clients.stream.CreateStream(pb.CreateStreamRequest(key=key))
+            sink = EventSink(clients, key)
+        stored = [await sink.store(events.reasoning_delta(str(i))) for i in range(3)]
+        proc.kill()
+        assert await asyncio.wait_for(proc.wait(), 10) == -signal.SIGKILL
+        sink.emit(events.reasoning_delta("lost"))
+        with pytest.raises(Unavailable):
+            await asyncio.wait_for(sink.flush(), 10)  # long before the call's deadline (an hour)
+        assert isinstance(sink.failure, Unavailable)
+        with pytest.raises(Unavailable):
+            await sink.store(events.reasoning_delta("after"))  # a failed sink refuses at once
+        committed = [e.offset for b in [b async for b in sink.committed()] for e in b]
+        assert committed == stored
+    finally:
+        await clients.close()

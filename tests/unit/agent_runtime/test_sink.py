@@ -1,11 +1,13 @@
 """EventSink, the single ordered writer of a stream key: batching, offsets, failure, close (against an
-in-process stand-in for StreamService.AppendEvents; the real one is covered by the mesh suites)."""
+in-process stand-in for StreamService.WriteStream, which holds each answer until the test opens a gate;
+the real service is covered by tests/stream/test_write_stream.py and the mesh suites)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 import pytest
@@ -23,16 +25,46 @@ class _Stream:
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     n: int = 0
 
-    async def AppendEvents(self, request: ss.AppendEventsRequest, **_: Any) -> ss.AppendEventsResponse:
-        await self.gate.wait()
-        if self.fail_with is not None:
-            raise grpc.aio.AioRpcError(self.fail_with, grpc.aio.Metadata(), grpc.aio.Metadata(), "no")
-        self.batches.append([e.text_delta.text_delta for e in request.events])
+    calls: int = 0
+
+    def WriteStream(self, requests: AsyncIterator[ss.WriteStreamRequest]) -> _Call:
+        self.calls += 1
+        return _Call(self, aiter(requests))
+
+
+@dataclass
+class _Call:
+    """The reader side of a bidi call: each read answers the next request, once the gate is open."""
+
+    stream: _Stream
+    requests: AsyncIterator[ss.WriteStreamRequest]
+    ended: bool = False
+
+    async def read(self) -> ss.WriteStreamResponse:
+        request = await anext(self.requests)
+        await self.stream.gate.wait()
+        if self.stream.fail_with is not None:
+            self.ended = True
+            raise grpc.aio.AioRpcError(self.stream.fail_with, grpc.aio.Metadata(), grpc.aio.Metadata(), "no")
+        self.stream.batches.append([e.text_delta.text_delta for e in request.events])
         offsets = []
         for _ in request.events:
-            self.n += 1
-            offsets.append(f"{self.n:05d}")
-        return ss.AppendEventsResponse(offsets=offsets)
+            self.stream.n += 1
+            offsets.append(f"{self.stream.n:05d}")
+        return ss.WriteStreamResponse(offsets=offsets)
+
+    def done(self) -> bool:
+        return self.ended
+
+    async def code(self) -> grpc.StatusCode:
+        with contextlib.suppress(StopAsyncIteration):
+            await anext(self.requests)  # the writer's half-close
+        self.ended = True
+        return grpc.StatusCode.OK
+
+    def cancel(self) -> bool:
+        self.ended = True
+        return True
 
 
 @dataclass
@@ -52,6 +84,7 @@ async def test_events_queued_while_a_write_is_in_flight_go_in_one_batch() -> Non
     assert await stored == "00005"
     await sink.aclose()
     assert stream.batches == [["a"], ["b", "c", "d", "e"]]
+    assert stream.calls == 1  # one write call carried both batches
     got = [b async for b in sink.committed()]
     assert [[e.offset for e in b] for b in got] == [["00001"], ["00002", "00003", "00004", "00005"]]
 

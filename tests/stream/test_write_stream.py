@@ -1,0 +1,249 @@
+"""WriteStream, a writer's long-lived append call, over real gRPC on the memory and Redis backends: each
+batch is answered with its offsets in order, the errors are AppendEvents' own, ending the call, and a
+service that stops between batches answers SHUTDOWN without taking another batch. Then EventSink (the
+runtime's writer) over it: one call per sink, a buffer closed under it cancels the run, and a drained
+replica's writer carries on through another one. (Unauthenticated and forged calls: test_identity.py.
+The stream service SIGKILLed mid-turn: tests/cli/test_faults.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.stream.v1 import stream_service_pb2 as pb
+from libs import events, identity
+from libs.clients import Clients
+from libs.errors import Cancelled, Shutdown, from_rpc_error
+from services.agent_runtime.sink import EventSink
+from services.stream.redis_backend import RedisBackend
+from services.stream.server import build
+from tests.conftest import service_settings
+from tests.stream.conftest import (
+    StreamFactory,
+    StreamHarness,
+    as_int,
+    close,
+    collect,
+    create,
+    info,
+)
+
+
+class Writer:
+    """One WriteStream call driven batch by batch: `send` a batch, get its offsets (or the call's error)."""
+
+    def __init__(self, h: StreamHarness, user: str = "") -> None:
+        self.requests: asyncio.Queue[pb.WriteStreamRequest | None] = asyncio.Queue()
+        with identity.acting_as(user):
+            self.call = h.stub.WriteStream(self._feed())
+
+    async def _feed(self) -> AsyncIterator[pb.WriteStreamRequest]:
+        while (request := await self.requests.get()) is not None:
+            yield request
+
+    async def send(self, key: str, *texts: str) -> list[str]:
+        batch = [events.reasoning_delta(t) for t in texts]  # readers merge text deltas, not these
+        self.requests.put_nowait(pb.WriteStreamRequest(key=key, events=batch))
+        try:
+            resp = await self.call.read()
+        except grpc.aio.AioRpcError:
+            self.requests.put_nowait(None)  # the call's request reader ends too
+            raise
+        assert resp is not grpc.aio.EOF
+        return list(resp.offsets)
+
+    async def end(self) -> grpc.StatusCode:
+        self.requests.put_nowait(None)
+        return await self.call.code()
+
+
+def texts(got: list[ev.Event]) -> list[str]:
+    return [e.reasoning_delta.reasoning_delta for e in got if events.kind(e) == "reasoning_delta"]
+
+
+SERVICE = "agentmesh.stream.v1.StreamService"
+
+
+def started(h: StreamHarness, method: str, kind: str) -> float:
+    """RPCs of `method` the server started (its own Prometheus registry)."""
+    labels = {"grpc_service": SERVICE, "grpc_method": method, "grpc_type": kind}
+    return h.server.registry.get_sample_value("agentmesh_grpc_server_started_total", labels) or 0.0
+
+
+@pytest.mark.parametrize("user", ["alice", ""], ids=["owner", "mesh"])
+async def test_batches_are_answered_with_their_offsets_in_order(
+    stream: StreamHarness, unique: str, user: str
+) -> None:
+    key = f"session:{unique}"
+    await create(stream, key, owner="alice")
+    writer = Writer(stream, user)
+    answered = [
+        await writer.send(key, "a"),
+        await writer.send(key, "b", "c", "d"),
+        await writer.send(key, "e"),
+    ]
+    assert [len(o) for o in answered] == [1, 3, 1]
+    offsets = [o for batch in answered for o in batch]
+    assert [as_int(o) for o in offsets] == sorted({as_int(o) for o in offsets})  # strictly increasing
+    assert await writer.end() == grpc.StatusCode.OK
+    assert (await info(stream, key)).last_offset == offsets[-1]
+    closed = await close(stream, key)
+    got = await collect(stream, key, reader="alice")
+    assert [e.offset for e in got] == [*offsets, closed.offset]
+    assert "".join(texts(got)) == "abcde"
+
+
+async def test_a_buffer_closed_mid_stream_ends_the_call_failed_precondition(
+    stream: StreamHarness, unique: str
+) -> None:
+    key = f"session:{unique}"
+    await create(stream, key)
+    writer = Writer(stream)
+    first = await writer.send(key, "kept")
+    await close(stream, key)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await writer.send(key, "refused")
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"stream {key} is closed" in (err.value.details() or "")
+    got = await collect(stream, key)
+    assert got[0].offset == first[0] and texts(got) == ["kept"] and events.kind(got[-1]) == "done"
+
+
+@pytest.mark.parametrize(
+    ("case", "code", "details"),
+    [
+        ("invalid", grpc.StatusCode.INVALID_ARGUMENT, "invalid stream key"),
+        ("unknown", grpc.StatusCode.NOT_FOUND, "no stream buffer"),
+        ("foreign", grpc.StatusCode.NOT_FOUND, "no stream buffer"),
+        ("second-key", grpc.StatusCode.INVALID_ARGUMENT, "one WriteStream call writes one key"),
+    ],
+)
+async def test_a_bad_key_ends_the_call_with_a_clear_status(
+    stream: StreamHarness, unique: str, case: str, code: grpc.StatusCode, details: str
+) -> None:
+    mine, other = f"session:{unique}", f"a2a:{unique}"
+    await create(stream, mine, owner="alice")
+    await create(stream, other, owner="alice")
+    writer = Writer(stream, "bob" if case == "foreign" else "alice")
+    target = {"invalid": "nonsense", "unknown": f"subagent:{unique}", "foreign": mine, "second-key": other}
+    if case == "second-key":
+        await writer.send(mine, "first")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await writer.send(target[case], "x")
+    assert err.value.code() == code
+    assert details in (err.value.details() or ""), err.value.details()
+    assert (await info(stream, other)).length == 0  # nothing reached another buffer
+    assert (await info(stream, mine)).length == (1 if case == "second-key" else 0)
+
+
+async def test_a_stop_between_batches_answers_shutdown_promptly(
+    stream_factory: StreamFactory, unique: str
+) -> None:
+    h = await stream_factory()
+    key = f"session:{unique}"
+    await create(h, key)
+    writer = Writer(h)
+    await writer.send(key, "before")
+    started = time.monotonic()
+    await asyncio.wait_for(h.server.stop(30.0), 5)  # the open write call does not hold up the drain
+    assert time.monotonic() - started < 5
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await writer.send(key, "after")
+    assert isinstance(from_rpc_error(err.value), Shutdown), err.value
+    assert (await h.backend.info(key)).length == 1  # the unanswered batch was not taken
+
+
+def clients_for(h: StreamHarness, signer: Any, target: str = "") -> Clients:
+    settings = h.settings.model_copy(deep=True)
+    settings.addresses.stream = target or h.server.target
+    return Clients(settings, signer)
+
+
+async def test_an_event_sink_writes_on_one_call(stream: StreamHarness, signer: Any, unique: str) -> None:
+    key = f"session:{unique}"
+    await create(stream, key)
+    clients = clients_for(stream, signer)
+    try:
+        with identity.acting_as("alice"):  # the runtime's writer acts for the turn's user
+            sink = EventSink(clients, key)
+        for i in range(50):
+            sink.emit(events.reasoning_delta(f"{i} "))
+            await asyncio.sleep(0)  # let the writer go: later deltas queue behind a batch in flight
+        stored = await sink.store(events.reasoning_delta("end"))
+        await sink.aclose()
+        batches = [b async for b in sink.committed()]
+    finally:
+        await clients.close()
+    offsets = [e.offset for b in batches for e in b]
+    assert offsets[-1] == stored and len(offsets) == 51
+    assert len(batches) < 51  # what queued while a batch was in flight went in one batch
+    got = await collect(stream, key, reader="alice", idle_timeout_ms=200)
+    assert [e.offset for e in got if events.kind(e) != "error"] == offsets  # no terminal yet: idles out
+    assert "".join(texts([e for b in batches for e in b])) == "".join(f"{i} " for i in range(50)) + "end"
+    assert (started(stream, "WriteStream", "bidi_stream"), started(stream, "AppendEvents", "unary")) == (1, 0)
+
+
+async def test_an_event_sink_on_a_closed_buffer_is_cancelled(
+    stream: StreamHarness, signer: Any, unique: str
+) -> None:
+    key = f"session:{unique}"
+    await create(stream, key)
+    clients = clients_for(stream, signer)
+    try:
+        sink = EventSink(clients, key)
+        await sink.store(events.text_delta("a"))
+        await close(stream, key)  # the turn was cancelled: its buffer closed under the writer
+        sink.emit(events.text_delta("b"))
+        with pytest.raises(Cancelled):
+            await sink.flush()
+        assert isinstance(sink.failure, Cancelled)
+        assert [len(b) async for b in sink.committed()] == [1]
+    finally:
+        await clients.close()
+
+
+@pytest.mark.redis
+async def test_an_event_sink_moves_on_from_a_drained_replica(
+    redis_url: str, signer: Any, unique: str, stream_factory: StreamFactory
+) -> None:
+    """Two replicas on one Redis: the replica the sink writes through stops (SIGTERM's drain) between
+    batches; the next batch goes through the other one, and the buffer holds every event once."""
+    first = await stream_factory()
+    if not isinstance(first.backend, RedisBackend):
+        pytest.skip("replicas share buffers on Redis only")
+    settings = service_settings(stream=first.settings.stream, shutdown_grace_s=2.0)
+    backend = RedisBackend(redis_url, settings.stream, prefix=first.backend.prefix)
+    second = await build(settings, "127.0.0.1:0", backend, signer)
+    await second.start()
+    key = f"session:{unique}"
+    await create(first, key)
+    clients = clients_for(first, signer, f"ipv4:{first.server.target},{second.target}")
+    try:
+        sink = EventSink(clients, key)
+        offsets = [await sink.store(events.text_delta(f"{i} ")) for i in range(4)]
+        writing = [
+            s
+            for s in (first.server, second)
+            if s.registry.get_sample_value(
+                "agentmesh_grpc_server_in_flight",
+                {"grpc_service": SERVICE, "grpc_method": "WriteStream", "grpc_type": "bidi_stream"},
+            )
+        ]
+        assert len(writing) == 1
+        await writing[0].stop(30.0)
+        offsets += [await sink.store(events.text_delta(f"{i} ")) for i in range(4, 8)]
+        await sink.aclose()
+        assert sink.failure is None
+        found = await first.backend.info(key)  # a stopped server's backend still reads Redis
+        assert (found.length, found.last_offset) == (8, offsets[-1])
+        assert [as_int(o) for o in offsets] == sorted({as_int(o) for o in offsets})
+    finally:
+        await clients.close()
+        await second.stop(1.0)
+        await backend.aclose()
