@@ -64,6 +64,15 @@ def sse_message(event: Any) -> dict[str, str]:
     return item
 
 
+def subscribe(
+    clients: Clients, key: str, from_offset: str, idle_timeout_ms: int = 0
+) -> grpc.aio.UnaryStreamCall:
+    """The SubscribeStream call `follow` reads (started now: a caller may start it before it reads)."""
+    return clients.stream.SubscribeStream(
+        pb.SubscribeStreamRequest(key=key, from_offset=from_offset, idle_timeout_ms=idle_timeout_ms),
+    )
+
+
 async def follow(
     clients: Clients,
     key: str,
@@ -71,21 +80,21 @@ async def follow(
     idle_timeout_ms: int = 0,
     drain: Drain | None = None,
     interrupt: asyncio.Future[ev.Event] | None = None,
+    started: grpc.aio.UnaryStreamCall | None = None,
 ) -> AsyncIterator[ev.Event]:
     """Yields the events of `key` after `from_offset`, replay then live, up to the terminal one.
 
     A stream replica going away (UNAVAILABLE) is retried from the last offset; any other failure is
     yielded as a final `error` event (code = the lowercase reason); the gateway's shutdown ends it with
     `shutdown`; `interrupt`, once it has a result, ends it with that event (the turn's end as its
-    orchestrator reported it, when the buffer will not tell).
+    orchestrator reported it, when the buffer will not tell). `started`: the first subscription, made
+    by `subscribe(clients, key, from_offset, idle_timeout_ms)` before the caller began reading.
     """
     last = from_offset
     retries = RESUME_RETRIES
     drain = drain or Drain()
     while True:
-        call = clients.stream.SubscribeStream(
-            pb.SubscribeStreamRequest(key=key, from_offset=last, idle_timeout_ms=idle_timeout_ms),
-        )
+        call, started = started or subscribe(clients, key, last, idle_timeout_ms), None
         if interrupt is not None:
             interrupt.add_done_callback(lambda _, call=call: call.cancel())  # type: ignore[misc]
         try:

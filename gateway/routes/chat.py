@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -23,7 +24,7 @@ from gateway.drain import Drain
 from gateway.errors import READ, SSE, WRITE, responses
 from gateway.openapi import obj, ok
 from gateway.params import ID_PATTERN, MESSAGE_PATTERN, NO_NUL, SessionId
-from gateway.sse import drain_options, follow, sse_message
+from gateway.sse import drain_options, follow, sse_message, subscribe
 from libs import events
 from libs.clients import Clients
 from libs.config import MeshSettings
@@ -64,55 +65,79 @@ def _execute(c: Clients, body: ChatRequest) -> grpc.aio.UnaryStreamCall:
     return c.orchestrator.ExecuteChat(request)
 
 
-async def _first(call: grpc.aio.UnaryStreamCall) -> Any:
-    """The first response, so that an early failure becomes an HTTP error, not a broken stream."""
+async def _first(c: Clients, mesh: MeshSettings, call: grpc.aio.UnaryStreamCall) -> _Begun:
+    """The first response, so that an early failure becomes an HTTP error, not a broken stream; and
+    the subscription to the turn's buffer after its `start`, started at once (the run's first events
+    may follow `start` closely: they are on their way while the response begins)."""
     response = await rpc(call.read())
     if response is grpc.aio.EOF:
         raise Internal("the turn ended before it started")
-    return response
+    begun = _Begun(response)
+    for event in response.events:
+        if events.kind(event) == "start" and event.offset:
+            begun.start = event
+            begun.subscription = subscribe(
+                c, session_key(event.start.session_id), event.offset, int(mesh.turn_timeout_s * 1000)
+            )
+    return begun
+
+
+@dataclass
+class _Begun:
+    """The first response of ExecuteChat, its `start`, and the subscription after it."""
+
+    response: orc.ExecuteChatResponse
+    start: ev.Event | None = None
+    subscription: grpc.aio.UnaryStreamCall | None = None
+
+    def cancel(self) -> None:
+        if self.subscription is not None:
+            self.subscription.cancel()
 
 
 async def _turn_events(
-    c: Clients, mesh: MeshSettings, call: grpc.aio.UnaryStreamCall, first: Any, drain: Drain
+    c: Clients, mesh: MeshSettings, call: grpc.aio.UnaryStreamCall, first: _Begun, drain: Drain
 ) -> AsyncIterator[ev.Event]:
     """The events of a turn ExecuteChat started (events_from_stream): `start`, its first response,
     then session:<id> read from the stream service, one hop from the runtime that writes it (the path
     a resume takes). The call stays open while the turn runs: when the orchestrator goes away, or
     reports an end the buffer could not store, that ends the reading."""
-    start: ev.Event | None = None
-    for event in first.events:
-        yield event
-        if events.kind(event) == "start":
-            start = event
-        if events.is_terminal(event):
-            return
-    if start is None:
-        yield events.error(Internal("the turn did not start"))
-        return
-    outcome: asyncio.Future[ev.Event] = asyncio.get_running_loop().create_future()
-
-    async def watch() -> None:
-        try:
-            async for response in call:
-                for event in response.events:
-                    if events.is_terminal(event) and not event.offset and not outcome.done():
-                        outcome.set_result(event)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.CANCELLED and not outcome.done():
-                outcome.set_result(events.error(from_rpc_error(exc)))
-
-    watcher = asyncio.create_task(watch(), name=f"watch:{start.start.session_id}")
+    start = first.start
     try:
-        idle_ms = int(mesh.turn_timeout_s * 1000)
-        key = session_key(start.start.session_id)
-        async for event in follow(c, key, start.offset, idle_ms, drain, outcome):
-            if events.is_terminal(event) and event.offset:
-                # The buffer ended (a cancel, the turn's own end): the stream ends once the turn is
-                # over too, so the reply it settled is stored when the client reads it.
-                await asyncio.wait({watcher}, timeout=END_WAIT_S)
+        for event in first.response.events:
             yield event
+            if events.is_terminal(event):
+                return
+        if start is None:
+            yield events.error(Internal("the turn did not start"))
+            return
+        outcome: asyncio.Future[ev.Event] = asyncio.get_running_loop().create_future()
+
+        async def watch() -> None:
+            try:
+                async for response in call:
+                    for event in response.events:
+                        if events.is_terminal(event) and not event.offset and not outcome.done():
+                            outcome.set_result(event)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.CANCELLED and not outcome.done():
+                    outcome.set_result(events.error(from_rpc_error(exc)))
+
+        watcher = asyncio.create_task(watch(), name=f"watch:{start.start.session_id}")
+        try:
+            idle_ms = int(mesh.turn_timeout_s * 1000)
+            key = session_key(start.start.session_id)
+            turn = follow(c, key, start.offset, idle_ms, drain, outcome, first.subscription)
+            async for event in turn:
+                if events.is_terminal(event) and event.offset:
+                    # The buffer ended (a cancel, the turn's own end): the stream ends once the turn
+                    # is over too, so the reply it settled is stored when the client reads it.
+                    await asyncio.wait({watcher}, timeout=END_WAIT_S)
+                yield event
+        finally:
+            watcher.cancel()
     finally:
-        watcher.cancel()
+        first.cancel()  # the subscription, when it was never read (once read, a no-op)
         call.cancel()  # a client that left stops reading; the turn itself goes on
 
 
@@ -121,13 +146,13 @@ async def chat(
     body: ChatRequest, request: Request, user: str = Depends(current_user), c: Clients = Depends(clients)
 ) -> EventSourceResponse:
     call = _execute(c, body)
+    mesh = settings(request)
     try:
-        first = await _first(call)
+        first = await _first(c, mesh, call)
     except BaseException:
         call.cancel()
         raise
     drain: Drain = request.app.state.drain
-    mesh = settings(request)
 
     async def stream() -> AsyncIterator[dict[str, str]]:
         async for event in _turn_events(c, mesh, call, first, drain):
@@ -189,7 +214,7 @@ async def ws(socket: WebSocket) -> None:
     async def run_turn(body: ChatRequest) -> None:
         call = _execute(c, body)
         try:
-            first = await _first(call)
+            first = await _first(c, socket.app.state.settings, call)
         except MeshError as err:
             call.cancel()
             await send(_ws_error(err))

@@ -9,10 +9,12 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from libs.clients import Clients
-from libs.errors import Interrupted, InvalidArgument, grpc_errors
+from libs.errors import Interrupted, InvalidArgument, as_mesh_error, grpc_errors
+from services.agent_runtime.gate import wait_for_start
 from services.agent_runtime.runner import AgentRunner
 from services.agent_runtime.sink import EventSink
 
@@ -30,15 +32,23 @@ class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
     ) -> AsyncIterator[rt.RunAgentResponse]:
         if not request.agent or not request.stream_key:
             raise InvalidArgument("agent and stream_key are required")
-        sink = EventSink(self.clients, request.stream_key)
+        if request.await_start and not request.history_given:
+            raise InvalidArgument("a run that awaits its start is given its history (history_given)")
+        gate: asyncio.Task[ev.TurnStart] | None = None
+        if request.await_start:  # the model is called at once; nothing is stored before `start`
+            timeout_s = self.runner.settings.turn_timeout_s
+            gate = asyncio.create_task(wait_for_start(self.clients, request.stream_key, timeout_s))
+        sink = EventSink(self.clients, request.stream_key, gate)
 
         async def run() -> rt.RunResult:
             try:
-                return await self.runner.run(request, sink)
+                return await self.runner.run(request, sink, gate)
             finally:
                 await sink.aclose()
 
         task = asyncio.create_task(run(), name=f"run:{request.agent}:{request.trace_id}")
+        if gate is not None:  # a turn that never started: the run stops at once, storing nothing
+            gate.add_done_callback(lambda g: None if g.cancelled() or not g.exception() else task.cancel())
         try:
             async for batch in sink.committed():
                 if not request.result_only:
@@ -49,6 +59,11 @@ class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise  # the caller went away or cancelled: the RPC ends CANCELLED
+                failed = (
+                    gate.exception() if gate is not None and gate.done() and not gate.cancelled() else None
+                )
+                if failed is not None:  # the turn never started: the run stopped, storing nothing
+                    raise as_mesh_error(failed) from None
                 # The run was cancelled from inside (nobody cancelled this RPC): a bare CANCELLED
                 # status would make its turn end `cancelled`, which nobody asked for.
                 log.warning("a run was cancelled from inside the runtime", exc_info=True,
@@ -61,4 +76,6 @@ class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+            if gate is not None:
+                gate.cancel()
             sink.cancel()

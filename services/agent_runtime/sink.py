@@ -8,7 +8,9 @@ unary call. A call that ended between batches (a replica drained or lost, its de
 by a new one; a batch without an answer is never sent twice, except after SHUTDOWN, which says it was
 not appended. `committed()` yields the stored batches, events carrying their offsets, in order.
 `await sink.store(e)` when the caller must know the event is durable before going on
-(a2a-task-started before the callee starts).
+(a2a-task-started before the callee starts). With a `gate` (a run started before its turn's `start`
+was stored: services/agent_runtime/gate.py) nothing is appended before the gate opens, and
+everything is dropped when it fails.
 """
 
 from __future__ import annotations
@@ -16,22 +18,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
 from agentmesh.events.v1 import events_pb2
 from agentmesh.stream.v1 import stream_service_pb2
 from libs.clients import Clients, drain
-from libs.errors import Cancelled, Internal, MeshError, Shutdown, from_rpc_error
+from libs.errors import Cancelled, Internal, MeshError, Shutdown, as_mesh_error, from_rpc_error
 
 _MAX_BATCH = 256
 _Entry = tuple[events_pb2.Event, "asyncio.Future[str] | None"]  # a future only where someone waits
 
 
 class EventSink:
-    def __init__(self, clients: Clients, key: str) -> None:
+    def __init__(self, clients: Clients, key: str, gate: asyncio.Future[Any] | None = None) -> None:
         self.clients = clients
         self.key = key
+        self._gate = gate
         self._pending: list[_Entry] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()  # nothing queued and nothing in flight
@@ -66,6 +70,8 @@ class EventSink:
         return self._failure
 
     async def _write_loop(self) -> None:
+        if self._gate is not None and not await self._opened(self._gate):
+            return
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -93,6 +99,19 @@ class EventSink:
                 await self._end_call()
                 self._out.put_nowait(None)
                 return
+
+    async def _opened(self, gate: asyncio.Future[Any]) -> bool:
+        """Waits for the gate; False (the sink failed with the gate's error) when it did not open."""
+        try:
+            await asyncio.shield(gate)
+            return True
+        except asyncio.CancelledError:
+            if not gate.cancelled():
+                raise  # the writer itself was cancelled
+            self._fail(Cancelled(f"{self.key}: the run stopped before its turn started"), [])
+        except Exception as exc:
+            self._fail(as_mesh_error(exc), [])
+        return False
 
     async def _append(self, events: list[events_pb2.Event]) -> list[str]:
         """Appends one batch on the write call (opened, or replaced, as needed); returns its offsets."""

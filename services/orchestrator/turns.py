@@ -227,15 +227,7 @@ class TurnEngine:
     ) -> TurnOutcome:
         out = TurnOutcome()
         partial = Partial()
-        create = None
-        if not spec.stream_created:
-            request = ss.CreateStreamRequest(key=spec.stream_key, metadata=dict(spec.stream_metadata))
-            create = rpc(self.clients.stream.CreateStream(request))
-            if new_trace is None:  # the buffer first: it is the session's lock against a second turn
-                await create
-                create = None
-        # The user message and the placeholder (and a new trace): one call, all stored or none. A new
-        # trace has no other turn to lock out, so its buffer is created meanwhile.
+        # The user message and the placeholder (and a new trace): one call, all stored or none.
         begin = ts.BeginTurnRequest(
             trace_id=spec.trace_id,
             user_message=self._message(
@@ -243,43 +235,77 @@ class TurnEngine:
             ),
             assistant_message=self._message(spec, tp.MESSAGE_ROLE_ASSISTANT, "", tp.MESSAGE_STATUS_PENDING),
         )
+        create: Awaitable[Any] | None = None
+        early: list[grpc.aio.UnaryStreamCall] = []  # the run of a new trace, started before BeginTurn ends
+        if not spec.stream_created:
+            request = ss.CreateStreamRequest(key=spec.stream_key, metadata=dict(spec.stream_metadata))
+            create = rpc(self.clients.stream.CreateStream(request))
+            if new_trace is None:  # the buffer first: it is the session's lock against a second turn
+                await create
+                create = None
+            else:  # a new trace has no turn to lock out: BeginTurn goes on while its buffer is created
+                create = self._create_then_run(create, spec, begin.user_message, run_events, agent, early)
         if new_trace is not None:
             begin.new_trace.CopyFrom(new_trace)
         try:
-            if create is None:
-                begun = await rpc(self.clients.trace.BeginTurn(begin))
-            else:
-                results = await asyncio.gather(
-                    rpc(self.clients.trace.BeginTurn(begin)), create, return_exceptions=True
-                )
-                if isinstance(results[0], ts.BeginTurnResponse):
-                    out.user_message, out.assistant_message = (
-                        results[0].user_message,
-                        results[0].assistant_message,
+            try:
+                if create is None:
+                    begun = await rpc(self.clients.trace.BeginTurn(begin))
+                else:
+                    results = await asyncio.gather(
+                        rpc(self.clients.trace.BeginTurn(begin)), create, return_exceptions=True
                     )
-                for result in results:
-                    if isinstance(result, BaseException):
-                        raise result
-                begun = results[0]
-        except MeshError as err:
-            await to_the_end(self._fail(spec, out, err, None, partial))  # never leave the buffer open
-            raise
-        except asyncio.CancelledError as exc:
-            await to_the_end(self._fail(spec, out, cancel_reason(exc), None, partial))
-            raise
-        user, placeholder = begun.user_message, begun.assistant_message
-        out.user_message, out.assistant_message = user, placeholder
-        try:
-            with self.leases.hold(message=placeholder.id):
-                empty = new_trace is not None or spec.empty_trace
-                request = self._run_request(spec, user, placeholder, run_events, agent, empty)
-                await self._stream_turn(spec, user, placeholder, on_event, partial, out, request)
-        except asyncio.CancelledError as exc:
-            await to_the_end(self._fail(spec, out, cancel_reason(exc), on_event, partial))
-            raise
-        except (grpc.aio.AioRpcError, MeshError) as exc:
-            await to_the_end(self._fail(spec, out, as_mesh_error(exc), on_event, partial))
-        return out
+                    if isinstance(results[0], ts.BeginTurnResponse):
+                        out.user_message, out.assistant_message = (
+                            results[0].user_message,
+                            results[0].assistant_message,
+                        )
+                    for result in results:
+                        if isinstance(result, BaseException):
+                            raise result
+                    begun = results[0]
+            except MeshError as err:
+                await to_the_end(self._fail(spec, out, err, None, partial))  # never leave the buffer open
+                raise
+            except asyncio.CancelledError as exc:
+                await to_the_end(self._fail(spec, out, cancel_reason(exc), None, partial))
+                raise
+            user, placeholder = begun.user_message, begun.assistant_message
+            out.user_message, out.assistant_message = user, placeholder
+            try:
+                with self.leases.hold(message=placeholder.id):
+                    empty = new_trace is not None or spec.empty_trace
+                    request = self._run_request(spec, user, placeholder, run_events, agent, empty)
+                    call = early[0] if early else None
+                    await self._stream_turn(spec, user, placeholder, on_event, partial, out, request, call)
+            except asyncio.CancelledError as exc:
+                await to_the_end(self._fail(spec, out, cancel_reason(exc), on_event, partial))
+                raise
+            except (grpc.aio.AioRpcError, MeshError) as exc:
+                await to_the_end(self._fail(spec, out, as_mesh_error(exc), on_event, partial))
+            return out
+        finally:
+            for call in early:
+                call.cancel()  # a turn that failed to begin stops its run (once over, a no-op)
+
+    async def _create_then_run(
+        self,
+        create: Awaitable[Any],
+        spec: orc.RunTurnRequest,
+        user: tp.Message,
+        run_events: bool,
+        agent: ap.Agent | None,
+        early: list[grpc.aio.UnaryStreamCall],
+    ) -> Any:
+        """Creates the buffer of a new trace, then starts its run at once (the history is the user
+        message, the agent was read): the run calls the model while BeginTurn stores the messages, and
+        stores nothing until `start` is in the buffer (RunAgentRequest.await_start)."""
+        created = await create
+        if agent is not None:
+            request = self._run_request(spec, user, tp.Message(), run_events, agent, True)
+            request.await_start = True
+            early.append(self._call_run(spec, request))
+        return created
 
     async def _stream_turn(
         self,
@@ -290,8 +316,10 @@ class TurnEngine:
         partial: Partial,
         out: TurnOutcome,
         request: rt.RunAgentRequest,
+        call: grpc.aio.UnaryStreamCall | None = None,
     ) -> None:
-        """start -> the run -> the write-back -> finish -> done."""
+        """start -> the run (`call`: already started, awaiting `start`) -> the write-back -> finish ->
+        done."""
         start = ev.Event(
             start=ev.TurnStart(
                 session_id=spec.trace_id,
@@ -302,7 +330,7 @@ class TurnEngine:
         )
         await self._append(spec.stream_key, start, on_event)
         out.start_offset = start.offset
-        out.result = await self._run_agent(spec, request, on_event, partial)
+        out.result = await self._run_agent(spec, request, on_event, partial, call)
         await self._write_back(out)
         finish = ev.Event(
             finish=ev.TurnFinish(
@@ -346,9 +374,9 @@ class TurnEngine:
         request: rt.RunAgentRequest,
         on_event: OnEvent | None,
         partial: Partial,
+        call: grpc.aio.UnaryStreamCall | None = None,
     ) -> rt.RunResult:
-        deadline = (spec.timeout_ms / 1000 + self.grace_s) if spec.timeout_ms else None
-        call = self.clients.runtime.RunAgent(request, timeout=deadline)
+        call = call or self._call_run(spec, request)
         result: rt.RunResult | None = None
         try:
             async for resp in call:
@@ -376,6 +404,10 @@ class TurnEngine:
         if result is None:
             raise Internal(f"agent {spec.agent} ended without a result")
         return result
+
+    def _call_run(self, spec: orc.RunTurnRequest, request: rt.RunAgentRequest) -> grpc.aio.UnaryStreamCall:
+        deadline = (spec.timeout_ms / 1000 + self.grace_s) if spec.timeout_ms else None
+        return self.clients.runtime.RunAgent(request, timeout=deadline)
 
     async def _write_back(self, out: TurnOutcome) -> None:
         assert out.assistant_message is not None and out.result is not None
