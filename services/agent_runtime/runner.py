@@ -194,6 +194,7 @@ class AgentRunner:
                 max_tokens=max_tokens,
                 on_text=lambda t: sink.emit(events.text_delta(t)),
                 on_reasoning=lambda t: sink.emit(events.reasoning_delta(t)),
+                hold=gate,  # the first step's first delta waits for the turn's start
             )
             if gate is not None:  # the first step ran while the turn began: its tools need the anchor
                 req.anchor_message_id = (await gate).assistant_message_id

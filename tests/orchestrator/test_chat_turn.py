@@ -17,12 +17,7 @@ from libs import identity
 from libs.ids import session_key
 from tests.mesh import BACKENDS, Mesh, chat, mesh_on, sse_events
 
-# Paced: a reply the model ends before its turn's `start` is stored (the run of a new session calls
-# the model while BeginTurn runs) reaches a reader as one merged delta; this one must stream.
-ECHO = {
-    "rules": [],
-    "default": {"text": "Hello there, you said {user}. Have a nice day.", "tokens_per_second": 50},
-}
+ECHO = {"rules": [], "default": {"text": "Hello there, you said {user}. Have a nice day."}}
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -141,7 +136,7 @@ async def test_model_failure_marks_placeholder_failed(mesh: Mesh, fault: str, co
 
 
 async def test_disconnected_turn_goes_on_and_resumes(mesh: Mesh) -> None:
-    mesh.mock.set_rules({"rules": [], "default": {"text": "word " * 60, "tokens_per_second": 50}})
+    mesh.mock.set_rules({"rules": [], "default": {"text": "word " * 60, "tokens_per_second": 200}})
     async with mesh.http() as http:
         async with http.stream("POST", "/api/chat", json={"agent": "general", "message": "long"}) as resp:
             got = []

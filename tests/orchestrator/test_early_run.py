@@ -1,0 +1,165 @@
+"""The run of a new session starts while BeginTurn stores its messages (RunAgentRequest.await_start):
+it calls the model at once, stores nothing before the turn's `start`, and a turn that fails to begin
+ends every stream with a terminal event, leaving no row behind."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from agentmesh.agents.v1 import agent_service_pb2 as ag
+from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
+from libs import events, identity
+from libs.errors import Unavailable
+from libs.ids import new_id, session_key
+from services.trace.store.sql.traces import SqlTraceStore
+from tests.mesh import BACKENDS, Mesh, chat, mesh_on
+
+FAST = {"rules": [], "default": {"text": "early " * 30}}  # at top speed: ready before the turn begins
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+async def mesh(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Mesh]:
+    m = await mesh_on(request, tmp_path_factory.mktemp("early"), rules=FAST)
+    yield m
+    await m.stop()
+
+
+async def read_buffer(mesh: Mesh, key: str) -> list[ev.Event]:
+    """Every event of `key` from its start to its terminal one."""
+    assert mesh.clients is not None
+    out: list[ev.Event] = []
+    request = ss.SubscribeStreamRequest(key=key, idle_timeout_ms=5000)
+    with identity.acting_as(mesh.user):
+        async for resp in mesh.clients.stream.SubscribeStream(request, timeout=10):
+            out.append(resp.event)
+            if events.is_terminal(resp.event):
+                break
+    return out
+
+
+async def test_a_fast_reply_follows_start(mesh: Mesh) -> None:
+    """The whole reply is ready before the turn's messages are stored: it still comes after `start`,
+    whole, and the placeholder (the run's anchor) gets it."""
+    mesh.mock.set_rules(FAST)
+    got = await chat(mesh, "general", "quick")
+    kinds = [e["type"] for e in got]
+    assert kinds[0] == "start" and kinds[-2:] == ["finish", "done"], kinds
+    assert "".join(e["textDelta"] for e in got if e["type"] == "text-delta") == "early " * 30
+    start = got[0]
+    async with mesh.http() as http:
+        resp = await http.get(f"/api/sessions/{start['sessionId']}/messages")
+    messages = resp.json()["messages"]
+    assert [(m["role"], m["status"]) for m in messages] == [("user", "completed"), ("assistant", "completed")]
+    assert messages[1]["id"] == start["assistantMessageId"] and messages[1]["content"] == "early " * 30
+
+
+async def test_a_turn_that_fails_to_begin_after_its_run_started(
+    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BeginTurn fails once the run has called the model: the client gets an error, the run stores
+    nothing in the buffer, which ends with the error, and no trace (so no pending row) is left."""
+    mesh.mock.set_rules(FAST)
+    asked = len(mesh.mock.requests())
+    tried: list[str] = []
+
+    async def down(self: SqlTraceStore, owner: str, trace: tp.Trace, trace_id: str, messages: Any) -> Any:
+        tried.append(trace_id)
+        await mesh.mock.wait_requests(asked + 1)  # the run is under way: its reply is on its way
+        raise Unavailable("the database went away")
+
+    monkeypatch.setattr(SqlTraceStore, "create_trace_with_messages", down)
+    async with mesh.http() as http:
+        resp = await http.post("/api/chat", json={"agent": "general", "message": "doomed"})
+    assert resp.status_code == 503, resp.text
+    assert resp.json()["error"]["message"] == "the database went away", resp.json()
+    (trace_id,) = tried
+    monkeypatch.undo()
+    buffered = await read_buffer(mesh, session_key(trace_id))
+    assert [events.kind(e) for e in buffered] == ["error"], buffered
+    assert buffered[0].error.code == ev.ERROR_CODE_UNAVAILABLE
+    assert mesh.clients is not None
+    with identity.acting_as(mesh.user), pytest.raises(grpc.aio.AioRpcError) as missing:
+        await mesh.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=trace_id))
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    # The mesh goes on: the next turn is whole.
+    again = await chat(mesh, "general", "after")
+    assert [e["type"] for e in again][-1] == "done"
+
+
+async def run_request(mesh: Mesh, key: str) -> rt.RunAgentRequest:
+    assert mesh.clients is not None
+    agent = (await mesh.clients.agents.GetAgent(ag.GetAgentRequest(slug="general"))).agent
+    return rt.RunAgentRequest(
+        agent="general",
+        trace_id=new_id(),
+        stream_key=key,
+        resolved_agent=agent,
+        history=[tp.Message(role=tp.MESSAGE_ROLE_USER, content="gated")],
+        history_given=True,
+        result_only=True,
+        await_start=True,
+    )
+
+
+async def test_a_run_stores_nothing_before_start(mesh: Mesh) -> None:
+    """Called directly: the run holds its reply until `start` is in its buffer, then stores it after."""
+    assert mesh.clients is not None
+    mesh.mock.set_rules(FAST)
+    key = session_key(new_id())
+    asked = len(mesh.mock.requests())
+    with identity.acting_as(mesh.user):
+        await mesh.clients.stream.CreateStream(ss.CreateStreamRequest(key=key))
+        call = mesh.clients.runtime.RunAgent(await run_request(mesh, key), timeout=30)
+        await mesh.mock.wait_requests(asked + 1)
+        info = await mesh.clients.stream.GetStreamInfo(ss.GetStreamInfoRequest(key=key))
+        assert info.exists and not info.last_offset  # the model answers; nothing is stored yet
+        start = ev.Event(start=ev.TurnStart(session_id="s", user_message_id=1, assistant_message_id=2))
+        await mesh.clients.stream.AppendEvents(ss.AppendEventsRequest(key=key, events=[start]))
+        responses = [resp async for resp in call]
+    assert responses[-1].result.content == "early " * 30
+    with identity.acting_as(mesh.user):
+        await mesh.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, done=ev.StreamDone()))
+    buffered = await read_buffer(mesh, key)
+    kinds = [events.kind(e) for e in buffered]
+    assert kinds[0] == "start" and set(kinds[1:-1]) == {"text_delta"}, kinds
+
+
+async def test_a_run_whose_buffer_ends_before_start_stores_nothing(mesh: Mesh) -> None:
+    assert mesh.clients is not None
+    mesh.mock.set_rules(FAST)
+    key = session_key(new_id())
+    asked = len(mesh.mock.requests())
+    with identity.acting_as(mesh.user):
+        await mesh.clients.stream.CreateStream(ss.CreateStreamRequest(key=key))
+        call = mesh.clients.runtime.RunAgent(await run_request(mesh, key), timeout=30)
+        await mesh.mock.wait_requests(asked + 1)
+        ended = Unavailable("the turn failed to begin").to_event()
+        await mesh.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=ended))
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            async for _ in call:
+                pass
+    assert failed.value.code() == grpc.StatusCode.CANCELLED, failed.value
+    assert "before its turn started" in (failed.value.details() or "")
+    assert [events.kind(e) for e in await read_buffer(mesh, key)] == ["error"]
+
+
+async def test_await_start_needs_the_history(mesh: Mesh) -> None:
+    assert mesh.clients is not None
+    with identity.acting_as(mesh.user):
+        request = await run_request(mesh, session_key(new_id()))
+    request.history_given = False
+    del request.history[:]
+    with identity.acting_as(mesh.user), pytest.raises(grpc.aio.AioRpcError) as refused:
+        async for _ in mesh.clients.runtime.RunAgent(request, timeout=10):
+            pass
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
