@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from sqlalchemy import delete, or_, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from agentmesh.agents.v1 import agent_pb2 as ap
 from libs.config import SubagentDefaults
@@ -18,14 +19,20 @@ from services.trace.store.sql.common import Database, now, ts
 from services.trace.store.sql.models import AgentRow, User
 
 _IMPORT_ATTEMPTS = 3  # after one replica commits, every catalog slug exists: no insert is left to race
+_PARSED_MAX = 10_000
 
 
 class SqlAgentStore(AgentStore):
     def __init__(self, db: Database, defaults: SubagentDefaults | None = None) -> None:
         self.db = db
         self.defaults = defaults or SubagentDefaults()
+        # Agents as read, by row id, version and update time (a row deleted and made anew may get
+        # its id back): the row is read on every get (an edit anywhere applies at once), its stored
+        # config parsed once per version.
+        self._parsed: dict[tuple[Any, ...], ap.Agent] = {}
 
-    def _pb(self, row: AgentRow, owner: str) -> ap.Agent:
+    def _pb(self, row: Any, owner: str) -> ap.Agent:
+        """`row`: an AgentRow, or a Core row with its slug, config, version and times."""
         agent = domain.from_json(row.config, f"stored agent {row.slug}")
         agent.owner = owner
         agent.version = row.version
@@ -75,21 +82,30 @@ class SqlAgentStore(AgentStore):
                     row.updated_at = stamp
 
     async def get_agent(self, owner: str, slug: str) -> ap.Agent:
-        async with self.db.read() as db:
-            rows = (
-                await db.execute(
-                    select(AgentRow, User.name)
-                    .outerjoin(User, User.id == AgentRow.owner_user_id)
-                    .where(
-                        AgentRow.slug == slug,
-                        or_(AgentRow.owner_user_id.is_(None), User.name == owner),
-                    )
-                )
-            ).all()
+        """Core, not ORM: every turn and run reads its agent."""
+        a, u = AgentRow.__table__.c, User.__table__.c
+
+        async def work(conn: AsyncConnection) -> list[Any]:
+            query = (
+                select(a.id, a.slug, a.config, a.version, a.created_at, a.updated_at, u.name)
+                .select_from(AgentRow.__table__.outerjoin(User.__table__, u.id == a.owner_user_id))
+                .where(a.slug == slug, or_(a.owner_user_id.is_(None), u.name == owner))
+            )
+            return list((await conn.execute(query)).all())
+
+        rows = await self.db.run(work)
         if not rows:
             raise NotFound(f"unknown agent {slug!r}")
-        row, name = max(rows, key=lambda r: r[1] is not None)  # one's own agent wins
-        return self._pb(row, name or "")
+        row = max(rows, key=lambda r: r.name is not None)  # one's own agent wins
+        key = (row.id, row.version, row.updated_at, row.name)
+        parsed = self._parsed.get(key)
+        if parsed is None:
+            if len(self._parsed) > _PARSED_MAX:
+                self._parsed.clear()
+            parsed = self._parsed[key] = self._pb(row, row.name or "")
+        out = ap.Agent()
+        out.CopyFrom(parsed)
+        return out
 
     async def list_agents(self, owner: str) -> list[ap.Agent]:
         async with self.db.read() as db:

@@ -137,6 +137,7 @@ def _message(row: Any, caller_agent: str) -> tp.Message:
 # The tables, for Core statements.
 MESSAGES = cast(Table, MessageRow.__table__)
 SESSIONS = cast(Table, SessionRow.__table__)
+USERS = cast(Table, User.__table__)
 AGENTS = cast(Table, AgentRow.__table__)
 USERS = cast(Table, User.__table__)
 _M, _A = MESSAGES, AGENTS
@@ -260,6 +261,7 @@ class Database:
         self.sm = sessionmaker or session_factory(engine)
         self.sqlite = engine.dialect.name == "sqlite"
         self._write_lock = asyncio.Lock()
+        self._uids: dict[str, int] = {}  # committed users' ids (a user's id never changes)
         # PostgreSQL: no BEGIN/COMMIT around single statements. SQLite keeps its default (its reads
         # start no transaction; writes go through `write_lock` and `engine.begin()`).
         self.auto = engine if self.sqlite else engine.execution_options(isolation_level="AUTOCOMMIT")
@@ -311,6 +313,23 @@ class Database:
             await db.execute(stmt.on_conflict_do_nothing(index_elements=["name"]))
             uid = await db.scalar(select(User.id).where(User.name == name))
         return uid
+
+    async def uid(self, conn: AsyncConnection, name: str) -> int:
+        """The id of user `name` (Core), created when new; an id read from a committed row is
+        remembered (users are never deleted), one this transaction creates is not."""
+        uid = self._uids.get(name)
+        if uid is not None:
+            return uid
+        users = USERS
+        uid = await conn.scalar(select(users.c.id).where(users.c.name == name))
+        if uid is not None:
+            self._uids[name] = uid
+            return int(uid)
+        stmt = self.insert(users).values(name=name, created_at=now())
+        await conn.execute(stmt.on_conflict_do_nothing(index_elements=["name"]))
+        created = await conn.scalar(select(users.c.id).where(users.c.name == name))
+        assert created is not None
+        return int(created)
 
     @staticmethod
     def owner_uid(owner: str) -> Any:

@@ -251,12 +251,13 @@ class SqlTraceStore(TraceStore):
         tid = trace_id or str(uuid.uuid4())
         items = self._items(owner, tid, messages, None)
         kind = enum_to_str(KIND, trace.kind) or "chat"
-        async with self.db.tx() as db:
-            uid = await self.db.user_id(db, owner, create=True)
+        write = sqlite_write if self.db.sqlite else pg_write
+        # Core statements in one transaction (a turn's set-up waits for it: no ORM unit of work).
+        async with self.db.write_lock, self.db.engine.begin() as conn:
             stamp = now()
             row = SessionRow(
                 id=tid,
-                user_id=uid,
+                user_id=await self.db.uid(conn, owner),
                 agent=trace.agent,
                 kind=kind,
                 visible_in_sidebar=int(trace.visible_in_sidebar),
@@ -264,13 +265,11 @@ class SqlTraceStore(TraceStore):
                 created_at=stamp,
                 updated_at=stamp,
             )
-            db.add(row)
+            values = {c.key: getattr(row, c.key) for c in SESSIONS.columns if getattr(row, c.key) is not None}
             try:
-                await db.flush()
+                await conn.execute(SESSIONS.insert().values(values))
             except IntegrityError as exc:
                 raise AlreadyExists("trace already exists") from exc
-            conn = await db.connection()
-            write = sqlite_write if self.db.sqlite else pg_write
             written = await write(conn, items, stamp)
         # A new trace of the caller's, default parents: every message is written.
         stored = [written[i] for i in range(len(items))]
