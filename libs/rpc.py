@@ -392,6 +392,33 @@ def _rewrap(handler: grpc.RpcMethodHandler, wrap: Callable[[Any, bool], Any]) ->
     return handler
 
 
+async def end_call(call: Any, timeout_s: float = 5.0) -> None:
+    """Ends a streaming call its caller no longer reads: cancels it (when it still runs) and reads it to
+    its end, so that whatever wraps its responses finishes too (the tracing interceptor's client span
+    ends there, not at the cancel). The caller's own cancellation still propagates."""
+    call.cancel()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for _ in call:
+                pass
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the caller was cancelled, not just the call
+    except (grpc.aio.AioRpcError, TimeoutError):
+        pass
+
+
+_ENDING: set[asyncio.Task[None]] = set()
+
+
+def end_call_soon(call: Any) -> None:
+    """`end_call` in the background, for a caller that must go on at once."""
+    task = asyncio.get_running_loop().create_task(end_call(call))
+    _ENDING.add(task)
+    task.add_done_callback(_ENDING.discard)
+
+
 async def wait_serving(target: str, timeout_s: float = 20.0, service: str = "") -> None:
     """Waits (health Watch, wait_for_ready) until the target reports SERVING, or raises TimeoutError."""
     async with grpc.aio.insecure_channel(target) as ch:

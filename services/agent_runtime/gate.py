@@ -17,6 +17,7 @@ from agentmesh.stream.v1 import stream_service_pb2 as ss
 from libs import events
 from libs.clients import Clients
 from libs.errors import Cancelled, FailedPrecondition, Interrupted, from_rpc_error
+from libs.rpc import end_call_soon
 
 
 async def wait_for_start(clients: Clients, key: str, timeout_s: float) -> ev.TurnStart:
@@ -33,5 +34,5 @@ async def wait_for_start(clients: Clients, key: str, timeout_s: float) -> ev.Tur
     except grpc.aio.AioRpcError as exc:
         raise from_rpc_error(exc) from exc
     finally:
-        call.cancel()
+        end_call_soon(call)  # the run goes on at once
     raise Interrupted(f"{key} ended before its turn started")

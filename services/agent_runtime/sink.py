@@ -213,7 +213,9 @@ class _WriteCall:
         answered, so how it ends changes nothing."""
         self._requests.put_nowait(None)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.call.code(), 5.0)
+            async with asyncio.timeout(5.0):
+                while await self.call.read() is not grpc.aio.EOF:  # to its end: wrappers finish too
+                    pass
 
     def cancel(self) -> None:
         """Ends the call (when it still runs) and its request reader (which waits on the queue even

@@ -17,7 +17,11 @@ from libs import identity
 from libs.ids import session_key
 from tests.mesh import BACKENDS, Mesh, chat, mesh_on, sse_events
 
-ECHO = {"rules": [], "default": {"text": "Hello there, you said {user}. Have a nice day."}}
+# Paced (5 ms a token): a top-speed reply may reach a reader that lags in one merged delta.
+ECHO = {
+    "rules": [],
+    "default": {"text": "Hello there, you said {user}. Have a nice day.", "tokens_per_second": 200},
+}
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
