@@ -111,8 +111,8 @@ async def run_request(mesh: Mesh, key: str) -> rt.RunAgentRequest:
     )
 
 
-async def test_a_run_stores_nothing_before_start(mesh: Mesh) -> None:
-    """Called directly: the run holds its reply until `start` is in its buffer, then stores it after."""
+async def gated_run(mesh: Mesh) -> tuple[str, Any]:
+    """A new buffer and a run on it that awaits its start, once the model has its request."""
     assert mesh.clients is not None
     mesh.mock.set_rules(FAST)
     key = session_key(new_id())
@@ -120,7 +120,14 @@ async def test_a_run_stores_nothing_before_start(mesh: Mesh) -> None:
     with identity.acting_as(mesh.user):
         await mesh.clients.stream.CreateStream(ss.CreateStreamRequest(key=key))
         call = mesh.clients.runtime.RunAgent(await run_request(mesh, key), timeout=30)
-        await mesh.mock.wait_requests(asked + 1)
+    await mesh.mock.wait_requests(asked + 1)
+    return key, call
+
+
+async def test_a_run_stores_nothing_before_start(mesh: Mesh) -> None:
+    """Called directly: the run holds its reply until `start` is in its buffer, then stores it after."""
+    key, call = await gated_run(mesh)
+    with identity.acting_as(mesh.user):
         info = await mesh.clients.stream.GetStreamInfo(ss.GetStreamInfoRequest(key=key))
         assert info.exists and not info.last_offset  # the model answers; nothing is stored yet
         start = ev.Event(start=ev.TurnStart(session_id="s", user_message_id=1, assistant_message_id=2))
@@ -135,14 +142,8 @@ async def test_a_run_stores_nothing_before_start(mesh: Mesh) -> None:
 
 
 async def test_a_run_whose_buffer_ends_before_start_stores_nothing(mesh: Mesh) -> None:
-    assert mesh.clients is not None
-    mesh.mock.set_rules(FAST)
-    key = session_key(new_id())
-    asked = len(mesh.mock.requests())
+    key, call = await gated_run(mesh)
     with identity.acting_as(mesh.user):
-        await mesh.clients.stream.CreateStream(ss.CreateStreamRequest(key=key))
-        call = mesh.clients.runtime.RunAgent(await run_request(mesh, key), timeout=30)
-        await mesh.mock.wait_requests(asked + 1)
         ended = Unavailable("the turn failed to begin").to_event()
         await mesh.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=ended))
         with pytest.raises(grpc.aio.AioRpcError) as failed:
