@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeVar
@@ -95,6 +95,41 @@ class Clients:
             await ch.close()
 
 
+class AskCall:
+    """A bidirectional call driven one request and one answer at a time: `ask` puts a request and
+    reads the next answer. gRPC takes the requests from an iterator over a queue (`drain`), read in
+    one task of its own (`call.write` would start tasks per message)."""
+
+    def __init__(self, method: Callable[[AsyncIterator[Any]], Any]) -> None:
+        self._requests: asyncio.Queue[Any] = asyncio.Queue()
+        self.call = method(drain(self._requests))
+
+    def done(self) -> bool:
+        return bool(self.call.done())
+
+    async def ask(self, request: Any) -> Any:
+        """The answer to `request`: grpc.aio.EOF when the call ended first without an error, the call's
+        AioRpcError when it failed."""
+        self._requests.put_nowait(request)
+        return await self.call.read()
+
+    async def end(self, timeout_s: float) -> None:
+        """Half-closes and reads the call to its end (a bounded while), so that what wraps its answers
+        (a tracing span) ends too; every request was answered, so how it ends changes nothing."""
+        self._requests.put_nowait(None)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(timeout_s):
+                while await self.call.read() is not grpc.aio.EOF:
+                    pass
+        self.call.cancel()
+
+    def cancel(self) -> None:
+        """Ends the call (when it still runs) and the request reader, which waits on the queue even
+        after the call ended."""
+        self._requests.put_nowait(None)
+        self.call.cancel()
+
+
 class MessageAppender:
     """Appends messages one after another on one `AppendMessageStream`: for a writer of many messages,
     a fraction of a unary `AppendMessage` each. The stream opens at the first append as the acting
@@ -105,8 +140,7 @@ class MessageAppender:
     def __init__(self, stub: trace_service_pb2_grpc.TraceServiceStub, timeout_s: float = 10.0) -> None:
         self._stub = stub
         self._timeout_s = timeout_s
-        self._call: Any = None
-        self._requests: asyncio.Queue[ts.AppendMessageStreamRequest | None] = asyncio.Queue()
+        self._call: AskCall | None = None
         self._lock = asyncio.Lock()
 
     async def append(self, message: tp.Message, parent_sequence: int | None = None) -> tp.Message:
@@ -115,13 +149,10 @@ class MessageAppender:
         )
         async with self._lock:
             if self._call is None:
-                self._requests = asyncio.Queue()
-                self._call = self._stub.AppendMessageStream(drain(self._requests))
-            call = self._call
-            self._requests.put_nowait(request)
+                self._call = AskCall(self._stub.AppendMessageStream)
             try:
                 async with asyncio.timeout(self._timeout_s):
-                    resp = await call.read()
+                    resp = await self._call.ask(request)
             except TimeoutError:
                 self._drop()
                 raise DeadlineExceeded(f"no answer to an append within {self._timeout_s:g} s") from None
@@ -136,22 +167,16 @@ class MessageAppender:
         return resp.message
 
     def _drop(self) -> None:
-        self._requests.put_nowait(None)  # ends the request iterator gRPC reads
-        self._call.cancel()
-        self._call = None
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
 
     async def aclose(self) -> None:
         """Ends the stream (appends already answered are stored)."""
         async with self._lock:
-            if self._call is None:
-                return
-            call = self._call
-            self._requests.put_nowait(None)
-            self._call = None
-        with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
-            async with asyncio.timeout(self._timeout_s):
-                await call.read()  # EOF: the service ended its side
-        call.cancel()
+            call, self._call = self._call, None
+        if call is not None:
+            await call.end(self._timeout_s)
 
 
 async def drain(queue: asyncio.Queue[T | None]) -> AsyncIterator[T]:

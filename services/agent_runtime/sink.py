@@ -24,7 +24,7 @@ import grpc
 
 from agentmesh.events.v1 import events_pb2
 from agentmesh.stream.v1 import stream_service_pb2
-from libs.clients import Clients, drain
+from libs.clients import AskCall, Clients
 from libs.errors import Cancelled, Internal, MeshError, Shutdown, as_mesh_error, from_rpc_error
 
 _MAX_BATCH = 256
@@ -141,7 +141,7 @@ class EventSink:
     async def _end_call(self) -> None:
         call, self._call = self._call, None
         if call is not None:
-            await call.end()
+            await call.end(5.0)
 
     def _fail(self, err: MeshError, batch: list[_Entry]) -> None:
         self._failure = err
@@ -187,38 +187,18 @@ class EventSink:
             yield batch
 
 
-class _WriteCall:
+class _WriteCall(AskCall):
     """One WriteStream call: `send` a batch, get its offsets."""
 
     def __init__(self, clients: Clients) -> None:
-        self._requests: asyncio.Queue[stream_service_pb2.WriteStreamRequest | None] = asyncio.Queue()
-        self.call = clients.stream.WriteStream(drain(self._requests))
+        super().__init__(clients.stream.WriteStream)
         self.answered = False  # it answered a batch: it worked, so it may be replaced once it ends
-
-    def done(self) -> bool:
-        return bool(self.call.done())
 
     async def send(self, request: stream_service_pb2.WriteStreamRequest) -> list[str]:
         """The batch's offsets; the call's AioRpcError when it ended first (after the batch was sent
         or before)."""
-        self._requests.put_nowait(request)
-        resp = await self.call.read()
+        resp = await self.ask(request)
         if resp is grpc.aio.EOF:
             raise Internal("the stream service ended a write call before it answered the batch")
         self.answered = True
         return list(resp.offsets)
-
-    async def end(self) -> None:
-        """Half-closes and waits (a bounded while) for the service to end the call: every batch was
-        answered, so how it ends changes nothing."""
-        self._requests.put_nowait(None)
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(5.0):
-                while await self.call.read() is not grpc.aio.EOF:  # to its end: wrappers finish too
-                    pass
-
-    def cancel(self) -> None:
-        """Ends the call (when it still runs) and its request reader (which waits on the queue even
-        after the call ended)."""
-        self._requests.put_nowait(None)
-        self.call.cancel()
