@@ -130,7 +130,7 @@ class SqlAgentStore(AgentStore):
                 stamp = now()
                 row = AgentRow(
                     slug=agent.slug,
-                    owner_user_id=await self.db.user_id(db, owner, create=True),
+                    owner_user_id=await self.db.user_id(db, owner),
                     version=1,
                     created_at=stamp,
                     updated_at=stamp,

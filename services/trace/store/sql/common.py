@@ -137,7 +137,6 @@ def _message(row: Any, caller_agent: str) -> tp.Message:
 # The tables, for Core statements.
 MESSAGES = cast(Table, MessageRow.__table__)
 SESSIONS = cast(Table, SessionRow.__table__)
-USERS = cast(Table, User.__table__)
 AGENTS = cast(Table, AgentRow.__table__)
 USERS = cast(Table, User.__table__)
 _M, _A = MESSAGES, AGENTS
@@ -306,15 +305,7 @@ class Database:
     def insert(self, table: Any) -> Any:
         return (sqlite.insert if self.sqlite else postgresql.insert)(table)
 
-    async def user_id(self, db: AsyncSession, name: str, *, create: bool) -> int | None:
-        uid = await db.scalar(select(User.id).where(User.name == name))
-        if uid is None and create:
-            stmt = self.insert(User).values(name=name, created_at=now())
-            await db.execute(stmt.on_conflict_do_nothing(index_elements=["name"]))
-            uid = await db.scalar(select(User.id).where(User.name == name))
-        return uid
-
-    async def uid(self, conn: AsyncConnection, name: str) -> int:
+    async def user_id(self, conn: AsyncConnection | AsyncSession, name: str) -> int:
         """The id of user `name` (Core), created when new; an id read from a committed row is
         remembered (users are never deleted), one this transaction creates is not."""
         uid = self._uids.get(name)

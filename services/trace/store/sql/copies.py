@@ -96,7 +96,7 @@ class SqlCopyStore(CopyStore):
                 select(SessionRow).where(SessionRow.home == home, self.db.owned(owner)).with_for_update()
             )
             if row is None:
-                uid = await self.db.user_id(db, owner, create=True)
+                uid = await self.db.user_id(db, owner)
                 row = SessionRow(
                     id=str(uuid.uuid4()),
                     user_id=uid,

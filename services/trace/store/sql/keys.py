@@ -42,6 +42,6 @@ class SqlKeyStore(KeyStore):
             raise InvalidArgument("user must be 1-200 characters")
         key = "am_" + secrets.token_urlsafe(32)
         async with self.db.tx() as db:
-            uid = await self.db.user_id(db, user, create=True)
+            uid = await self.db.user_id(db, user)
             db.add(ApiKey(user_id=uid, key_hash=_hash(key), prefix=key[:10], created_at=now()))
         return key

@@ -35,7 +35,7 @@ class SqlTaskStore(TaskStore):
             if task.caller_session_id:
                 uid: int | None = (await self.db.trace_row(db, owner, task.caller_session_id)).user_id
             else:
-                uid = await self.db.user_id(db, owner, create=True)
+                uid = await self.db.user_id(db, owner)
             remote_callee = task.callee_agent.startswith("@")  # a peer's agent: @alias/slug
             callee = None if remote_callee else await self.db.agent_row(db, owner, task.callee_agent)
             callee_slug = task.callee_agent if callee is None else callee.slug

@@ -83,7 +83,7 @@ class SqlTraceStore(TraceStore):
         async with self.db.tx() as db:
             if trace_id and await db.get(SessionRow, trace_id) is not None:
                 raise AlreadyExists("trace already exists")
-            uid = await self.db.user_id(db, owner, create=True)
+            uid = await self.db.user_id(db, owner)
             stamp = now()
             row = SessionRow(
                 id=trace_id or str(uuid.uuid4()),
@@ -257,7 +257,7 @@ class SqlTraceStore(TraceStore):
             stamp = now()
             row = SessionRow(
                 id=tid,
-                user_id=await self.db.uid(conn, owner),
+                user_id=await self.db.user_id(conn, owner),
                 agent=trace.agent,
                 kind=kind,
                 visible_in_sidebar=int(trace.visible_in_sidebar),
