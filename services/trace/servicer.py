@@ -24,6 +24,7 @@ from services.trace.handler import TraceHandler
 from services.trace.store.base import Deleted, InboundTaskQuery, KeyStore, LeaseStore, MessageQuery
 
 Ctx: TypeAlias = grpc.aio.ServicerContext
+MAX_SUBAGENT_UPDATES = 100  # per UpdateSubagentSessions (a delegate batch has at most 10 rows)
 
 
 def _deleted(cls: type, d: Deleted) -> object:
@@ -207,6 +208,8 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
     async def UpdateSubagentSessions(
         self, request: ts.UpdateSubagentSessionsRequest, context: Ctx
     ) -> ts.UpdateSubagentSessionsResponse:
+        if len(request.updates) > MAX_SUBAGENT_UPDATES:
+            raise InvalidArgument(f"at most {MAX_SUBAGENT_UPDATES} subagent changes per call")
         updates = [(u.subagent, list(u.update_mask.paths)) for u in request.updates]
         rows = await self.h.subagents.update_subagents(current_user(), updates)
         return ts.UpdateSubagentSessionsResponse(subagents=rows)

@@ -316,6 +316,11 @@ async def test_several_rows_change_in_one_call_all_or_none(trace_stub, unique):
         )
     assert (error.code(), error.details()) == (grpc.StatusCode.NOT_FOUND, "subagent session not found")
     assert await stored() == before
+    # More than 100 changes in one call are refused as a whole.
+    too_many = [change(b, ev.SUBAGENT_STATUS_CANCELLED)] * 101
+    error = await error_of(update(*too_many))
+    assert (error.code(), error.details()) == (BAD, "at most 100 subagent changes per call")
+    assert await stored() == before
 
     ended = (
         await update(
