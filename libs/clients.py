@@ -26,7 +26,7 @@ from libs.errors import DeadlineExceeded, Unavailable, from_reason, from_rpc_err
 from libs.identity import Signer, signer_for
 from libs.peer_http import PeerClients
 from libs.peers import PeerRegistry
-from libs.rpc import channel
+from libs.rpc import channel, end_call_soon
 
 T = TypeVar("T")
 
@@ -125,9 +125,9 @@ class AskCall:
 
     def cancel(self) -> None:
         """Ends the call (when it still runs) and the request reader, which waits on the queue even
-        after the call ended."""
+        after the call ended; the call is read to its end in the background (`end_call_soon`)."""
         self._requests.put_nowait(None)
-        self.call.cancel()
+        end_call_soon(self.call)
 
 
 class MessageAppender:
