@@ -32,6 +32,16 @@ def settings(request: Request) -> MeshSettings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
+# As dependencies, coroutines: FastAPI runs a plain `def` dependency in a worker thread, a thread hop
+# (and two context switches) on every request.
+async def clients_dep(request: Request) -> Clients:
+    return clients(request)
+
+
+async def settings_dep(request: Request) -> MeshSettings:
+    return settings(request)
+
+
 async def authenticate(app_state: Any, header: str | None) -> str:
     """The user behind `Authorization: Bearer KEY`, made the acting principal; raises Unauthenticated."""
     if not header or not header.lower().startswith("bearer "):

@@ -19,7 +19,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
-from gateway.deps import authenticate, clients, current_user, settings
+from gateway.deps import authenticate, clients_dep, current_user, settings
 from gateway.drain import Drain
 from gateway.errors import READ, SSE, WRITE, responses
 from gateway.openapi import obj, ok
@@ -143,7 +143,7 @@ async def _turn_events(
 
 @router.post("/api/chat", response_class=EventSourceResponse, responses={200: SSE, **responses(*WRITE, 409)})
 async def chat(
-    body: ChatRequest, request: Request, user: str = Depends(current_user), c: Clients = Depends(clients)
+    body: ChatRequest, request: Request, user: str = Depends(current_user), c: Clients = Depends(clients_dep)
 ) -> EventSourceResponse:
     call = _execute(c, body)
     mesh = settings(request)
@@ -166,7 +166,7 @@ async def chat(
     responses={**ok(obj(cancelled={"type": "boolean"})), **responses(*READ)},
 )
 async def cancel(
-    session_id: SessionId, user: str = Depends(current_user), c: Clients = Depends(clients)
+    session_id: SessionId, user: str = Depends(current_user), c: Clients = Depends(clients_dep)
 ) -> dict[str, bool]:
     resp = await rpc(c.orchestrator.CancelChat(orc.CancelChatRequest(session_id=session_id)))
     return {"cancelled": resp.cancelled}

@@ -37,8 +37,8 @@ async def session_stream(
     session_id: SessionId,
     request: Request,
     user: str = Depends(deps.current_user),
-    clients: Clients = Depends(deps.clients),
-    settings: MeshSettings = Depends(deps.settings),
+    clients: Clients = Depends(deps.clients_dep),
+    settings: MeshSettings = Depends(deps.settings_dep),
 ) -> Response:
     """Resumes the live turn of a session (SSE, replay then live)."""
 
@@ -53,8 +53,8 @@ async def a2a_stream(
     request: Request,
     task_id: TaskId,
     user: str = Depends(deps.current_user),
-    clients: Clients = Depends(deps.clients),
-    settings: MeshSettings = Depends(deps.settings),
+    clients: Clients = Depends(deps.clients_dep),
+    settings: MeshSettings = Depends(deps.settings_dep),
 ) -> Response:
     """The callee's live reply of an agent-invoke call, readable by the caller session's owner."""
 
@@ -69,8 +69,8 @@ async def subagent_stream(
     subagent_id: SubagentId,
     request: Request,
     user: str = Depends(deps.current_user),
-    clients: Clients = Depends(deps.clients),
-    settings: MeshSettings = Depends(deps.settings),
+    clients: Clients = Depends(deps.clients_dep),
+    settings: MeshSettings = Depends(deps.settings_dep),
 ) -> Response:
     """The live text of one subagent card (`no-buffer` while it is still queued)."""
 
