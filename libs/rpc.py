@@ -51,6 +51,16 @@ _SERVER_OPTIONS = [
 ]
 
 
+def server_options(max_queued_s: float) -> list[tuple[str, Any]]:
+    """The options of every grpc.aio server of a mesh process (the services', the gateway's A2A one).
+
+    grpc.aio takes calls one at a time, one event-loop round trip each: with the loop saturated a
+    burst of calls waits in gRPC core's queue of calls not yet taken, and core cancels one that waited
+    longer than grpc.server_max_unrequested_time_in_server (default 30 s) with a bare CANCELLED, as if
+    its caller had gone. `max_queued_s` bounds that wait instead (and the caller's deadline, if any)."""
+    return [*_SERVER_OPTIONS, ("grpc.server_max_unrequested_time_in_server", max(1, round(max_queued_s)))]
+
+
 @dataclass
 class Registration:
     """One servicer to mount: the generated `add_XServicer_to_server` and its full service name."""
@@ -101,16 +111,11 @@ class ServiceServer:
     max_queued_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        options = list(_SERVER_OPTIONS)
+        options = server_options(self.max_queued_s)
         if self.max_connection_age_s > 0:
             # Clients reconnect (and re-resolve) on GOAWAY; calls in flight finish on the old connection
             # (no max_connection_age_grace: a turn's stream may last minutes).
             options.append(("grpc.max_connection_age_ms", int(self.max_connection_age_s * 1000)))
-        # grpc.aio takes calls one at a time, one event-loop round trip each: with the loop saturated a
-        # burst of calls waits in gRPC core's queue of calls not yet taken, and core cancels one that
-        # waited longer than grpc.server_max_unrequested_time_in_server (default 30 s) with a bare
-        # CANCELLED, as if its caller had gone. The caller's deadline bounds the wait instead.
-        options.append(("grpc.server_max_unrequested_time_in_server", max(1, round(self.max_queued_s))))
         self.rpc_metrics = RpcMetrics(self.registry)
         self.metrics_server: MetricsServer | None = None
         self.server = grpc.aio.server(

@@ -17,7 +17,7 @@ from a2a.types import a2a_pb2_grpc
 from gateway.deps import authenticate
 from libs import identity, telemetry
 from libs.errors import MeshError, Unauthenticated
-from libs.rpc import refused, with_principal
+from libs.rpc import refused, server_options, with_principal
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +44,13 @@ class BearerInterceptor(grpc.aio.ServerInterceptor):
 
 
 class A2AGrpcServer:
-    def __init__(self, app_state: Any, request_handler: Any, address: str) -> None:
+    def __init__(self, app_state: Any, request_handler: Any, address: str, max_queued_s: float) -> None:
         self.address = address
         self.port = 0
         self.server = grpc.aio.server(
+            # the mesh's message sizes and keepalive; an outside caller that sets no deadline still
+            # gets its call taken within max_queued_s, not cancelled after gRPC's default 30 s
+            options=server_options(max_queued_s),
             interceptors=[*telemetry.server_interceptors(), BearerInterceptor(app_state)],
         )
         a2a_pb2_grpc.add_A2AServiceServicer_to_server(GrpcHandler(request_handler), self.server)

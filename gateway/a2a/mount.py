@@ -39,7 +39,8 @@ async def start(app_state: Any, settings: MeshSettings) -> A2AServer:
     handler = MeshRequestHandler(app_state.clients, settings, leases, settings.a2a.default_agent)
     server = A2AServer(handler, dispatcher(handler), leases)
     if settings.a2a.grpc_listen:
-        grpc_server = A2AGrpcServer(app_state, handler, settings.a2a.grpc_listen)
+        listen, max_queued_s = settings.a2a.grpc_listen, settings.stream_rpc_timeout_s
+        grpc_server = A2AGrpcServer(app_state, handler, listen, max_queued_s)
         if await grpc_server.start():
             server.grpc = grpc_server
             server.grpc_url = settings.a2a.grpc_url or grpc_server.target
