@@ -75,18 +75,14 @@ class LLM:
         max_tokens: int,
         on_text: Callable[[str], object],
         on_reasoning: Callable[[str], object],
-        hold: asyncio.Future[Any] | None = None,
     ) -> Step:
-        """Streams one completion; calls on_text/on_reasoning per delta; returns the whole step.
-        `hold`: once the first delta is in, reads no further until it is done (a run waiting for its
-        turn's `start` keeps one delta ready and leaves the rest to the model's socket); its error is
-        raised."""
+        """Streams one completion; calls on_text/on_reasoning per delta; returns the whole step."""
         kwargs: dict[str, Any] = {}
         if tools:
             kwargs["tools"] = tools
         with telemetry.model_span(model, str(self.client.base_url)) as span:
             kwargs["extra_headers"] = telemetry.headers()  # the model server may join the trace
-            out = await self._step(model, messages, max_tokens, on_text, on_reasoning, kwargs, hold)
+            out = await self._step(model, messages, max_tokens, on_text, on_reasoning, kwargs)
             span.set_attribute("gen_ai.usage.input_tokens", out.input_tokens)
             span.set_attribute("gen_ai.usage.output_tokens", out.output_tokens)
             return out
@@ -99,7 +95,6 @@ class LLM:
         on_text: Callable[[str], object],
         on_reasoning: Callable[[str], object],
         kwargs: dict[str, Any],
-        hold: asyncio.Future[Any] | None = None,
     ) -> Step:
         out = Step(model=model)
         calls: dict[int, ToolCall] = {}
@@ -159,9 +154,6 @@ class LLM:
                     # A fast model fills the socket buffer: without a pause the loop would parse the
                     # whole reply before the sink's writer ever ran. Let it run at the first delta, then
                     # every few milliseconds (so deltas still travel in batches).
-                    if hold is not None and deltas:
-                        await asyncio.shield(hold)
-                        hold = None
                     now = time.monotonic()
                     if now >= next_yield and (out.content or out.reasoning):
                         next_yield = now + YIELD_EVERY_S

@@ -116,15 +116,13 @@ class AgentRunner:
             resp = await rpc(self.clients.trace.ListMessages(request))
         return history_to_openai(list(resp.messages))
 
-    async def run(
-        self, req: rt.RunAgentRequest, sink: EventSink, gate: asyncio.Future[ev.TurnStart] | None = None
-    ) -> rt.RunResult:
+    async def run(self, req: rt.RunAgentRequest, sink: EventSink) -> rt.RunResult:
         role = role_name(req.role)
         outcome = "internal"
         self.metrics.running.inc()
         with telemetry.span(f"run {req.agent}", agent=req.agent, role=role, trace_id=req.trace_id) as span:
             try:
-                result = await self._run(req, sink, gate)
+                result = await self._run(req, sink)
                 outcome = "ok"
                 return result
             except MeshError as err:
@@ -139,9 +137,7 @@ class AgentRunner:
                 if outcome != "ok":
                     telemetry.fail(span, outcome)
 
-    async def _run(
-        self, req: rt.RunAgentRequest, sink: EventSink, gate: asyncio.Future[ev.TurnStart] | None
-    ) -> rt.RunResult:
+    async def _run(self, req: rt.RunAgentRequest, sink: EventSink) -> rt.RunResult:
         if req.depth < 0:
             raise InvalidArgument("depth must not be negative")
         agents = AgentDirectory(self.clients)
@@ -157,7 +153,7 @@ class AgentRunner:
         timeout_ms = req.timeout_ms or agent.limits.timeout_ms
         try:
             async with asyncio.timeout(timeout_ms / 1000):
-                return await self._loop(req, agent, role, sink, agents, history, gate)
+                return await self._loop(req, agent, role, sink, agents, history)
         except TimeoutError as exc:
             raise DeadlineExceeded(f"agent {agent.slug} did not finish within {timeout_ms} ms") from exc
 
@@ -169,7 +165,6 @@ class AgentRunner:
         sink: EventSink,
         agents: AgentDirectory,
         history: list[dict[str, Any]],
-        gate: asyncio.Future[ev.TurnStart] | None = None,
     ) -> rt.RunResult:
         o = req.overrides
         allow = list(o.tool_names.names) if o.HasField("tool_names") else None
@@ -194,11 +189,10 @@ class AgentRunner:
                 max_tokens=max_tokens,
                 on_text=lambda t: sink.emit(events.text_delta(t)),
                 on_reasoning=lambda t: sink.emit(events.reasoning_delta(t)),
-                hold=gate,  # the first step's first delta waits for the turn's start
             )
-            if gate is not None:  # the first step ran while the turn began: its tools need the anchor
-                req.anchor_message_id = (await gate).assistant_message_id
-                gate = None
+            if step_no == 0 and sink.started is not None:
+                # The first step ran while the turn began: its tools need the anchor, the placeholder.
+                req.anchor_message_id = (await sink.start()).assistant_message_id
             if sink.failure is not None:
                 raise sink.failure
             used_in += step.input_tokens

@@ -9,12 +9,10 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from libs.clients import Clients
 from libs.errors import Interrupted, InvalidArgument, as_mesh_error, grpc_errors
-from services.agent_runtime.gate import wait_for_start
 from services.agent_runtime.runner import AgentRunner
 from services.agent_runtime.sink import EventSink
 
@@ -34,15 +32,13 @@ class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
             raise InvalidArgument("agent and stream_key are required")
         if request.await_start and not request.history_given:
             raise InvalidArgument("a run that awaits its start is given its history (history_given)")
-        gate: asyncio.Task[ev.TurnStart] | None = None
-        if request.await_start:  # the model is called at once; nothing is stored before `start`
-            timeout_s = self.runner.settings.turn_timeout_s
-            gate = asyncio.create_task(wait_for_start(self.clients, request.stream_key, timeout_s))
-        sink = EventSink(self.clients, request.stream_key, gate)
+        # await_start: the model is called at once; nothing is stored before the turn's `start`
+        sink = EventSink(self.clients, request.stream_key, await_start=request.await_start)
+        gate = sink.started
 
         async def run() -> rt.RunResult:
             try:
-                return await self.runner.run(request, sink, gate)
+                return await self.runner.run(request, sink)
             finally:
                 await sink.aclose()
 
@@ -76,6 +72,4 @@ class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-            if gate is not None:
-                gate.cancel()
             sink.cancel()

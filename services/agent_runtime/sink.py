@@ -8,9 +8,14 @@ unary call. A call that ended between batches (a replica drained or lost, its de
 by a new one; a batch without an answer is never sent twice, except after SHUTDOWN, which says it was
 not appended. `committed()` yields the stored batches, events carrying their offsets, in order.
 `await sink.store(e)` when the caller must know the event is durable before going on
-(a2a-task-started before the callee starts). With a `gate` (a run started before its turn's `start`
-was stored: services/agent_runtime/gate.py) nothing is appended before the gate opens, and
-everything is dropped when it fails.
+(a2a-task-started before the callee starts). The write call opens with the sink, so it is ready
+by the time the model's first delta arrives.
+
+With `await_start` (a run started before its turn was stored: RunAgentRequest.await_start) the
+first batch travels with WriteStreamRequest.await_start: the stream service holds it until the
+turn's `start` is the buffer's first event and appends it right after (no round trip back to the
+run in between), answering with that `start` (`started`: the placeholder the run's tools anchor
+to). A buffer that ends first fails the sink: nothing of the run is stored.
 """
 
 from __future__ import annotations
@@ -18,24 +23,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 
 from agentmesh.events.v1 import events_pb2
 from agentmesh.stream.v1 import stream_service_pb2
 from libs.clients import AskCall, Clients
-from libs.errors import Cancelled, Internal, MeshError, Shutdown, as_mesh_error, from_rpc_error
+from libs.errors import Cancelled, Internal, MeshError, Shutdown, from_rpc_error
 
 _MAX_BATCH = 256
 _Entry = tuple[events_pb2.Event, "asyncio.Future[str] | None"]  # a future only where someone waits
 
 
 class EventSink:
-    def __init__(self, clients: Clients, key: str, gate: asyncio.Future[Any] | None = None) -> None:
+    def __init__(self, clients: Clients, key: str, await_start: bool = False) -> None:
         self.clients = clients
         self.key = key
-        self._gate = gate
+        # The turn's `start`, once the stream service holds it before this sink's first batch.
+        self.started: asyncio.Future[events_pb2.TurnStart] | None = None
+        if await_start:
+            self.started = asyncio.get_running_loop().create_future()
+        self._start_wanted = False  # someone needs `started` before anything was emitted
         self._pending: list[_Entry] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()  # nothing queued and nothing in flight
@@ -43,7 +51,7 @@ class EventSink:
         self._out: asyncio.Queue[list[events_pb2.Event] | None] = asyncio.Queue()
         self._closed = False
         self._failure: MeshError | None = None
-        self._call: _WriteCall | None = None
+        self._call: _WriteCall | None = _WriteCall(clients)  # opened now: ready for the first delta
         self._writer = asyncio.create_task(self._write_loop(), name=f"sink:{key}")
 
     def emit(self, event: events_pb2.Event) -> None:
@@ -69,13 +77,26 @@ class EventSink:
     def failure(self) -> MeshError | None:
         return self._failure
 
+    async def start(self) -> events_pb2.TurnStart:
+        """The turn's `start` (a sink made with `await_start`); asks for it with an empty batch when
+        nothing was emitted yet. Raises the sink's failure."""
+        assert self.started is not None, "this sink does not await its turn's start"
+        if not self.started.done():
+            self._start_wanted = True
+            self._idle.clear()
+            self._wake.set()
+        return await asyncio.shield(self.started)
+
+    def _asks_start(self) -> bool:
+        """An empty batch is due: `start()` waits, nothing was sent that will bring the answer."""
+        return self._start_wanted and self.started is not None and not self.started.done()
+
     async def _write_loop(self) -> None:
-        if self._gate is not None and not await self._opened(self._gate):
-            return
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._pending:
+            while self._pending or self._asks_start():
+                self._start_wanted = False
                 batch, self._pending = self._pending[:_MAX_BATCH], self._pending[_MAX_BATCH:]
                 try:
                     offsets = await self._append([e for e, _ in batch])
@@ -100,41 +121,33 @@ class EventSink:
                 self._out.put_nowait(None)
                 return
 
-    async def _opened(self, gate: asyncio.Future[Any]) -> bool:
-        """Waits for the gate; False (the sink failed with the gate's error) when it did not open."""
-        try:
-            await asyncio.shield(gate)
-            return True
-        except asyncio.CancelledError:
-            if not gate.cancelled():
-                raise  # the writer itself was cancelled
-            self._fail(Cancelled(f"{self.key}: the run stopped before its turn started"), [])
-        except Exception as exc:
-            self._fail(as_mesh_error(exc), [])
-        return False
-
     async def _append(self, events: list[events_pb2.Event]) -> list[str]:
-        """Appends one batch on the write call (opened, or replaced, as needed); returns its offsets."""
-        request = stream_service_pb2.WriteStreamRequest(key=self.key, events=events)
+        """Appends one batch on the write call (opened, or replaced, as needed); returns its offsets.
+        The first batch of a sink awaiting its turn's start is held by the stream service until then."""
+        awaiting = self.started is not None and not self.started.done()
+        request = stream_service_pb2.WriteStreamRequest(key=self.key, events=events, await_start=awaiting)
         for attempt in range(2):
             call = self._call
-            if call is not None and call.done() and call.answered:
+            if call is not None and call.done() and (call.answered or not call.sent):
                 call.cancel()
-                call = None  # it ended between batches, with nothing unanswered: write on a new one
+                call = None  # it ended with nothing unanswered: write on a new one
             if call is None:
                 call = self._call = _WriteCall(self.clients)
             try:
-                offsets = await call.send(request)
+                resp = await call.send(request)
+                offsets = list(resp.offsets)
             except grpc.aio.AioRpcError as exc:
                 self._call = None
                 call.cancel()
                 if attempt == 0 and isinstance(from_rpc_error(exc), Shutdown):
                     continue  # the service stopped before it took the batch: send it elsewhere
                 raise
-            if len(offsets) != len(events):
+            if len(offsets) != len(events) or (awaiting and not resp.HasField("start")):
                 self._call = None
                 call.cancel()
                 raise Internal(f"the stream service answered a batch of {len(events)} events wrongly")
+            if awaiting and self.started is not None and not self.started.done():
+                self.started.set_result(resp.start)
             return offsets
         raise Shutdown(f"the stream service kept shutting down under the writer of {self.key}")
 
@@ -145,6 +158,8 @@ class EventSink:
 
     def _fail(self, err: MeshError, batch: list[_Entry]) -> None:
         self._failure = err
+        if self.started is not None and not self.started.done():
+            self.started.set_exception(err)
         for _, fut in batch + self._pending:
             if fut is not None and not fut.done():
                 fut.set_exception(err)
@@ -173,6 +188,8 @@ class EventSink:
     def cancel(self) -> None:
         self._closed = True
         self._writer.cancel()
+        if self.started is not None and not self.started.done():
+            self.started.cancel()
         if self._call is not None:
             self._call.cancel()
             self._call = None
@@ -188,17 +205,21 @@ class EventSink:
 
 
 class _WriteCall(AskCall):
-    """One WriteStream call: `send` a batch, get its offsets."""
+    """One WriteStream call: `send` a batch, get its answer (its offsets)."""
 
     def __init__(self, clients: Clients) -> None:
         super().__init__(clients.stream.WriteStream)
+        self.sent = False  # a batch went on it
         self.answered = False  # it answered a batch: it worked, so it may be replaced once it ends
 
-    async def send(self, request: stream_service_pb2.WriteStreamRequest) -> list[str]:
-        """The batch's offsets; the call's AioRpcError when it ended first (after the batch was sent
+    async def send(
+        self, request: stream_service_pb2.WriteStreamRequest
+    ) -> stream_service_pb2.WriteStreamResponse:
+        """The batch's answer; the call's AioRpcError when it ended first (after the batch was sent
         or before)."""
+        self.sent = True
         resp = await self.ask(request)
         if resp is grpc.aio.EOF:
             raise Internal("the stream service ended a write call before it answered the batch")
         self.answered = True
-        return list(resp.offsets)
+        return resp  # type: ignore[no-any-return]

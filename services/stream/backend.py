@@ -21,7 +21,15 @@ from typing import Any, TypeVar
 from agentmesh.events.v1 import events_pb2 as ev
 from libs import events
 from libs.config import StreamSettings
-from libs.errors import IdleTimeout, Interrupted, InvalidArgument, NotFound, Shutdown
+from libs.errors import (
+    Cancelled,
+    FailedPrecondition,
+    IdleTimeout,
+    Interrupted,
+    InvalidArgument,
+    NotFound,
+    Shutdown,
+)
 from libs.events import is_terminal
 from libs.ids import parse_stream_key
 from libs.metrics import StreamMetrics
@@ -244,6 +252,23 @@ class StreamBackend(abc.ABC):
             cursor.close()
             self._subscribers -= 1
             self.metrics.subscribers.dec()
+
+    async def await_start(self, key: str, reader: str = "", idle_timeout_ms: int = 0) -> ev.TurnStart:
+        """The turn's `start` that opens `key`, once it is there: a run started before its turn was
+        stored holds its first batch until then (WriteStreamRequest.await_start). Cancelled when the
+        buffer ends first (the turn failed to begin), FailedPrecondition when it holds anything else
+        first; NotFound and Shutdown as `subscribe`."""
+        found = self.subscribe(key, "", reader, idle_timeout_ms)
+        try:
+            async for event in found:
+                if event.HasField("start"):
+                    return event.start
+                if is_terminal(event):
+                    raise Cancelled(f"{key} ended before its turn started")
+                raise FailedPrecondition(f"{key} holds {events.kind(event)} before its turn's start")
+        finally:
+            await found.aclose()
+        raise Interrupted(f"{key} ended before its turn started")  # subscribe ends with a terminal event
 
     async def until_shutdown(self, items: AsyncIterable[T]) -> AsyncGenerator[T, None]:
         """The items of `items` (a writer's batches) until it ends; Shutdown once the service stops while

@@ -66,7 +66,10 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
                 raise InvalidArgument(
                     f"one WriteStream call writes one key: {key}, not {shown(message.key, 80)}"
                 )
-            yield pb.WriteStreamResponse(offsets=await self.backend.append(key, message.events, writer))
+            start = await self.backend.await_start(key, writer) if message.await_start else None
+            yield pb.WriteStreamResponse(
+                offsets=await self.backend.append(key, message.events, writer), start=start
+            )
 
     @grpc_errors
     async def CloseStream(

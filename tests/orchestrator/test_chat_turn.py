@@ -17,10 +17,11 @@ from libs import identity
 from libs.ids import session_key
 from tests.mesh import BACKENDS, Mesh, chat, mesh_on, sse_events
 
-# Paced (5 ms a token): a top-speed reply may reach a reader that lags in one merged delta.
+# Paced (20 ms a token): a new session's run calls the model while its turn is stored, and what the
+# model said before the turn's `start` reaches the reader as one merged delta (a top-speed reply: all of it).
 ECHO = {
     "rules": [],
-    "default": {"text": "Hello there, you said {user}. Have a nice day.", "tokens_per_second": 200},
+    "default": {"text": "Hello there, you said {user}. Have a nice day.", "tokens_per_second": 50},
 }
 
 

@@ -24,9 +24,11 @@ from services.agent_runtime.sink import EventSink
 from services.stream.redis_backend import RedisBackend
 from services.stream.server import build
 from tests.conftest import service_settings
+from tests.mesh import wait_until
 from tests.stream.conftest import (
     StreamFactory,
     StreamHarness,
+    append,
     as_int,
     close,
     collect,
@@ -247,3 +249,121 @@ async def test_an_event_sink_moves_on_from_a_drained_replica(
         await clients.close()
         await second.stop(1.0)
         await backend.aclose()
+
+
+def _start(unique: str) -> ev.Event:
+    return ev.Event(start=ev.TurnStart(session_id=unique, assistant_message_id=7))
+
+
+async def _held(h: StreamHarness, writer: Writer, key: str, *texts: str) -> asyncio.Future[Any]:
+    """Sends a batch with await_start; returns its answer to come, once the service holds it."""
+    held = pb.WriteStreamRequest(key=key, events=[events.reasoning_delta(t) for t in texts], await_start=True)
+    writer.requests.put_nowait(held)
+    answer = asyncio.ensure_future(writer.call.read())
+    await wait_until(lambda: h.backend.subscribers == 1, what="the service holds the batch")
+    assert not answer.done() and (await info(h, key)).length == 0  # held: nothing appended yet
+    return answer
+
+
+async def test_a_batch_awaiting_start_goes_right_after_the_turns_start(
+    stream: StreamHarness, unique: str
+) -> None:
+    """WriteStreamRequest.await_start (a run started before its turn was stored): the batch waits for
+    the turn's `start`, is appended right after it, and its answer carries that `start`; an empty
+    batch only waits."""
+    key = f"session:{unique}"
+    await create(stream, key)
+    writer = Writer(stream)
+    answer = await _held(stream, writer, key, "early", "bird")
+    await append(stream, key, [_start(unique)])
+    resp = await asyncio.wait_for(answer, 10)
+    assert resp.start.assistant_message_id == 7 and len(resp.offsets) == 2
+    # Once started, await_start on an empty batch answers at once (nothing appended).
+    writer.requests.put_nowait(pb.WriteStreamRequest(key=key, await_start=True))
+    again = await asyncio.wait_for(writer.call.read(), 10)
+    assert again.start.assistant_message_id == 7 and list(again.offsets) == []
+    assert await writer.end() == grpc.StatusCode.OK
+    await close(stream, key)
+    got = await collect(stream, key)
+    assert [events.kind(e) for e in got] == ["start", "reasoning_delta", "reasoning_delta", "done"]
+    assert [e.offset for e in got[1:3]] == list(resp.offsets)
+
+
+@pytest.mark.parametrize(
+    ("first", "code"),
+    [("closed", grpc.StatusCode.CANCELLED), ("other", grpc.StatusCode.FAILED_PRECONDITION)],
+)
+async def test_a_batch_awaiting_start_is_refused_when_the_buffer_shows_anything_else_first(
+    stream: StreamHarness, unique: str, first: str, code: grpc.StatusCode
+) -> None:
+    """The turn failed to begin (its buffer closed) or someone else wrote first: the held batch is
+    never appended and the call ends with a clear status."""
+    key = f"session:{unique}"
+    await create(stream, key)
+    writer = Writer(stream)
+    answer = await _held(stream, writer, key, "never")
+    if first == "closed":
+        await close(stream, key)
+    else:
+        await append(stream, key, [events.reasoning_delta("someone else")])
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await asyncio.wait_for(answer, 10)
+    assert err.value.code() == code, err.value
+    writer.requests.put_nowait(None)
+    assert "never" not in texts(await collect(stream, key, idle_timeout_ms=200))
+
+
+async def test_an_event_sink_awaiting_start_writes_after_it(
+    stream: StreamHarness, signer: Any, unique: str
+) -> None:
+    """EventSink(await_start=True): its first delta is held by the stream service until the turn's
+    `start`, then everything follows it; `start()` gives the placeholder; one write call in all."""
+    key = f"session:{unique}"
+    await create(stream, key)
+    clients = clients_for(stream, signer)
+    try:
+        sink = EventSink(clients, key, await_start=True)
+        sink.emit(events.reasoning_delta("first "))
+        await wait_until(lambda: stream.backend.subscribers == 1, what="the first batch held")
+        sink.emit(events.reasoning_delta("second"))
+        assert (await info(stream, key)).length == 0
+        await append(stream, key, [_start(unique)])
+        assert (await asyncio.wait_for(sink.start(), 10)).assistant_message_id == 7
+        await sink.aclose()
+        assert sink.failure is None
+    finally:
+        await clients.close()
+    got = await collect(stream, key, idle_timeout_ms=200)
+    assert [events.kind(e) for e in got[:3]] == ["start", "reasoning_delta", "reasoning_delta"]
+    assert "".join(texts(got)) == "first second"
+    assert started(stream, "WriteStream", "bidi_stream") == 1
+
+
+async def test_an_event_sink_asks_for_start_with_nothing_written(
+    stream: StreamHarness, signer: Any, unique: str
+) -> None:
+    """A run whose first step wrote nothing (a tool call straight away) still learns its anchor; a
+    buffer that ends before its start fails the sink with Cancelled, storing nothing."""
+    ok, failed = f"session:{unique}", f"session:{unique}-failed"
+    await create(stream, ok)
+    await create(stream, failed)
+    clients = clients_for(stream, signer)
+    try:
+        sink = EventSink(clients, ok, await_start=True)
+        asked = asyncio.ensure_future(sink.start())
+        await wait_until(lambda: stream.backend.subscribers == 1, what="the empty batch held")
+        await append(stream, ok, [_start(unique)])
+        assert (await asyncio.wait_for(asked, 10)).assistant_message_id == 7
+        await sink.aclose()
+        doomed = EventSink(clients, failed, await_start=True)
+        doomed.emit(events.reasoning_delta("lost"))
+        await wait_until(lambda: stream.backend.subscribers == 1, what="the doomed batch held")
+        await close(stream, failed)
+        with pytest.raises(Cancelled):
+            await asyncio.wait_for(doomed.start(), 10)
+        assert isinstance(doomed.failure, Cancelled)
+        doomed.cancel()
+    finally:
+        await clients.close()
+    assert [events.kind(e) for e in await collect(stream, ok, idle_timeout_ms=200)] == ["start", "error"]
+    assert [events.kind(e) for e in await collect(stream, failed)] == ["done"]
