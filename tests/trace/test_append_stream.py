@@ -282,3 +282,21 @@ async def test_a_request_holds_at_most_500_appends(trace_stub, signer, unique):
         call.cancel()
     path = await _main_path(trace_stub, owner, s.id)
     assert len(path) == 500 and path[-1].content == "m499"
+
+
+async def test_a_request_carries_one_append_or_several_not_both(trace_stub, signer, unique):
+    owner = f"u-{unique}"
+    s = await new_trace(trace_stub, owner)
+    both = ts.AppendMessageStreamRequest(
+        append=ts.AppendMessageRequest(message=_msg(s.id, "one")),
+        appends=[_item(s.id, "two", signer.mint(owner))],
+    )
+    with identity.acting_as(owner):
+        call = AskCall(trace_stub.AppendMessageStream)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await call.ask(both)
+        assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        call.cancel()
+    assert await _main_path(trace_stub, owner, s.id) == []
