@@ -1,5 +1,6 @@
 """TraceService, AgentService and AuthService: thin gRPC adapters. The acting user comes from the
-call's verified identity (libs.identity), never from the request."""
+call's verified identity (libs.identity), never from the request; an append of AppendMessageStream
+may carry an identity token of its own, verified as the call's is."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from agentmesh.trace.v1 import trace_service_pb2_grpc
 from libs.errors import InvalidArgument, MeshError, PermissionDenied, grpc_errors
-from libs.identity import Signer, current, current_user, user_of
+from libs.identity import Principal, Signer, current, current_user, user_of
 from services.trace.agent_handler import AgentHandler
 from services.trace.handler import TraceHandler
 from services.trace.store.base import (
@@ -114,31 +115,38 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
                     continue
                 yield ts.AppendMessageStreamResponse(message=message)
                 continue
-            if request.HasField("append"):
-                raise InvalidArgument("a request carries one append or several appends, not both")
-            if len(request.appends) > MAX_STREAM_APPENDS:
-                raise InvalidArgument(f"at most {MAX_STREAM_APPENDS} appends per request")
-            results: list[tp.Message | MeshError | None] = []
-            appends: list[Append] = []
-            where: list[int] = []
-            for item in request.appends:
-                try:  # the item's own verified identity, or the stream's
-                    owner = user_of(self.signer.verify(item.identity) if item.identity else caller)
-                except MeshError as err:
-                    results.append(err)
-                    continue
-                where.append(len(results))
-                results.append(None)
-                appends.append(Append(owner, item.append.message, _parent(item.append)))
-            for index, result in zip(where, await self.h.traces.append_each(appends), strict=True):
-                results[index] = result
-            resp = ts.AppendMessageStreamResponse()
-            for r in results:
-                if isinstance(r, MeshError):
-                    resp.results.add(error_reason=r.reason, error_message=r.message)
-                else:
-                    resp.results.add(message=r)
-            yield resp
+            yield await self._append_each(caller, request)
+
+    async def _append_each(
+        self, caller: Principal | None, request: ts.AppendMessageStreamRequest
+    ) -> ts.AppendMessageStreamResponse:
+        """A request of several appends: each as its token's verified user (or the stream's caller),
+        handed to the store together, answered in order (an append that fails fails alone)."""
+        if request.HasField("append"):
+            raise InvalidArgument("a request carries one append or several appends, not both")
+        if len(request.appends) > MAX_STREAM_APPENDS:
+            raise InvalidArgument(f"at most {MAX_STREAM_APPENDS} appends per request")
+        results: list[tp.Message | MeshError | None] = []
+        appends: list[Append] = []
+        where: list[int] = []
+        for item in request.appends:
+            try:  # the token is verified as the server interceptor verifies the call's
+                owner = user_of(self.signer.verify(item.identity) if item.identity else caller)
+            except MeshError as err:
+                results.append(err)
+                continue
+            where.append(len(results))
+            results.append(None)
+            appends.append(Append(owner, item.append.message, _parent(item.append)))
+        for index, result in zip(where, await self.h.traces.append_each(appends), strict=True):
+            results[index] = result
+        resp = ts.AppendMessageStreamResponse()
+        for r in results:
+            if isinstance(r, MeshError):
+                resp.results.add(error_reason=r.reason, error_message=r.message)
+            else:
+                resp.results.add(message=r)
+        return resp
 
     @grpc_errors
     async def AppendMessages(
