@@ -21,8 +21,9 @@ from agentmesh.stream.v1 import stream_service_pb2_grpc
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from agentmesh.trace.v1 import trace_service_pb2_grpc
+from libs import identity
 from libs.config import MeshSettings
-from libs.errors import DeadlineExceeded, Unavailable, from_reason, from_rpc_error
+from libs.errors import DeadlineExceeded, MeshError, Unavailable, from_reason, from_rpc_error
 from libs.identity import Signer, signer_for
 from libs.peer_http import PeerClients
 from libs.peers import PeerRegistry
@@ -130,41 +131,118 @@ class AskCall:
         end_call_soon(self.call)
 
 
-class MessageAppender:
-    """Appends messages one after another on one `AppendMessageStream`: for a writer of many messages,
-    a fraction of a unary `AppendMessage` each. The stream opens at the first append as the acting
-    principal, who stays the caller of every append on it. Each append waits for its answer (at most
-    `timeout_s`); a failed append raises its `MeshError` and the stream goes on; a stream that ended
-    (the service restarted, the deadline) raises its error, and the next append opens a new one."""
+MAX_STREAM_APPENDS = 500  # appends per AppendMessageStream request (the trace service's limit)
 
-    def __init__(self, stub: trace_service_pb2_grpc.TraceServiceStub, timeout_s: float = 10.0) -> None:
+
+@dataclass(eq=False)
+class _Queued:
+    """An append waiting for its request: what goes in it and where its answer goes."""
+
+    message: tp.Message
+    parent_sequence: int | None
+    identity: str  # the acting user's token; empty: the stream's caller
+    answer: asyncio.Future[tp.Message]
+
+
+class MessageAppender:
+    """Appends messages on one `AppendMessageStream`, for any number of concurrent writers of a process:
+    a fraction of a unary `AppendMessage` each. One request is in flight at a time and carries every
+    append that queued while the one before was answered (at most 500), so an append that finds the
+    stream idle goes at once and a crowd of writers costs one message each way per round trip.
+
+    With a `signer`, each append carries a token of the principal acting when it was made (the stream
+    itself opens as the mesh), so writers acting as different users share one stream. Without one, the
+    stream opens as the principal acting at the append that opened it, the caller of every append on
+    it: then one appender serves one user.
+
+    Each append waits for its answer (at most `timeout_s`); a failed append raises its `MeshError` and
+    the stream goes on; a stream that ended (the service restarted, the deadline) fails every append in
+    flight with its error, and the next request opens a new one."""
+
+    def __init__(
+        self,
+        stub: trace_service_pb2_grpc.TraceServiceStub,
+        timeout_s: float = 10.0,
+        signer: Signer | None = None,
+    ) -> None:
         self._stub = stub
         self._timeout_s = timeout_s
+        self._signer = signer
         self._call: AskCall | None = None
-        self._lock = asyncio.Lock()
+        self._queue: list[_Queued] = []
+        self._sender: asyncio.Task[None] | None = None
 
     async def append(self, message: tp.Message, parent_sequence: int | None = None) -> tp.Message:
-        request = ts.AppendMessageStreamRequest(
-            append=ts.AppendMessageRequest(message=message, parent_sequence=parent_sequence)
-        )
-        async with self._lock:
-            if self._call is None:
+        token = ""
+        if self._signer is not None:
+            principal = identity.current()
+            if principal is not None and not principal.is_mesh:
+                token = self._signer.mint(principal.user)
+        answer: asyncio.Future[tp.Message] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Queued(message, parent_sequence, token, answer))
+        if self._sender is None:
+            self._sender = asyncio.create_task(self._send())
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await answer  # cancelled by the timeout: a request not sent yet leaves it out
+        except TimeoutError:
+            raise self._late() from None
+
+    def _late(self) -> DeadlineExceeded:
+        return DeadlineExceeded(f"no answer to an append within {self._timeout_s:g} s")
+
+    async def _send(self) -> None:
+        """Sends what queued, a request at a time, until nothing is left."""
+        try:
+            while True:
+                batch: list[_Queued] = []
+                rest: list[_Queued] = []
+                for q in self._queue:
+                    if not q.answer.done():  # done: its writer gave up waiting
+                        (batch if len(batch) < MAX_STREAM_APPENDS else rest).append(q)
+                self._queue = rest
+                if not batch:
+                    return
+                await self._ask(batch)
+        finally:
+            self._sender = None
+
+    async def _ask(self, batch: list[_Queued]) -> None:
+        request = ts.AppendMessageStreamRequest()
+        for q in batch:
+            item = request.appends.add(identity=q.identity)
+            item.append.message.CopyFrom(q.message)
+            if q.parent_sequence is not None:
+                item.append.parent_sequence = q.parent_sequence
+        if self._call is None:
+            with identity.acting_as("") if self._signer is not None else contextlib.nullcontext():
                 self._call = AskCall(self._stub.AppendMessageStream)
-            try:
-                async with asyncio.timeout(self._timeout_s):
-                    resp = await self._call.ask(request)
-            except TimeoutError:
-                self._drop()
-                raise DeadlineExceeded(f"no answer to an append within {self._timeout_s:g} s") from None
-            except grpc.aio.AioRpcError as exc:
-                self._drop()
-                raise from_rpc_error(exc) from None
+        failed: MeshError | None = None
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                resp = await self._call.ask(request)
+        except TimeoutError:
+            failed = self._late()
+        except grpc.aio.AioRpcError as exc:
+            failed = from_rpc_error(exc)
+        else:
             if resp is grpc.aio.EOF:
-                self._drop()
-                raise Unavailable("the trace service ended the append stream")
-        if resp.error_reason:
-            raise from_reason(resp.error_reason, resp.error_message)
-        return resp.message
+                failed = Unavailable("the trace service ended the append stream")
+            elif len(resp.results) != len(batch):
+                failed = Unavailable("the trace service answered an append request malformed")
+        if failed is not None:
+            self._drop()
+            for q in batch:
+                if not q.answer.done():  # an error of its own for each writer
+                    q.answer.set_exception(from_reason(failed.reason, failed.message))
+            return
+        for q, result in zip(batch, resp.results, strict=True):
+            if q.answer.done():
+                continue
+            if result.error_reason:
+                q.answer.set_exception(from_reason(result.error_reason, result.error_message))
+            else:
+                q.answer.set_result(result.message)
 
     def _drop(self) -> None:
         if self._call is not None:
@@ -172,9 +250,10 @@ class MessageAppender:
             self._call = None
 
     async def aclose(self) -> None:
-        """Ends the stream (appends already answered are stored)."""
-        async with self._lock:
-            call, self._call = self._call, None
+        """Waits for the appends queued, then ends the stream (appends already answered are stored)."""
+        if self._sender is not None:
+            await asyncio.wait([self._sender])
+        call, self._call = self._call, None
         if call is not None:
             await call.end(self._timeout_s)
 

@@ -57,7 +57,11 @@ def current() -> Principal | None:
 
 def current_user() -> str:
     """The acting user; Unauthenticated when the call carries none (the mesh's own principal)."""
-    principal = _current.get()
+    return user_of(_current.get())
+
+
+def user_of(principal: Principal | None) -> str:
+    """The user `principal` acts for; Unauthenticated for none or the mesh's own principal."""
     if principal is None or principal.is_mesh:
         raise Unauthenticated("this call needs a user's identity")
     return principal.user

@@ -46,13 +46,14 @@ async def build(
             stores.traces, stores.copies, peer_registry, peers, page_size=settings.federation.page_size
         )
         handler = TraceHandler(traces, stores.tasks, stores.subagents)
+        signer = signer or signer_for(settings)
         server = ServiceServer(
             [
                 Registration.of(
                     trace_service_pb2,
                     "TraceService",
                     trace_service_pb2_grpc.add_TraceServiceServicer_to_server,
-                    TraceServicer(handler),
+                    TraceServicer(handler, signer),
                 ),
                 Registration.of(
                     agent_service_pb2,
@@ -73,7 +74,7 @@ async def build(
                     LeaseServicer(stores.leases),
                 ),
             ],
-            signer=signer or signer_for(settings),
+            signer=signer,
             on_stop=[engine.dispose, peers.close],
             registry=registry,
             **{**server_settings(settings, "trace"), **({"address": address} if address else {})},

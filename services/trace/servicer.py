@@ -1,5 +1,6 @@
 """TraceService, AgentService and AuthService: thin gRPC adapters. The acting user comes from the
-call's verified identity (libs.identity), never from the request."""
+call's verified identity (libs.identity), never from the request; an append of AppendMessageStream
+may carry an identity token of its own, verified as the call's is."""
 
 from __future__ import annotations
 
@@ -18,13 +19,21 @@ from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from agentmesh.trace.v1 import trace_service_pb2_grpc
 from libs.errors import InvalidArgument, MeshError, PermissionDenied, grpc_errors
-from libs.identity import current, current_user
+from libs.identity import Principal, Signer, current, current_user, user_of
 from services.trace.agent_handler import AgentHandler
 from services.trace.handler import TraceHandler
-from services.trace.store.base import Deleted, InboundTaskQuery, KeyStore, LeaseStore, MessageQuery
+from services.trace.store.base import (
+    Append,
+    Deleted,
+    InboundTaskQuery,
+    KeyStore,
+    LeaseStore,
+    MessageQuery,
+)
 
 Ctx: TypeAlias = grpc.aio.ServicerContext
 MAX_SUBAGENT_UPDATES = 100  # per UpdateSubagentSessions (a delegate batch has at most 10 rows)
+MAX_STREAM_APPENDS = 500  # per AppendMessageStream request (the append batcher's statement takes 500)
 
 
 def _deleted(cls: type, d: Deleted) -> object:
@@ -33,9 +42,14 @@ def _deleted(cls: type, d: Deleted) -> object:
     )
 
 
+def _parent(append: ts.AppendMessageRequest) -> int | None:
+    return append.parent_sequence if append.HasField("parent_sequence") else None
+
+
 class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, handler: TraceHandler) -> None:
+    def __init__(self, handler: TraceHandler, signer: Signer) -> None:
         self.h = handler
+        self.signer = signer  # the server's (IdentityInterceptor): verifies the tokens of stream appends
 
     @grpc_errors
     async def CreateTrace(self, request: ts.CreateTraceRequest, context: Ctx) -> ts.CreateTraceResponse:
@@ -81,24 +95,58 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
 
     @grpc_errors
     async def AppendMessage(self, request: ts.AppendMessageRequest, context: Ctx) -> ts.AppendMessageResponse:
-        parent = request.parent_sequence if request.HasField("parent_sequence") else None
-        message = await self.h.traces.append_message(current_user(), request.message, parent)
+        message = await self.h.traces.append_message(current_user(), request.message, _parent(request))
         return ts.AppendMessageResponse(message=message)
 
     @grpc_errors
     async def AppendMessageStream(
         self, requests: AsyncIterator[ts.AppendMessageStreamRequest], context: Ctx
     ) -> AsyncIterator[ts.AppendMessageStreamResponse]:
-        owner = current_user()  # the stream's verified identity, for every append on it
+        caller = current()  # the stream's verified identity
         async for request in requests:
-            append = request.append
-            parent = append.parent_sequence if append.HasField("parent_sequence") else None
-            try:
-                message = await self.h.traces.append_message(owner, append.message, parent)
-            except MeshError as err:  # this append's error: the stream goes on
-                yield ts.AppendMessageStreamResponse(error_reason=err.reason, error_message=err.message)
+            if not request.appends:
+                append = request.append
+                try:
+                    message = await self.h.traces.append_message(
+                        user_of(caller), append.message, _parent(append)
+                    )
+                except MeshError as err:  # this append's error: the stream goes on
+                    yield ts.AppendMessageStreamResponse(error_reason=err.reason, error_message=err.message)
+                    continue
+                yield ts.AppendMessageStreamResponse(message=message)
                 continue
-            yield ts.AppendMessageStreamResponse(message=message)
+            yield await self._append_each(caller, request)
+
+    async def _append_each(
+        self, caller: Principal | None, request: ts.AppendMessageStreamRequest
+    ) -> ts.AppendMessageStreamResponse:
+        """A request of several appends: each as its token's verified user (or the stream's caller),
+        handed to the store together, answered in order (an append that fails fails alone)."""
+        if request.HasField("append"):
+            raise InvalidArgument("a request carries one append or several appends, not both")
+        if len(request.appends) > MAX_STREAM_APPENDS:
+            raise InvalidArgument(f"at most {MAX_STREAM_APPENDS} appends per request")
+        results: list[tp.Message | MeshError | None] = []
+        appends: list[Append] = []
+        where: list[int] = []
+        for item in request.appends:
+            try:  # the token is verified as the server interceptor verifies the call's
+                owner = user_of(self.signer.verify(item.identity) if item.identity else caller)
+            except MeshError as err:
+                results.append(err)
+                continue
+            where.append(len(results))
+            results.append(None)
+            appends.append(Append(owner, item.append.message, _parent(item.append)))
+        for index, result in zip(where, await self.h.traces.append_each(appends), strict=True):
+            results[index] = result
+        resp = ts.AppendMessageStreamResponse()
+        for r in results:
+            if isinstance(r, MeshError):
+                resp.results.add(error_reason=r.reason, error_message=r.message)
+            else:
+                resp.results.add(message=r)
+        return resp
 
     @grpc_errors
     async def AppendMessages(

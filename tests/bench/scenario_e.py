@@ -11,9 +11,12 @@ Targets, one after the other, on a fresh PostgreSQL database (`--e-database-url`
 $TEST_DATABASE_URL) and for the trace service also on SQLite:
 
 - `trace_stream`: `agentmesh serve trace` as its own process (reserved ports,
-  AGENTMESH_MESH_SECRET), driven over gRPC with libs.rpc.channel and a Signer, every writer acting
-  as its user on its own `AppendMessageStream` (libs.clients.MessageAppender), one append after the
-  other: the path for a writer of many messages, and the one issue 17's goals are read on;
+  AGENTMESH_MESH_SECRET), driven over gRPC with libs.rpc.channel and a Signer as one process of the
+  mesh drives it (a runtime with many runs at once): every writer acting as its user, one append after
+  the other, all writers sharing ONE `AppendMessageStream` (libs.clients.MessageAppender with the
+  Signer: the stream opened as the mesh, each append carrying its writer's user token, the appends
+  that queue while a request is answered sent together in the next): the path for writers of many
+  messages, and the one issue 17's goals are read on;
 - `trace`: the same process and writers, one unary `AppendMessage` per append;
 - `grpc_floor`: grpc.health.v1 Check on that same trace process with the same writers: a unary
   call that does nothing, the most any RPC can reach here (not for `one_session`: no session);
@@ -354,12 +357,13 @@ class TraceProcess:
 
 
 class TraceStream:
-    """The same trace process, each writer appending on its own `AppendMessageStream`
-    (libs.clients.MessageAppender: one stream per writer, opened as its user)."""
+    """The same trace process, every writer appending through one shared `AppendMessageStream`
+    (libs.clients.MessageAppender with a Signer: one stream opened as the mesh, each append with its
+    writer's user token)."""
 
     def __init__(self, trace: TraceProcess) -> None:
         self.trace = trace
-        self.appenders: dict[int, Any] = {}
+        self.appender: Any = None
 
     @property
     def psutil(self) -> psutil.Process | None:
@@ -371,20 +375,22 @@ class TraceStream:
     def append(self, content: str) -> Append:
         from libs import identity
         from libs.clients import MessageAppender
+        from libs.identity import Signer
 
         async def one(i: int, owner: str, sid: str) -> Any:
-            appender = self.appenders.get(i)
-            if appender is None:
-                appender = self.appenders[i] = MessageAppender(self.trace.stub, timeout_s=60)
+            if self.appender is None:
+                signer = Signer(self.trace.secret.encode())
+                self.appender = MessageAppender(self.trace.stub, timeout_s=60, signer=signer)
             with identity.acting_as(owner):
-                return await appender.append(_message(sid, content))
+                return await self.appender.append(_message(sid, content))
 
         return one
 
     async def done(self) -> None:
-        """Closes the writers' streams (after a case, and after its warm-up)."""
-        appenders, self.appenders = list(self.appenders.values()), {}
-        await asyncio.gather(*(a.aclose() for a in appenders))
+        """Closes the shared stream (after a case, and after its warm-up)."""
+        appender, self.appender = self.appender, None
+        if appender is not None:
+            await appender.aclose()
 
 
 class InProcessStore:
@@ -716,7 +722,7 @@ def goals(table: dict[str, Any], cases: list[dict[str, Any]]) -> dict[str, Any]:
 # --- the report ----------------------------------------------------------------------------------------
 
 TARGET_NAMES = {
-    "trace_stream": "trace service, AppendMessageStream (one stream per writer)",
+    "trace_stream": "trace service, AppendMessageStream (one stream shared by the writers)",
     "trace": "trace service, unary AppendMessage",
     "grpc_floor": "gRPC floor: health Check, same process",
     "store": "the store in-process, no gRPC",

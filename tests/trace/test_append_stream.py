@@ -1,22 +1,26 @@
 """AppendMessageStream (libs.clients.MessageAppender): appends on one long-lived stream, answered in
 order, each failed append answered with its own error while the stream goes on, the caller taken from
-the stream's verified identity, and the same gap-free order as unary appends under concurrency."""
+the stream's verified identity (or an append's own verified token), and the same gap-free order as
+unary appends under concurrency, also for many writers of different users sharing one stream."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
+import grpc
 import pytest
 from sqlalchemy import text
 
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import identity
-from libs.clients import MessageAppender
+from libs.clients import AskCall, MessageAppender
 from libs.errors import DeadlineExceeded, InvalidArgument, NotFound, Unauthenticated, Unavailable
 from libs.identity import Signer
 from libs.rpc import channel
 from services.trace.server import build
+from tests.conftest import TEST_SECRET
 from tests.trace.conftest import new_trace
 
 USER = tp.MESSAGE_ROLE_USER
@@ -158,3 +162,141 @@ async def test_a_stopped_service_ends_the_append_unavailable(trace_backend, sign
     finally:
         await ch.close()
         await server.stop(0)
+
+
+async def test_writers_of_many_users_share_one_stream(trace_stub, signer, unique):
+    """One appender with a signer, 40 concurrent writers of 5 users (8 writers per user, one trace
+    each), 10 appends each: one stream; every trace gap-free 1..80 in one chain, each writer's appends
+    in its order, every row in its writer's user's trace (another user's writer gets NotFound)."""
+    users = [f"u{k}-{unique}" for k in range(5)]
+    traces = {u: (await new_trace(trace_stub, u)).id for u in users}
+    appender = MessageAppender(trace_stub, signer=signer)
+    streams = set()
+
+    async def writer(w: int) -> list[tp.Message]:
+        user = users[w % 5]
+        out = []
+        with identity.acting_as(user):
+            for i in range(10):
+                out.append(await appender.append(_msg(traces[user], f"w{w}-{i}")))
+                streams.add(id(appender._call))
+        return out
+
+    async def intruder() -> None:
+        with identity.acting_as(users[1]), pytest.raises(NotFound):
+            await appender.append(_msg(traces[users[0]], "not mine"))
+
+    results, _ = await asyncio.gather(asyncio.gather(*(writer(w) for w in range(40))), intruder())
+    await appender.aclose()
+    assert len(streams) == 1
+    for w, ms in enumerate(results):
+        assert {m.trace_id for m in ms} == {traces[users[w % 5]]}
+        assert [m.content for m in ms] == [f"w{w}-{i}" for i in range(10)]
+        assert [m.sequence for m in ms] == sorted(m.sequence for m in ms)
+    for k, user in enumerate(users):
+        path = await _main_path(trace_stub, user, traces[user])
+        assert [m.sequence for m in path] == list(range(1, 81))
+        assert [m.parent_sequence for m in path] == list(range(0, 80))
+        assert {m.content.split("-")[0] for m in path} == {f"w{w}" for w in range(k, 40, 5)}
+
+
+async def test_the_mesh_has_no_user_to_append_as(trace_stub, signer, unique):
+    """A shared appender (its stream opened as the mesh) sends an append made outside any user's work
+    without a token: the mesh's own principal appends nothing."""
+    owner = f"u-{unique}"
+    s = await new_trace(trace_stub, owner)
+    appender = MessageAppender(trace_stub, signer=signer)
+    with pytest.raises(Unauthenticated):
+        await appender.append(_msg(s.id, "nobody"))
+    with identity.acting_as(owner):
+        stored = await appender.append(_msg(s.id, "mine"))
+    await appender.aclose()
+    assert stored.sequence == 1
+
+
+def _item(trace_id: str, content: str, token: str) -> ts.StreamAppend:
+    return ts.StreamAppend(append=ts.AppendMessageRequest(message=_msg(trace_id, content)), identity=token)
+
+
+async def test_a_bad_token_fails_only_its_own_append(trace_stub, signer, unique):
+    """A request of several appends, each with its own token: a forged, an expired, a malformed one and
+    a valid token of a user naming another user's trace fail alone; the rest are stored in order."""
+    owner, other = f"u-{unique}", f"o-{unique}"
+    s = await new_trace(trace_stub, owner)
+    forged = Signer(b"not the mesh secret, forged").mint(owner)
+    expired = Signer(TEST_SECRET.encode(), clock=lambda: time.time() - 3600).mint(owner)
+    request = ts.AppendMessageStreamRequest(
+        appends=[
+            _item(s.id, "one", signer.mint(owner)),
+            _item(s.id, "forged", forged),
+            _item(s.id, "expired", expired),
+            _item(s.id, "malformed", "v1.nonsense"),
+            _item(s.id, "stranger", signer.mint(other)),
+            _item(s.id, "caller", ""),  # the stream's caller: the mesh, no user
+            _item(s.id, "two", signer.mint(owner)),
+        ]
+    )
+    with identity.acting_as(""):
+        call = AskCall(trace_stub.AppendMessageStream)
+    try:
+        resp = await call.ask(request)
+        again = await call.ask(
+            ts.AppendMessageStreamRequest(appends=[_item(s.id, "three", signer.mint(owner))])
+        )
+    finally:
+        await call.end(5)
+    reasons = [r.error_reason for r in resp.results]
+    assert reasons == [
+        "",
+        "UNAUTHENTICATED",
+        "UNAUTHENTICATED",
+        "UNAUTHENTICATED",
+        "NOT_FOUND",
+        "UNAUTHENTICATED",
+        "",
+    ]
+    assert "expired" in resp.results[2].error_message
+    assert [resp.results[0].message.sequence, resp.results[6].message.sequence] == [1, 2]
+    assert again.results[0].message.sequence == 3  # the stream went on
+    path = await _main_path(trace_stub, owner, s.id)
+    assert [m.content for m in path] == ["one", "two", "three"]
+
+
+async def test_a_request_holds_at_most_500_appends(trace_stub, signer, unique):
+    """500 appends in one request are stored in order; 501 end the stream INVALID_ARGUMENT, unstored."""
+    owner = f"u-{unique}"
+    s = await new_trace(trace_stub, owner)
+    token = signer.mint(owner)
+    with identity.acting_as(owner):
+        call = AskCall(trace_stub.AppendMessageStream)
+    try:
+        resp = await call.ask(
+            ts.AppendMessageStreamRequest(appends=[_item(s.id, f"m{i}", token) for i in range(500)])
+        )
+        assert [r.message.sequence for r in resp.results] == list(range(1, 501))
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await call.ask(ts.AppendMessageStreamRequest(appends=[_item(s.id, "x", "") for _ in range(501)]))
+        assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "at most 500" in (failed.value.details() or "")
+    finally:
+        call.cancel()
+    path = await _main_path(trace_stub, owner, s.id)
+    assert len(path) == 500 and path[-1].content == "m499"
+
+
+async def test_a_request_carries_one_append_or_several_not_both(trace_stub, signer, unique):
+    owner = f"u-{unique}"
+    s = await new_trace(trace_stub, owner)
+    both = ts.AppendMessageStreamRequest(
+        append=ts.AppendMessageRequest(message=_msg(s.id, "one")),
+        appends=[_item(s.id, "two", signer.mint(owner))],
+    )
+    with identity.acting_as(owner):
+        call = AskCall(trace_stub.AppendMessageStream)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await call.ask(both)
+        assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        call.cancel()
+    assert await _main_path(trace_stub, owner, s.id) == []

@@ -18,6 +18,7 @@ from datetime import datetime
 from agentmesh.agents.v1 import agent_pb2
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
+from libs.errors import MeshError
 
 
 @dataclass
@@ -63,6 +64,15 @@ class Deleted:
     subagent_ids: list[str] = field(default_factory=list)
 
 
+@dataclass
+class Append:
+    """One append of `append_each`: what append_message takes."""
+
+    owner: str
+    message: tp.Message
+    parent_sequence: int | None = None
+
+
 class TraceStore(abc.ABC):
     """Traces (sessions) and their messages."""
 
@@ -100,6 +110,18 @@ class TraceStore(abc.ABC):
     ) -> tp.Message:
         """Stores the next message (sequence = last + 1) after the head (or parent_sequence; 0: a root)
         and moves the head to it."""
+
+    async def append_each(self, appends: Sequence[Append]) -> list[tp.Message | MeshError]:
+        """Each append as append_message does it, on its own (one that fails fails only itself), in
+        the given order: the stored message or the append's error, one per append. This one writes them
+        one after another; a store that can writes them together."""
+        out: list[tp.Message | MeshError] = []
+        for a in appends:
+            try:
+                out.append(await self.append_message(a.owner, a.message, a.parent_sequence))
+            except MeshError as err:
+                out.append(err)
+        return out
 
     @abc.abstractmethod
     async def append_messages(

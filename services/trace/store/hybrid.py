@@ -21,6 +21,7 @@ lives.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,7 +39,15 @@ from libs.errors import (
 from libs.ids import TraceRef
 from libs.peer_http import NotSent, PeerClients
 from libs.peers import Peer, PeerRegistry
-from services.trace.store.base import CopyState, CopyStore, Deleted, MessagePage, MessageQuery, TraceStore
+from services.trace.store.base import (
+    Append,
+    CopyState,
+    CopyStore,
+    Deleted,
+    MessagePage,
+    MessageQuery,
+    TraceStore,
+)
 from services.trace.store.remote import RemoteTraceStore
 
 log = logging.getLogger(__name__)
@@ -199,6 +208,28 @@ class HybridTraceStore(TraceStore):
             return await self.local.append_message(owner, message, parent_sequence)
         (out,) = await self.append_messages(owner, message.trace_id, [message], parent_sequence)
         return out
+
+    async def append_each(self, appends: Sequence[Append]) -> list[tp.Message | MeshError]:
+        """The appends to local traces go to the local store together; those to a peer's trace one
+        after another (as append_message), beside them."""
+        out: list[tp.Message | MeshError | None] = [None] * len(appends)
+        local: list[int] = []
+        remote: list[int] = []
+        for index, a in enumerate(appends):
+            try:
+                (local if self.remote(a.message.trace_id, a.owner) is None else remote).append(index)
+            except MeshError as err:
+                out[index] = err
+        to_local = self.local.append_each([appends[i] for i in local])
+        if remote:
+            to_peers = super().append_each([appends[i] for i in remote])
+            done = list(zip((local, remote), await asyncio.gather(to_local, to_peers), strict=True))
+        else:
+            done = [(local, await to_local)]
+        for indexes, results in done:
+            for index, result in zip(indexes, results, strict=True):
+                out[index] = result
+        return [r for r in out if r is not None]
 
     async def append_messages(
         self, owner: str, trace_id: str, messages: Sequence[tp.Message], parent_sequence: int | None = None

@@ -429,18 +429,47 @@ class AppendBatcher:
         group = next(self._groups)
         for it in items:
             it.group = group
-        self._pending.extend(items)
-        if self._flushes < self.max_flushes and items[0].trace_id not in self._busy:
-            self._flushes += 1
-            task = asyncio.get_running_loop().create_task(self._flush())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        self._enqueue(items)
         try:
             return [await it.future for it in items]
         except asyncio.CancelledError:
             for it in items:
                 it.future.cancel()  # not written yet: it never will be
             raise
+
+    async def append_each(self, items: Sequence[Item]) -> list[tp.Message | MeshError]:
+        """Writes `items` in this order, each on its own (a group of its own: one that fails fails only
+        itself): the stored message or the item's error, one per item. An error that is no item's own
+        (the database went away) is raised once every item has its outcome."""
+        for it in items:
+            it.group = next(self._groups)
+        self._enqueue(items)
+        out: list[tp.Message | MeshError] = []
+        failed: BaseException | None = None
+        try:
+            for it in items:
+                try:
+                    out.append(await it.future)
+                except MeshError as err:
+                    out.append(err)
+                except Exception as exc:
+                    failed = failed or exc
+        except asyncio.CancelledError:
+            for it in items:
+                it.future.cancel()  # not written yet: it never will be
+            raise
+        if failed is not None:
+            raise failed
+        return out
+
+    def _enqueue(self, items: Sequence[Item]) -> None:
+        """Queues `items` for the next batch, and starts a flush when one may start and would take them."""
+        self._pending.extend(items)
+        if self._flushes < self.max_flushes and any(it.trace_id not in self._busy for it in items):
+            self._flushes += 1
+            task = asyncio.get_running_loop().create_task(self._flush())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def _take(self) -> list[Item]:
         """The next batch: pending items of traces no batch in flight holds, in arrival order, up to

@@ -13,11 +13,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs.errors import AlreadyExists, InvalidArgument, NotFound
+from libs.errors import AlreadyExists, InvalidArgument, MeshError, NotFound
 from libs.ids import check_local_id
 from libs.protojson import enum_to_str
 from services.trace import domain
-from services.trace.store.base import Deleted, MessagePage, MessageQuery, TraceStore
+from services.trace.store.base import Append, Deleted, MessagePage, MessageQuery, TraceStore
 from services.trace.store.sql.appends import AppendBatcher, Item, make_item, pg_write, sqlite_write
 from services.trace.store.sql.common import (
     AGENTS,
@@ -218,6 +218,23 @@ class SqlTraceStore(TraceStore):
     ) -> tp.Message:
         (out,) = await self.appends.append([make_item(owner, message, parent_sequence)])
         return out
+
+    async def append_each(self, appends: Sequence[Append]) -> list[tp.Message | MeshError]:
+        """Every append into the batcher at once, so that they are written together."""
+        out: list[tp.Message | MeshError | None] = []
+        items: list[Item] = []
+        where: list[int] = []
+        for a in appends:
+            try:
+                items.append(make_item(a.owner, a.message, a.parent_sequence))
+            except MeshError as err:
+                out.append(err)
+                continue
+            where.append(len(out))
+            out.append(None)
+        for index, result in zip(where, await self.appends.append_each(items), strict=True):
+            out[index] = result
+        return [r for r in out if r is not None]
 
     async def append_messages(
         self,
