@@ -144,11 +144,22 @@ class _Queued:
     answer: asyncio.Future[tp.Message]
 
 
+@dataclass(eq=False)
+class _Lane:
+    """One AppendMessageStream of an appender and the task sending on it (None: idle)."""
+
+    call: AskCall | None = None
+    sender: asyncio.Task[None] | None = None
+
+
 class MessageAppender:
-    """Appends messages on one `AppendMessageStream`, for any number of concurrent writers of a process:
-    a fraction of a unary `AppendMessage` each. One request is in flight at a time and carries every
-    append that queued while the one before was answered (at most 500), so an append that finds the
-    stream idle goes at once and a crowd of writers costs one message each way per round trip.
+    """Appends messages on `AppendMessageStream`s, for any number of concurrent writers of a process:
+    a fraction of a unary `AppendMessage` each. Each of its `lanes` (streams) has one request in flight
+    at a time, carrying every append that queued meanwhile (at most 500): an append that finds a lane
+    idle goes at once, and a crowd of writers costs one message each way per round trip. Two lanes let
+    one request's answer be written and read while the other's appends are stored (the writers'
+    process, the trace service and the database work at once). Appends made one after another keep
+    their order; appends made concurrently have none to keep.
 
     With a `signer`, each append carries a token of the principal acting when it was made (the stream
     itself opens as the mesh), so writers acting as different users share one stream. Without one, the
@@ -164,13 +175,14 @@ class MessageAppender:
         stub: trace_service_pb2_grpc.TraceServiceStub,
         timeout_s: float = 10.0,
         signer: Signer | None = None,
+        lanes: int = 2,
     ) -> None:
         self._stub = stub
         self._timeout_s = timeout_s
         self._signer = signer
-        self._call: AskCall | None = None
         self._queue: list[_Queued] = []
-        self._sender: asyncio.Task[None] | None = None
+        self._lanes = [_Lane() for _ in range(max(1, lanes))]
+        self._takers = 0  # lanes about to take from the queue: each takes its share
 
     async def append(self, message: tp.Message, parent_sequence: int | None = None) -> tp.Message:
         token = ""
@@ -180,8 +192,10 @@ class MessageAppender:
                 token = self._signer.mint(principal.user)
         answer: asyncio.Future[tp.Message] = asyncio.get_running_loop().create_future()
         self._queue.append(_Queued(message, parent_sequence, token, answer))
-        if self._sender is None:
-            self._sender = asyncio.create_task(self._send())
+        idle = next((lane for lane in self._lanes if lane.sender is None), None)
+        if idle is not None:
+            self._takers += 1
+            idle.sender = asyncio.create_task(self._send(idle))
         try:
             async with asyncio.timeout(self._timeout_s):
                 return await answer  # cancelled by the timeout: a request not sent yet leaves it out
@@ -191,36 +205,35 @@ class MessageAppender:
     def _late(self) -> DeadlineExceeded:
         return DeadlineExceeded(f"no answer to an append within {self._timeout_s:g} s")
 
-    async def _send(self) -> None:
-        """Sends what queued, a request at a time, until nothing is left."""
+    async def _send(self, lane: _Lane) -> None:
+        """Sends what queued on `lane`, a request at a time, until nothing is left."""
         try:
             while True:
-                batch: list[_Queued] = []
-                rest: list[_Queued] = []
-                for q in self._queue:
-                    if not q.answer.done():  # done: its writer gave up waiting
-                        (batch if len(batch) < MAX_STREAM_APPENDS else rest).append(q)
-                self._queue = rest
+                live = [q for q in self._queue if not q.answer.done()]  # done: its writer gave up
+                share = min(MAX_STREAM_APPENDS, -(-len(live) // max(1, self._takers)))
+                self._takers -= 1
+                batch, self._queue = live[:share], live[share:]
                 if not batch:
                     return
-                await self._ask(batch)
+                await self._ask(lane, batch)
+                self._takers += 1
         finally:
-            self._sender = None
+            lane.sender = None
 
-    async def _ask(self, batch: list[_Queued]) -> None:
+    async def _ask(self, lane: _Lane, batch: list[_Queued]) -> None:
         request = ts.AppendMessageStreamRequest()
         for q in batch:
             item = request.appends.add(identity=q.identity)
             item.append.message.CopyFrom(q.message)
             if q.parent_sequence is not None:
                 item.append.parent_sequence = q.parent_sequence
-        if self._call is None:
+        if lane.call is None:
             with identity.acting_as("") if self._signer is not None else contextlib.nullcontext():
-                self._call = AskCall(self._stub.AppendMessageStream)
+                lane.call = AskCall(self._stub.AppendMessageStream)
         failed: MeshError | None = None
         try:
             async with asyncio.timeout(self._timeout_s):
-                resp = await self._call.ask(request)
+                resp = await lane.call.ask(request)
         except TimeoutError:
             failed = self._late()
         except grpc.aio.AioRpcError as exc:
@@ -231,7 +244,9 @@ class MessageAppender:
             elif len(resp.results) != len(batch):
                 failed = Unavailable("the trace service answered an append request malformed")
         if failed is not None:
-            self._drop()
+            if lane.call is not None:
+                lane.call.cancel()
+                lane.call = None
             for q in batch:
                 if not q.answer.done():  # an error of its own for each writer
                     q.answer.set_exception(from_reason(failed.reason, failed.message))
@@ -244,18 +259,15 @@ class MessageAppender:
             else:
                 q.answer.set_result(result.message)
 
-    def _drop(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
-
     async def aclose(self) -> None:
-        """Waits for the appends queued, then ends the stream (appends already answered are stored)."""
-        if self._sender is not None:
-            await asyncio.wait([self._sender])
-        call, self._call = self._call, None
-        if call is not None:
-            await call.end(self._timeout_s)
+        """Waits for the appends queued, then ends the streams (appends already answered are stored)."""
+        senders = [lane.sender for lane in self._lanes if lane.sender is not None]
+        if senders:
+            await asyncio.wait(senders)
+        calls = [lane.call for lane in self._lanes if lane.call is not None]
+        for lane in self._lanes:
+            lane.call = None
+        await asyncio.gather(*(call.end(self._timeout_s) for call in calls))
 
 
 async def drain(queue: asyncio.Queue[T | None]) -> AsyncIterator[T]:

@@ -158,7 +158,7 @@ async def test_a_stopped_service_ends_the_append_unavailable(trace_backend, sign
             await server.stop(0)
             with pytest.raises(Unavailable):
                 await asyncio.wait_for(appender.append(_msg(s.id, "lost")), 15)
-        assert appender._call is None  # the next append opens a new stream
+        assert all(lane.call is None for lane in appender._lanes)  # the next append opens a new stream
     finally:
         await ch.close()
         await server.stop(0)
@@ -166,7 +166,7 @@ async def test_a_stopped_service_ends_the_append_unavailable(trace_backend, sign
 
 async def test_writers_of_many_users_share_one_stream(trace_stub, signer, unique):
     """One appender with a signer, 40 concurrent writers of 5 users (8 writers per user, one trace
-    each), 10 appends each: one stream; every trace gap-free 1..80 in one chain, each writer's appends
+    each), 10 appends each: on its two streams (lanes) and no more; every trace gap-free 1..80 in one chain, each writer's appends
     in its order, every row in its writer's user's trace (another user's writer gets NotFound)."""
     users = [f"u{k}-{unique}" for k in range(5)]
     traces = {u: (await new_trace(trace_stub, u)).id for u in users}
@@ -179,7 +179,7 @@ async def test_writers_of_many_users_share_one_stream(trace_stub, signer, unique
         with identity.acting_as(user):
             for i in range(10):
                 out.append(await appender.append(_msg(traces[user], f"w{w}-{i}")))
-                streams.add(id(appender._call))
+                streams.update(id(lane.call) for lane in appender._lanes if lane.call is not None)
         return out
 
     async def intruder() -> None:
@@ -188,7 +188,7 @@ async def test_writers_of_many_users_share_one_stream(trace_stub, signer, unique
 
     results, _ = await asyncio.gather(asyncio.gather(*(writer(w) for w in range(40))), intruder())
     await appender.aclose()
-    assert len(streams) == 1
+    assert len(streams) == 2
     for w, ms in enumerate(results):
         assert {m.trace_id for m in ms} == {traces[users[w % 5]]}
         assert [m.content for m in ms] == [f"w{w}-{i}" for i in range(10)]
