@@ -101,6 +101,21 @@ async def test_begin_turn_creates_a_new_trace_with_both_messages(trace_stub, uni
         stored = (await trace_stub.GetTrace(ts.GetTraceRequest(trace_id=trace.id))).trace
     assert stored == trace
     assert await _all(trace_stub, owner, trace.id) == [turn.user_message, turn.assistant_message]
+    # The trace's counter and head are at the placeholder: the next message follows it.
+    follow = await append(trace_stub, owner, trace.id, "next")
+    assert (follow.sequence, follow.parent_sequence) == (3, 2)
+    # A turn whose messages name a caller agent (a child turn): the same, with the provenance linked.
+    child = await _begin(
+        trace_stub,
+        owner,
+        ts.BeginTurnRequest(
+            new_trace=tp.Trace(agent="general"),
+            user_message=tp.Message(role=USER, content="asked", caller_agent="general"),
+            assistant_message=tp.Message(role=ASSISTANT, status=tp.MESSAGE_STATUS_PENDING),
+        ),
+    )
+    assert (child.trace.head_sequence, child.user_message.caller_agent) == (2, "general")
+    assert (await append(trace_stub, owner, child.trace.id, "next")).sequence == 3
 
     # With an id of the caller's choosing; a taken id is refused and changes nothing.
     named = await _begin(

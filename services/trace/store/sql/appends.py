@@ -280,7 +280,33 @@ async def pg_write(conn: AsyncConnection, items: Sequence[Item], stamp: datetime
 
 # ---- SQLite: the same steps under its single writer -------------------------------------------------
 
-_SQLITE_INSERT = insert(_M).returning(_M.c.id, sort_by_parameter_order=True)
+_INSERT = insert(_M).returning(_M.c.id, sort_by_parameter_order=True)
+
+
+def _row(it: Item, sequence: int, parent: int | None, agent: int | None, stamp: datetime) -> dict[str, Any]:
+    """The messages row of an item placed at `sequence` after `parent`."""
+    m = it.message
+    return {
+        "session_id": it.trace_id,
+        "sequence": sequence,
+        "parent_sequence": parent,
+        "role": it.role,
+        "content": m.content,
+        "thinking": m.thinking,
+        "metadata": None if it.meta is None else json.loads(it.meta),
+        "model": m.model,
+        "input_tokens": m.usage.input_tokens,
+        "output_tokens": m.usage.output_tokens,
+        "sort_order": 0,
+        "status": it.status,
+        "source": it.source,
+        "a2a_task_id": m.a2a_task_id or None,
+        "caller_agent_id": agent,
+        "caller_session_id": m.caller_session_id or None,
+        "created_at": stamp,
+    }
+
+
 _SQLITE_BUMP = (
     update(_S)
     .where(_S.c.id == bindparam("b_id"))
@@ -343,33 +369,12 @@ async def sqlite_write(
         sequence = last[sid] + 1
         parent = (head[sid] or None) if it.parent is None else (it.parent or None)
         last[sid] = head[sid] = sequence
-        m = it.message
         agent = agent_of(it)
-        rows.append(
-            {
-                "session_id": sid,
-                "sequence": sequence,
-                "parent_sequence": parent,
-                "role": it.role,
-                "content": m.content,
-                "thinking": m.thinking,
-                "metadata": None if it.meta is None else json.loads(it.meta),
-                "model": m.model,
-                "input_tokens": m.usage.input_tokens,
-                "output_tokens": m.usage.output_tokens,
-                "sort_order": 0,
-                "status": it.status,
-                "source": it.source,
-                "a2a_task_id": m.a2a_task_id or None,
-                "caller_agent_id": agent,
-                "caller_session_id": m.caller_session_id or None,
-                "created_at": stamp,
-            }
-        )
+        rows.append(_row(it, sequence, parent, agent, stamp))
         placed.append((index, sequence, parent, agent))
     if not rows:
         return {}
-    ids = (await conn.execute(_SQLITE_INSERT, rows)).scalars().all()
+    ids = (await conn.execute(_INSERT, rows)).scalars().all()
     bumps = [
         {"b_id": sid, "b_last": last[sid], "b_now": stamp}
         for sid in sids
@@ -381,6 +386,20 @@ async def sqlite_write(
         index: stored(items[index], message_id, sequence, parent, agent, created)
         for (index, sequence, parent, agent), message_id in zip(placed, ids, strict=True)
     }
+
+
+# ---- the first messages of a new trace -----------------------------------------------------------------
+
+
+async def write_first(conn: AsyncConnection, items: Sequence[Item], stamp: datetime) -> dict[int, tp.Message]:
+    """The first messages of a trace this transaction just created with `last_sequence` = `head_sequence`
+    = len(items) (both backends): sequences 1..n, each after the one before, in one INSERT (nothing to
+    read: no counter, no head, no parent to check). Items naming a caller agent are not for this."""
+    assert not any(it.message.caller_agent for it in items), "a caller agent needs write()"
+    rows = [_row(it, k + 1, k or None, None, stamp) for k, it in enumerate(items)]
+    ids = (await conn.execute(_INSERT, rows)).scalars().all()
+    created = ts(stamp)
+    return {k: stored(it, ids[k], k + 1, k or None, None, created) for k, it in enumerate(items)}
 
 
 # ---- why an item was not written ---------------------------------------------------------------------

@@ -18,7 +18,14 @@ from libs.ids import check_local_id
 from libs.protojson import enum_to_str
 from services.trace import domain
 from services.trace.store.base import Append, Deleted, MessagePage, MessageQuery, TraceStore
-from services.trace.store.sql.appends import AppendBatcher, Item, make_item, pg_write, sqlite_write
+from services.trace.store.sql.appends import (
+    AppendBatcher,
+    Item,
+    make_item,
+    pg_write,
+    sqlite_write,
+    write_first,
+)
 from services.trace.store.sql.common import (
     AGENTS,
     KIND,
@@ -268,8 +275,11 @@ class SqlTraceStore(TraceStore):
         tid = trace_id or str(uuid.uuid4())
         items = self._items(owner, tid, messages, None)
         kind = enum_to_str(KIND, trace.kind) or "chat"
-        write = sqlite_write if self.db.sqlite else pg_write
-        # Core statements in one transaction (a turn's set-up waits for it: no ORM unit of work).
+        # Core statements in one transaction (a turn's set-up waits for it: no ORM unit of work). The
+        # trace is new: its row is inserted with its counter and head at the last message, and the
+        # messages in one INSERT, unless one names a caller agent (looked up by the general write).
+        first = not any(it.message.caller_agent for it in items)
+        write = write_first if first else sqlite_write if self.db.sqlite else pg_write
         async with self.db.write_lock, self.db.engine.begin() as conn:
             stamp = now()
             row = SessionRow(
@@ -281,6 +291,8 @@ class SqlTraceStore(TraceStore):
                 title=trace.title,
                 created_at=stamp,
                 updated_at=stamp,
+                last_sequence=len(items) if first else 0,
+                head_sequence=len(items) if first else 0,
             )
             values = {c.key: getattr(row, c.key) for c in SESSIONS.columns if getattr(row, c.key) is not None}
             try:
