@@ -13,6 +13,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from google.protobuf import field_mask_pb2
@@ -26,6 +27,7 @@ from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
+from libs.aio import to_the_end
 from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, from_rpc_error, rpc
@@ -83,6 +85,7 @@ class ChatOrchestrator:
         if len(message) > MAX_MESSAGE_CHARS:
             raise InvalidArgument(f"message is longer than {MAX_MESSAGE_CHARS} characters")
         new_trace: tp.Trace | None = None
+        buffer: asyncio.Future[Any] | None = None
         if any_kind:
             if not is_local_id(session_id):
                 raise InvalidArgument(
@@ -106,9 +109,18 @@ class ChatOrchestrator:
                 raise InvalidArgument("only chat sessions take chat turns")
             _refuse_copies(session)
         else:  # a new session: created with the turn's first messages, in the same call (BeginTurn)
-            found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
-            new_trace = tp.Trace(agent=found.slug, kind=tp.TRACE_KIND_CHAT, title=message.strip()[:80])
             session = tp.Trace(id=new_id())
+            # Its buffer is created while the agent is read (no turn to lock out of a new session).
+            request = ss.CreateStreamRequest(
+                key=session_key(session.id), metadata={"agent": agent, "kind": "chat"}
+            )
+            buffer = asyncio.ensure_future(rpc(self.clients.stream.CreateStream(request)))
+            try:
+                found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
+            except BaseException as exc:  # no turn: the buffer nobody will read ends with the refusal
+                await to_the_end(self._end_unused(buffer, request.key, exc))
+                raise
+            new_trace = tp.Trace(agent=found.slug, kind=tp.TRACE_KIND_CHAT, title=message.strip()[:80])
         spec = orc.RunTurnRequest(
             trace_id=session.id,
             agent=found.slug,
@@ -116,12 +128,12 @@ class ChatOrchestrator:
             stream_key=session_key(session.id),
             role=rt.RUN_ROLE_SUPERVISOR,
             source=tp.MESSAGE_SOURCE_USER,
-            stream_metadata={"agent": found.slug, "model": found.model, "kind": "chat"},
+            stream_metadata={"agent": found.slug, "kind": "chat"},
         )
         queue: asyncio.Queue[ev.Event | _End] = asyncio.Queue()
         # The turn outlives this generator when the caller leaves; self.running keeps it.
         task = asyncio.create_task(
-            self._turn(spec, queue, events_from_stream, new_trace, found), name=f"turn:{session.id}"
+            self._turn(spec, queue, events_from_stream, new_trace, found, buffer), name=f"turn:{session.id}"
         )
         previous = self.running.get(session.id)
         if previous is None or previous.done():
@@ -151,6 +163,16 @@ class ChatOrchestrator:
         agent = spec.resolved_agent if spec.HasField("resolved_agent") else None
         return await self.turns.run(spec, run_events=False, agent=agent)
 
+    async def _end_unused(self, buffer: asyncio.Future[Any], key: str, why: BaseException) -> None:
+        """A new session's buffer whose turn never began (its agent could not be read) ends with that
+        error, once created; nobody reads it and it expires like any closed buffer."""
+        with contextlib.suppress(Exception):
+            await buffer
+            err = why if isinstance(why, MeshError) else Cancelled("the turn was cancelled before it began")
+            await rpc(
+                self.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=events.error(err).error))
+            )
+
     async def _turn(
         self,
         spec: orc.RunTurnRequest,
@@ -158,6 +180,7 @@ class ChatOrchestrator:
         from_stream: bool = False,
         new_trace: tp.Trace | None = None,
         agent: ap.Agent | None = None,
+        buffer: asyncio.Future[Any] | None = None,
     ) -> TurnOutcome:
         """Runs the turn, handing its events to `queue` (from_stream: `start` and those without an
         offset alone, the caller reads the rest from the buffer)."""
@@ -185,7 +208,7 @@ class ChatOrchestrator:
                 queue.put_nowait(events.error(err))
 
         try:
-            outcome = await self.turns.run(spec, on_event, new_trace, not from_stream, agent)
+            outcome = await self.turns.run(spec, on_event, new_trace, not from_stream, agent, buffer)
             ended_elsewhere(outcome.error or Internal("the turn ended without an outcome"))
             queue.put_nowait(_End())
             return outcome

@@ -179,6 +179,7 @@ class TurnEngine:
         new_trace: tp.Trace | None = None,
         run_events: bool = True,
         agent: ap.Agent | None = None,
+        buffer: Awaitable[Any] | None = None,
     ) -> TurnOutcome:
         """Runs the turn; returns its outcome (failures are in `outcome.error`); re-raises cancellation.
 
@@ -189,7 +190,9 @@ class TurnEngine:
         first messages, in the same call. `run_events=False`: `on_event` gets the turn's own events
         (start, finish, the end), not the run's: the runtime sends its result alone, and the run's
         events are read back from the buffer only when a failed turn must keep what was streamed.
-        `agent`: the agent as the caller just read it, handed to the run (which would read it again)."""
+        `agent`: the agent as the caller just read it, handed to the run (which would read it again).
+        `buffer`: the CreateStream of a new trace's buffer, which the caller started (beside reading
+        the agent)."""
         outcome = "cancelled"
         started = time.monotonic()
         with telemetry.span(
@@ -197,7 +200,7 @@ class TurnEngine:
         ) as span:
             try:
                 with self.leases.hold(stream=spec.stream_key):
-                    out = await self._run(spec, on_event, new_trace, run_events, agent)
+                    out = await self._run(spec, on_event, new_trace, run_events, agent, buffer)
                 outcome = out.error.code_name if out.error is not None else "ok"
                 return out
             except MeshError as err:
@@ -224,6 +227,7 @@ class TurnEngine:
         new_trace: tp.Trace | None,
         run_events: bool,
         agent: ap.Agent | None,
+        buffer: Awaitable[Any] | None = None,
     ) -> TurnOutcome:
         out = TurnOutcome()
         partial = Partial()
@@ -237,9 +241,9 @@ class TurnEngine:
         )
         create: Awaitable[Any] | None = None
         early: list[grpc.aio.UnaryStreamCall] = []  # the run of a new trace, started before BeginTurn ends
-        if not spec.stream_created:
+        if buffer is not None or not spec.stream_created:
             request = ss.CreateStreamRequest(key=spec.stream_key, metadata=dict(spec.stream_metadata))
-            create = rpc(self.clients.stream.CreateStream(request))
+            create = buffer or rpc(self.clients.stream.CreateStream(request))
             if new_trace is None:  # the buffer first: it is the session's lock against a second turn
                 await create
                 create = None

@@ -107,9 +107,14 @@ async def test_same_turn_over_websocket(mesh: Mesh) -> None:
 
 
 async def test_bad_input(mesh: Mesh) -> None:
+    backend = mesh.servers["stream"].registrations[0].servicer.backend
+    open_before = await backend.open_buffers()
     async with mesh.http() as http:
         r = await http.post("/api/chat", json={"agent": "nobody", "message": "hi"})
         assert r.status_code == 404 and r.json()["error"]["reason"] == "NOT_FOUND"
+    # The new session's buffer, made while the agent was read, ended with the refusal.
+    assert await backend.open_buffers() == open_before
+    async with mesh.http() as http:
         r = await http.post("/api/chat", json={"agent": "general", "message": "   "})
         assert r.status_code == 422 and "error" in r.json()
         r = await http.post("/api/chat", json={"agent": "general"})
