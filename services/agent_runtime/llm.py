@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import openai
 import orjson
 from openai import AsyncOpenAI
@@ -18,6 +21,7 @@ from libs.config import LLMSettings
 from libs.errors import ModelError, ModelTimeout
 from libs.metrics import RuntimeMetrics
 
+log = logging.getLogger(__name__)
 YIELD_EVERY_S = 0.002
 FINISH_REASONS = {
     "stop": ev.FINISH_REASON_STOP,
@@ -107,14 +111,9 @@ class LLM:
             # The openai client makes the request (URL, headers, retries, timeouts, HTTP errors); the
             # chunks it would turn into pydantic models one by one (about 40 % of this process's CPU
             # at 20 tokens/s) are read as JSON here instead (`_chunks`).
-            async with self.client.chat.completions.with_streaming_response.create(  # type: ignore[call-overload]
-                model=model,
-                messages=messages,
-                max_tokens=max_tokens,
-                stream=True,
-                stream_options={"include_usage": True},
-                **kwargs,
-            ) as response:
+            request = {"model": model, "messages": messages, "max_tokens": max_tokens, **kwargs}
+            async with contextlib.AsyncExitStack() as stack:
+                response = await self._open(stack, request)
                 async for chunk in _chunks(response):
                     usage = chunk.get("usage")
                     if usage:
@@ -160,6 +159,8 @@ class LLM:
                         await asyncio.sleep(0)
             outcome = "ok"
         except openai.APITimeoutError as exc:
+            if _hung_up(exc):  # the transport calls any closed connection a timeout: it is not one
+                raise ModelError(f"model {model} failed: the model server closed the connection") from exc
             outcome = "timeout"
             raise ModelTimeout(f"model {model} timed out: {exc}") from exc
         except openai.APIStatusError as exc:
@@ -186,6 +187,28 @@ class LLM:
         if not out.finish_reason:
             raise ModelError(f"model {model} ended the stream without a finish reason")
         return out
+
+    async def _open(self, stack: contextlib.AsyncExitStack, request: dict[str, Any]) -> Any:
+        """The streamed response to `request`, its context held by `stack`. A pooled connection that the
+        model server had closed already (it hangs up before a byte of an answer: under load the loop
+        may reuse it before it sees the close) gets the request once more, on a new connection."""
+        for attempt in range(2):
+            manager = self.client.chat.completions.with_streaming_response.create(  # type: ignore[call-overload]
+                stream=True, stream_options={"include_usage": True}, **request
+            )
+            try:
+                response = await manager.__aenter__()
+            except openai.APIConnectionError as exc:
+                if attempt or not _hung_up(exc):
+                    raise
+                log.info(
+                    "the model server hung up on a request; sending it again",
+                    extra={"error": repr(exc.__cause__)},
+                )
+                continue
+            stack.push_async_exit(manager)
+            return response
+        raise AssertionError("unreachable")
 
     def _observe(self, model: str, outcome: str, out: Step, first: float, deltas: int) -> None:
         m = self.metrics
@@ -249,6 +272,19 @@ _TRANSPORT = (
 def _from_transport(exc: BaseException) -> bool:
     """An error of the HTTP stack the openai client reads with (whichever of httpx or httpx2 it uses)."""
     return isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in _TRANSPORT
+
+
+def _hung_up(exc: BaseException) -> bool:
+    """The server closed (or reset) an open connection instead of answering: aiohttp's error somewhere
+    under the openai client's one (a connection that could not be opened is not this)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, aiohttp.ServerDisconnectedError) or (
+            isinstance(seen, aiohttp.ClientOSError) and not isinstance(seen, aiohttp.ClientConnectorError)
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _timed_out(exc: BaseException) -> bool:

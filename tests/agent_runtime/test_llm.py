@@ -1,0 +1,98 @@
+"""The runtime's model client (services/agent_runtime/llm.py) against the scripted model server behind
+a loopback relay that hangs up on chosen connections before they are answered: what a server that
+closed a pooled keep-alive connection looks like to a client that reuses it. Such a request is sent
+once more on a new connection; a server that keeps hanging up fails the call with a clear error."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from urllib.parse import urlparse
+
+import pytest
+
+from agentmesh.mock_llm import MockLLM
+from libs.config import LLMSettings
+from libs.errors import ModelError
+from services.agent_runtime.llm import LLM
+
+
+class Relay:
+    """Forwards connections to the model server; the first `hang_ups` connections are closed as soon
+    as their request arrives, unanswered."""
+
+    def __init__(self, target: str, hang_ups: int) -> None:
+        url = urlparse(target)
+        self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
+        self.path = url.path
+        self.hang_ups = hang_ups
+        self.connections = 0
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        if self.connections <= self.hang_ups:
+            await reader.read(1)  # the request came: hang up without a word
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[str]:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            yield f"http://127.0.0.1:{port}{self.path}"
+
+
+@pytest.fixture
+async def mock() -> AsyncIterator[MockLLM]:
+    server = MockLLM(ttft_ms=0, tokens_per_second=0)
+    await server.start()
+    server.set_rules({"rules": [], "default": {"text": "still here"}})
+    yield server
+    await server.stop()
+
+
+async def _ask(base_url: str) -> str:
+    llm = LLM(LLMSettings(base_url=base_url, api_key="x", request_timeout_s=10))
+    text: list[str] = []
+    try:
+        step = await asyncio.wait_for(
+            llm.step(
+                model="mock-gpt",
+                messages=[{"role": "user", "content": "hi"}],
+                tools=[],
+                max_tokens=50,
+                on_text=text.append,
+                on_reasoning=text.append,
+            ),
+            15,
+        )
+    finally:
+        await llm.close()
+    assert "".join(text) == step.content
+    return step.content
+
+
+async def test_a_request_the_server_hung_up_on_is_sent_once_more(mock: MockLLM) -> None:
+    relay = Relay(mock.base_url, hang_ups=1)
+    async with relay.running() as url:
+        assert await _ask(url) == "still here"
+    assert relay.connections == 2 and len(mock.requests()) == 1
+
+
+async def test_a_server_that_keeps_hanging_up_fails_the_call_clearly(mock: MockLLM) -> None:
+    relay = Relay(mock.base_url, hang_ups=10)
+    async with relay.running() as url:
+        with pytest.raises(ModelError, match="closed the connection"):
+            await _ask(url)
+    assert relay.connections == 2 and mock.requests() == []  # one retry, no more
