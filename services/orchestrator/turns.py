@@ -249,6 +249,10 @@ class TurnEngine:
                 create = None
             else:  # a new trace has no turn to lock out: BeginTurn goes on while its buffer is created
                 create = self._create_then_run(create, spec, begin.user_message, run_events, agent, early)
+        elif spec.empty_trace and agent is not None:
+            # A child's new hidden trace, its buffer made by the caller: the run starts at once, as a
+            # new trace's does, and calls the model while BeginTurn stores the messages.
+            early.append(self._call_early(spec, begin.user_message, run_events, agent))
         if new_trace is not None:
             begin.new_trace.CopyFrom(new_trace)
         try:
@@ -306,10 +310,18 @@ class TurnEngine:
         stores nothing until `start` is in the buffer (RunAgentRequest.await_start)."""
         created = await create
         if agent is not None:
-            request = self._run_request(spec, user, tp.Message(), run_events, agent, True)
-            request.await_start = True
-            early.append(self._call_run(spec, request))
+            early.append(self._call_early(spec, user, run_events, agent))
         return created
+
+    def _call_early(
+        self, spec: orc.RunTurnRequest, user: tp.Message, run_events: bool, agent: ap.Agent
+    ) -> grpc.aio.UnaryStreamCall:
+        """Starts the run of an empty trace before its messages are stored (its history is the user
+        message, its agent was read): it stores nothing until `start` is in the buffer
+        (RunAgentRequest.await_start)."""
+        request = self._run_request(spec, user, tp.Message(), run_events, agent, True)
+        request.await_start = True
+        return self._call_run(spec, request)
 
     async def _stream_turn(
         self,

@@ -14,11 +14,16 @@ from google.protobuf import field_mask_pb2
 from sqlalchemy import text
 
 from agentmesh.events.v1 import events_pb2 as ev_pb
+from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
+from libs import events as events_of
 from libs import identity
 from libs.config import SubagentDefaults
+from libs.errors import Unavailable
+from libs.ids import subagent_key
 from services.trace.store.sql.db import create_engine
+from services.trace.store.sql.traces import SqlTraceStore
 from tests.mesh import BACKENDS, TEST_CATALOG, Mesh, chat, mesh_on, sse_events, system_of, wait_until
 
 GLOBAL = SubagentDefaults(max_concurrent=3, timeout_ms=20000)
@@ -418,3 +423,99 @@ async def test_agents_route_shows_effective_config(mesh: Mesh) -> None:
     assert effective["general"]["allowedPresetAgentIds"] == ["coder", "helper", "slow", "broken"]
     assert "allowedPresetAgentIds" not in effective["defaults"], "not configured: any preset"
     assert agents["general"]["invoke"]["allowedCallees"][:2] == ["coder", "slow"]
+
+
+async def read_buffer(mesh: Mesh, key: str) -> list[ev_pb.Event]:
+    """Every event of `key` from its start to its terminal one."""
+    assert mesh.clients is not None
+    out: list[ev_pb.Event] = []
+    request = ss.SubscribeStreamRequest(key=key, idle_timeout_ms=5000)
+    with identity.acting_as(mesh.user):
+        async for resp in mesh.clients.stream.SubscribeStream(request, timeout=10):
+            out.append(resp.event)
+            if events_of.is_terminal(resp.event):
+                break
+    return out
+
+
+def is_subagent_turn(messages: Any) -> bool:
+    return bool(messages) and messages[0].source == tp.MESSAGE_SOURCE_SUBAGENT
+
+
+async def test_a_subagent_calls_its_model_while_its_turn_begins(
+    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subagent's hidden trace is empty and its agent was read by the batch: its run calls the model
+    while BeginTurn stores its messages (BeginTurn here waits for that request: a run started after
+    BeginTurn would never come), its reply still follows `start` and lands on the placeholder."""
+    mesh.mock.set_rules(rules(*fan_out([{"goal": "early part", "agentSlug": "helper"}], "early child")))
+    asked = len(mesh.mock.requests())
+    waited: list[int] = []
+    stored = SqlTraceStore.append_messages
+
+    async def after_the_model(self: SqlTraceStore, owner: str, trace_id: str, msgs: Any, parent: Any) -> Any:
+        if is_subagent_turn(msgs):
+            # the supervisor's first call, then the child's
+            got = await mesh.mock.wait_requests(asked + 2, timeout=10)
+            waited.append(len(got))
+        return await stored(self, owner, trace_id, msgs, parent)
+
+    monkeypatch.setattr(SqlTraceStore, "append_messages", after_the_model)
+    events = await chat(mesh, "general", "early child", timeout=30)
+    monkeypatch.undo()
+    assert len(waited) == 1, waited
+    assert events[-1]["type"] == "done"
+    out = next(e for e in events if e["type"] == "tool-output-available")["output"]
+    assert [r["status"] for r in out["results"]] == ["completed"], out
+    assert out["results"][0]["summary"] == "helped with early part"
+    assert mesh.clients is not None
+    with identity.acting_as(mesh.user):
+        (row,) = (
+            await mesh.clients.trace.ListSubagentSessions(
+                ts.ListSubagentSessionsRequest(trace_id=events[0]["sessionId"])
+            )
+        ).subagents
+        child = await mesh.clients.trace.ListMessages(
+            ts.ListMessagesRequest(trace_id=row.child_trace_id, mode=ts.PATH_MODE_MAIN_PATH)
+        )
+    assert [(m.role, m.status, m.content) for m in child.messages] == [
+        (tp.MESSAGE_ROLE_USER, tp.MESSAGE_STATUS_COMPLETED, "early part"),
+        (tp.MESSAGE_ROLE_ASSISTANT, tp.MESSAGE_STATUS_COMPLETED, "helped with early part"),
+    ]
+    kinds = [events_of.kind(e) for e in await read_buffer(mesh, subagent_key(row.id))]
+    assert kinds[0] == "start" and kinds[-2:] == ["finish", "done"], kinds
+
+
+async def test_a_subagent_whose_turn_fails_to_begin_after_its_run_started(
+    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BeginTurn of a subagent fails once its run has called the model: the run stores nothing, the
+    buffer ends with the error, the row ends failed (none left pending), and the supervisor goes on."""
+    mesh.mock.set_rules(rules(*fan_out([{"goal": "doomed part", "agentSlug": "helper"}], "doomed child")))
+    asked = len(mesh.mock.requests())
+
+    async def down(self: SqlTraceStore, owner: str, trace_id: str, msgs: Any, parent: Any) -> Any:
+        if is_subagent_turn(msgs):
+            await mesh.mock.wait_requests(asked + 2, timeout=10)  # the child's run is under way
+            raise Unavailable("the database went away")
+        return await stored(self, owner, trace_id, msgs, parent)
+
+    stored = SqlTraceStore.append_messages
+    monkeypatch.setattr(SqlTraceStore, "append_messages", down)
+    events = await chat(mesh, "general", "doomed child", timeout=30)
+    monkeypatch.undo()
+    assert events[-1]["type"] == "done", "the supervisor's turn goes on"
+    out = next(e for e in events if e["type"] == "tool-output-available")["output"]
+    (result,) = out["results"]
+    assert result["status"] == "failed" and result["error"] == "unavailable: the database went away", result
+    assert mesh.clients is not None
+    with identity.acting_as(mesh.user):
+        (row,) = (
+            await mesh.clients.trace.ListSubagentSessions(
+                ts.ListSubagentSessionsRequest(trace_id=events[0]["sessionId"])
+            )
+        ).subagents
+    assert row.status == ev_pb.SUBAGENT_STATUS_FAILED
+    buffered = await read_buffer(mesh, subagent_key(row.id))
+    assert [events_of.kind(e) for e in buffered] == ["error"], buffered
+    assert buffered[0].error.code == ev_pb.ERROR_CODE_UNAVAILABLE
