@@ -166,8 +166,9 @@ async def test_a_stopped_service_ends_the_append_unavailable(trace_backend, sign
 
 async def test_writers_of_many_users_share_one_stream(trace_stub, signer, unique):
     """One appender with a signer, 40 concurrent writers of 5 users (8 writers per user, one trace
-    each), 10 appends each: on its two streams (lanes) and no more; every trace gap-free 1..80 in one chain, each writer's appends
-    in its order, every row in its writer's user's trace (another user's writer gets NotFound)."""
+    each), 10 appends each: on its two streams (lanes) and no more; every trace gap-free 1..80 in one
+    chain, each writer's appends in its order, every row in its writer's user's trace (another user's
+    writer gets NotFound)."""
     users = [f"u{k}-{unique}" for k in range(5)]
     traces = {u: (await new_trace(trace_stub, u)).id for u in users}
     appender = MessageAppender(trace_stub, signer=signer)
