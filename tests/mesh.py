@@ -322,6 +322,22 @@ async def chat(
     return out
 
 
+async def read_buffer(mesh: Mesh, key: str) -> list[Any]:
+    """Every event of buffer `key` (as the mesh's user) from its start to its terminal one."""
+    from agentmesh.stream.v1 import stream_service_pb2 as ss
+    from libs import events
+
+    assert mesh.clients is not None
+    out: list[Any] = []
+    request = ss.SubscribeStreamRequest(key=key, idle_timeout_ms=5000)
+    with identity.acting_as(mesh.user):
+        async for resp in mesh.clients.stream.SubscribeStream(request, timeout=10):
+            out.append(resp.event)
+            if events.is_terminal(resp.event):
+                break
+    return out
+
+
 async def wait_until(predicate: Any, timeout: float = 10.0, what: str = "condition") -> Any:
     """Polls an async or sync predicate until it returns a truthy value, or fails at the deadline.
     For state that has no event to wait on (rows written by another service)."""

@@ -14,7 +14,6 @@ from google.protobuf import field_mask_pb2
 from sqlalchemy import text
 
 from agentmesh.events.v1 import events_pb2 as ev_pb
-from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events as events_of
@@ -24,7 +23,17 @@ from libs.errors import Unavailable
 from libs.ids import subagent_key
 from services.trace.store.sql.db import create_engine
 from services.trace.store.sql.traces import SqlTraceStore
-from tests.mesh import BACKENDS, TEST_CATALOG, Mesh, chat, mesh_on, sse_events, system_of, wait_until
+from tests.mesh import (
+    BACKENDS,
+    TEST_CATALOG,
+    Mesh,
+    chat,
+    mesh_on,
+    read_buffer,
+    sse_events,
+    system_of,
+    wait_until,
+)
 
 GLOBAL = SubagentDefaults(max_concurrent=3, timeout_ms=20000)
 SUMMARY_DONE = {"total": 5, "completed": 5, "running": 0, "failed": 0, "cancelled": 0}
@@ -425,17 +434,13 @@ async def test_agents_route_shows_effective_config(mesh: Mesh) -> None:
     assert agents["general"]["invoke"]["allowedCallees"][:2] == ["coder", "slow"]
 
 
-async def read_buffer(mesh: Mesh, key: str) -> list[ev_pb.Event]:
-    """Every event of `key` from its start to its terminal one."""
+async def only_row(mesh: Mesh, trace_id: str) -> Any:
+    """The one subagent row of a turn's trace."""
     assert mesh.clients is not None
-    out: list[ev_pb.Event] = []
-    request = ss.SubscribeStreamRequest(key=key, idle_timeout_ms=5000)
     with identity.acting_as(mesh.user):
-        async for resp in mesh.clients.stream.SubscribeStream(request, timeout=10):
-            out.append(resp.event)
-            if events_of.is_terminal(resp.event):
-                break
-    return out
+        request = ts.ListSubagentSessionsRequest(trace_id=trace_id)
+        (row,) = (await mesh.clients.trace.ListSubagentSessions(request)).subagents
+    return row
 
 
 def is_subagent_turn(messages: Any) -> bool:
@@ -468,13 +473,9 @@ async def test_a_subagent_calls_its_model_while_its_turn_begins(
     out = next(e for e in events if e["type"] == "tool-output-available")["output"]
     assert [r["status"] for r in out["results"]] == ["completed"], out
     assert out["results"][0]["summary"] == "helped with early part"
+    row = await only_row(mesh, events[0]["sessionId"])
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
-        (row,) = (
-            await mesh.clients.trace.ListSubagentSessions(
-                ts.ListSubagentSessionsRequest(trace_id=events[0]["sessionId"])
-            )
-        ).subagents
         child = await mesh.clients.trace.ListMessages(
             ts.ListMessagesRequest(trace_id=row.child_trace_id, mode=ts.PATH_MODE_MAIN_PATH)
         )
@@ -508,13 +509,7 @@ async def test_a_subagent_whose_turn_fails_to_begin_after_its_run_started(
     out = next(e for e in events if e["type"] == "tool-output-available")["output"]
     (result,) = out["results"]
     assert result["status"] == "failed" and result["error"] == "unavailable: the database went away", result
-    assert mesh.clients is not None
-    with identity.acting_as(mesh.user):
-        (row,) = (
-            await mesh.clients.trace.ListSubagentSessions(
-                ts.ListSubagentSessionsRequest(trace_id=events[0]["sessionId"])
-            )
-        ).subagents
+    row = await only_row(mesh, events[0]["sessionId"])
     assert row.status == ev_pb.SUBAGENT_STATUS_FAILED
     buffered = await read_buffer(mesh, subagent_key(row.id))
     assert [events_of.kind(e) for e in buffered] == ["error"], buffered

@@ -20,7 +20,7 @@ from libs import events, identity
 from libs.errors import Unavailable
 from libs.ids import new_id, session_key
 from services.trace.store.sql.traces import SqlTraceStore
-from tests.mesh import BACKENDS, Mesh, chat, mesh_on
+from tests.mesh import BACKENDS, Mesh, chat, mesh_on, read_buffer
 
 FAST = {"rules": [], "default": {"text": "early " * 30}}  # at top speed: ready before the turn begins
 
@@ -32,19 +32,6 @@ async def mesh(
     m = await mesh_on(request, tmp_path_factory.mktemp("early"), rules=FAST)
     yield m
     await m.stop()
-
-
-async def read_buffer(mesh: Mesh, key: str) -> list[ev.Event]:
-    """Every event of `key` from its start to its terminal one."""
-    assert mesh.clients is not None
-    out: list[ev.Event] = []
-    request = ss.SubscribeStreamRequest(key=key, idle_timeout_ms=5000)
-    with identity.acting_as(mesh.user):
-        async for resp in mesh.clients.stream.SubscribeStream(request, timeout=10):
-            out.append(resp.event)
-            if events.is_terminal(resp.event):
-                break
-    return out
 
 
 async def test_a_fast_reply_follows_start(mesh: Mesh) -> None:
