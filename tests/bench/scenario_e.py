@@ -13,10 +13,10 @@ $TEST_DATABASE_URL) and for the trace service also on SQLite:
 - `trace_stream`: `agentmesh serve trace` as its own process (reserved ports,
   AGENTMESH_MESH_SECRET), driven over gRPC with libs.rpc.channel and a Signer as one process of the
   mesh drives it (a runtime with many runs at once): every writer acting as its user, one append after
-  the other, all writers sharing ONE `AppendMessageStream` (libs.clients.MessageAppender with the
-  Signer: the stream opened as the mesh, each append carrying its writer's user token, the appends
-  that queue while a request is answered sent together in the next): the path for writers of many
-  messages, and the one issue 17's goals are read on;
+  the other, all writers sharing ONE libs.clients.MessageAppender (with the Signer: its two
+  `AppendMessageStream`s opened as the mesh, each append carrying its writer's user token, the
+  appends that queue while a request is answered sent together in the next): the path for writers
+  of many messages, and the one issue 17's goals are read on;
 - `trace`: the same process and writers, one unary `AppendMessage` per append;
 - `grpc_floor`: grpc.health.v1 Check on that same trace process with the same writers: a unary
   call that does nothing, the most any RPC can reach here (not for `one_session`: no session);
@@ -722,7 +722,7 @@ def goals(table: dict[str, Any], cases: list[dict[str, Any]]) -> dict[str, Any]:
 # --- the report ----------------------------------------------------------------------------------------
 
 TARGET_NAMES = {
-    "trace_stream": "trace service, AppendMessageStream (one stream shared by the writers)",
+    "trace_stream": "trace service, AppendMessageStream (one appender, two streams, shared by the writers)",
     "trace": "trace service, unary AppendMessage",
     "grpc_floor": "gRPC floor: health Check, same process",
     "store": "the store in-process, no gRPC",
