@@ -174,7 +174,7 @@ class LLM:
             # client maps those of the request alone): a read timeout, a connection that broke.
             if not _from_transport(exc):
                 raise
-            if _timed_out(exc):
+            if _timed_out(exc) and not _hung_up(exc):
                 outcome = "timeout"
                 raise ModelTimeout(f"model {model} timed out: {type(exc).__name__} {exc}") from exc
             raise ModelError(f"model {model} failed: connection error: {type(exc).__name__} {exc}") from exc
