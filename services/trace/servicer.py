@@ -29,6 +29,7 @@ from services.trace.store.base import (
     KeyStore,
     LeaseStore,
     MessageQuery,
+    each_apart,
 )
 
 Ctx: TypeAlias = grpc.aio.ServicerContext
@@ -126,20 +127,12 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
             raise InvalidArgument("a request carries one append or several appends, not both")
         if len(request.appends) > MAX_STREAM_APPENDS:
             raise InvalidArgument(f"at most {MAX_STREAM_APPENDS} appends per request")
-        results: list[tp.Message | MeshError | None] = []
-        appends: list[Append] = []
-        where: list[int] = []
-        for item in request.appends:
-            try:  # the token is verified as the server interceptor verifies the call's
-                owner = user_of(self.signer.verify(item.identity) if item.identity else caller)
-            except MeshError as err:
-                results.append(err)
-                continue
-            where.append(len(results))
-            results.append(None)
-            appends.append(Append(owner, item.append.message, _parent(item.append)))
-        for index, result in zip(where, await self.h.traces.append_each(appends), strict=True):
-            results[index] = result
+
+        def verified(item: ts.StreamAppend) -> Append:  # as the server interceptor verifies the call's token
+            owner = user_of(self.signer.verify(item.identity) if item.identity else caller)
+            return Append(owner, item.append.message, _parent(item.append))
+
+        results = await each_apart(request.appends, verified, self.h.traces.append_each)
         resp = ts.AppendMessageStreamResponse()
         for r in results:
             if isinstance(r, MeshError):

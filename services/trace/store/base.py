@@ -11,9 +11,10 @@ here, a remote store that reads a peer's trace API, a hybrid store that routes b
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypeVar
 
 from agentmesh.agents.v1 import agent_pb2
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -71,6 +72,28 @@ class Append:
     owner: str
     message: tp.Message
     parent_sequence: int | None = None
+
+
+ItemT = TypeVar("ItemT")
+PreparedT = TypeVar("PreparedT")
+OutcomeT = TypeVar("OutcomeT")
+
+
+async def each_apart(
+    items: Sequence[ItemT],
+    prepare: Callable[[ItemT], PreparedT],
+    process: Callable[[list[PreparedT]], Awaitable[Sequence[OutcomeT | MeshError]]],
+) -> list[OutcomeT | MeshError]:
+    """One outcome per item, in order: `prepare` each (a MeshError it raises is that item's outcome),
+    then `process` the prepared ones together (one outcome each, in their order)."""
+    prepared: list[PreparedT | MeshError] = []
+    for item in items:
+        try:
+            prepared.append(prepare(item))
+        except MeshError as err:
+            prepared.append(err)
+    done = iter(await process([p for p in prepared if not isinstance(p, MeshError)]))
+    return [p if isinstance(p, MeshError) else next(done) for p in prepared]
 
 
 class TraceStore(abc.ABC):

@@ -47,6 +47,7 @@ from services.trace.store.base import (
     MessagePage,
     MessageQuery,
     TraceStore,
+    each_apart,
 )
 from services.trace.store.remote import RemoteTraceStore
 
@@ -212,24 +213,19 @@ class HybridTraceStore(TraceStore):
     async def append_each(self, appends: Sequence[Append]) -> list[tp.Message | MeshError]:
         """The appends to local traces go to the local store together; those to a peer's trace one
         after another (as append_message), beside them."""
-        out: list[tp.Message | MeshError | None] = [None] * len(appends)
-        local: list[int] = []
-        remote: list[int] = []
-        for index, a in enumerate(appends):
-            try:
-                (local if self.remote(a.message.trace_id, a.owner) is None else remote).append(index)
-            except MeshError as err:
-                out[index] = err
-        to_local = self.local.append_each([appends[i] for i in local])
-        if remote:
-            to_peers = super().append_each([appends[i] for i in remote])
-            done = list(zip((local, remote), await asyncio.gather(to_local, to_peers), strict=True))
-        else:
-            done = [(local, await to_local)]
-        for indexes, results in done:
-            for index, result in zip(indexes, results, strict=True):
-                out[index] = result
-        return [r for r in out if r is not None]
+
+        def placed(a: Append) -> tuple[Append, bool]:  # (the append, to a local trace)
+            return a, self.remote(a.message.trace_id, a.owner) is None
+
+        async def both(found: list[tuple[Append, bool]]) -> list[tp.Message | MeshError]:
+            local, peers = await asyncio.gather(
+                self.local.append_each([a for a, here in found if here]),
+                super(HybridTraceStore, self).append_each([a for a, here in found if not here]),
+            )
+            mine, theirs = iter(local), iter(peers)
+            return [next(mine) if here else next(theirs) for _, here in found]
+
+        return await each_apart(appends, placed, both)
 
     async def append_messages(
         self, owner: str, trace_id: str, messages: Sequence[tp.Message], parent_sequence: int | None = None

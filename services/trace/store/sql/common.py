@@ -311,14 +311,13 @@ class Database:
         uid = self._uids.get(name)
         if uid is not None:
             return uid
-        users = USERS
-        uid = await conn.scalar(select(users.c.id).where(users.c.name == name))
+        uid = await conn.scalar(select(USERS.c.id).where(USERS.c.name == name))
         if uid is not None:
             self._uids[name] = uid
             return int(uid)
-        stmt = self.insert(users).values(name=name, created_at=now())
+        stmt = self.insert(USERS).values(name=name, created_at=now())
         await conn.execute(stmt.on_conflict_do_nothing(index_elements=["name"]))
-        created = await conn.scalar(select(users.c.id).where(users.c.name == name))
+        created = await conn.scalar(select(USERS.c.id).where(USERS.c.name == name))
         assert created is not None
         return int(created)
 

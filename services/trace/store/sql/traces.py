@@ -17,7 +17,7 @@ from libs.errors import AlreadyExists, InvalidArgument, MeshError, NotFound
 from libs.ids import check_local_id
 from libs.protojson import enum_to_str
 from services.trace import domain
-from services.trace.store.base import Append, Deleted, MessagePage, MessageQuery, TraceStore
+from services.trace.store.base import Append, Deleted, MessagePage, MessageQuery, TraceStore, each_apart
 from services.trace.store.sql.appends import (
     AppendBatcher,
     Item,
@@ -228,20 +228,9 @@ class SqlTraceStore(TraceStore):
 
     async def append_each(self, appends: Sequence[Append]) -> list[tp.Message | MeshError]:
         """Every append into the batcher at once, so that they are written together."""
-        out: list[tp.Message | MeshError | None] = []
-        items: list[Item] = []
-        where: list[int] = []
-        for a in appends:
-            try:
-                items.append(make_item(a.owner, a.message, a.parent_sequence))
-            except MeshError as err:
-                out.append(err)
-                continue
-            where.append(len(out))
-            out.append(None)
-        for index, result in zip(where, await self.appends.append_each(items), strict=True):
-            out[index] = result
-        return [r for r in out if r is not None]
+        return await each_apart(
+            appends, lambda a: make_item(a.owner, a.message, a.parent_sequence), self.appends.append_each
+        )
 
     async def append_messages(
         self,
