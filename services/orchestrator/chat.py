@@ -53,6 +53,11 @@ class _End:
     error: BaseException | None = None
 
 
+def _stream_metadata(agent: str) -> dict[str, str]:
+    """What a chat turn's buffer says of itself."""
+    return {"agent": agent, "kind": "chat"}
+
+
 class ChatOrchestrator:
     def __init__(
         self,
@@ -111,14 +116,12 @@ class ChatOrchestrator:
         else:  # a new session: created with the turn's first messages, in the same call (BeginTurn)
             session = tp.Trace(id=new_id())
             # Its buffer is created while the agent is read (no turn to lock out of a new session).
-            request = ss.CreateStreamRequest(
-                key=session_key(session.id), metadata={"agent": agent, "kind": "chat"}
-            )
-            buffer = asyncio.ensure_future(rpc(self.clients.stream.CreateStream(request)))
+            key = session_key(session.id)
+            buffer = self.turns.create_buffer(key, _stream_metadata(agent))
             try:
                 found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
             except BaseException as exc:  # no turn: the buffer nobody will read ends with the refusal
-                await to_the_end(self._end_unused(buffer, request.key, exc))
+                await to_the_end(self.turns.end_unused(buffer, key, exc))
                 raise
             new_trace = tp.Trace(agent=found.slug, kind=tp.TRACE_KIND_CHAT, title=message.strip()[:80])
         spec = orc.RunTurnRequest(
@@ -128,7 +131,7 @@ class ChatOrchestrator:
             stream_key=session_key(session.id),
             role=rt.RUN_ROLE_SUPERVISOR,
             source=tp.MESSAGE_SOURCE_USER,
-            stream_metadata={"agent": found.slug, "kind": "chat"},
+            stream_metadata=_stream_metadata(found.slug),
         )
         queue: asyncio.Queue[ev.Event | _End] = asyncio.Queue()
         # The turn outlives this generator when the caller leaves; self.running keeps it.
@@ -162,16 +165,6 @@ class ChatOrchestrator:
         events are in its own buffer, where its readers follow them)."""
         agent = spec.resolved_agent if spec.HasField("resolved_agent") else None
         return await self.turns.run(spec, run_events=False, agent=agent)
-
-    async def _end_unused(self, buffer: asyncio.Future[Any], key: str, why: BaseException) -> None:
-        """A new session's buffer whose turn never began (its agent could not be read) ends with that
-        error, once created; nobody reads it and it expires like any closed buffer."""
-        with contextlib.suppress(Exception):
-            await buffer
-            err = why if isinstance(why, MeshError) else Cancelled("the turn was cancelled before it began")
-            await rpc(
-                self.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=events.error(err).error))
-            )
 
     async def _turn(
         self,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,14 +241,13 @@ class TurnEngine:
         )
         create: Awaitable[Any] | None = None
         early: list[grpc.aio.UnaryStreamCall] = []  # the run of a new trace, started before BeginTurn ends
-        if buffer is not None or not spec.stream_created:
-            request = ss.CreateStreamRequest(key=spec.stream_key, metadata=dict(spec.stream_metadata))
-            create = buffer or rpc(self.clients.stream.CreateStream(request))
+        if buffer is None and not spec.stream_created:
+            buffer = self.create_buffer(spec.stream_key, spec.stream_metadata)
+        if buffer is not None:
             if new_trace is None:  # the buffer first: it is the session's lock against a second turn
-                await create
-                create = None
+                await buffer
             else:  # a new trace has no turn to lock out: BeginTurn goes on while its buffer is created
-                create = self._create_then_run(create, spec, begin.user_message, run_events, agent, early)
+                create = self._create_then_run(buffer, spec, begin.user_message, run_events, agent, early)
         elif spec.empty_trace and agent is not None:
             # A child's new hidden trace, its buffer made by the caller: the run starts at once, as a
             # new trace's does, and calls the model while BeginTurn stores the messages.
@@ -256,28 +255,7 @@ class TurnEngine:
         if new_trace is not None:
             begin.new_trace.CopyFrom(new_trace)
         try:
-            try:
-                if create is None:
-                    begun = await rpc(self.clients.trace.BeginTurn(begin))
-                else:
-                    results = await asyncio.gather(
-                        rpc(self.clients.trace.BeginTurn(begin)), create, return_exceptions=True
-                    )
-                    if isinstance(results[0], ts.BeginTurnResponse):
-                        out.user_message, out.assistant_message = (
-                            results[0].user_message,
-                            results[0].assistant_message,
-                        )
-                    for result in results:
-                        if isinstance(result, BaseException):
-                            raise result
-                    begun = results[0]
-            except MeshError as err:
-                await to_the_end(self._fail(spec, out, err, None, partial))  # never leave the buffer open
-                raise
-            except asyncio.CancelledError as exc:
-                await to_the_end(self._fail(spec, out, cancel_reason(exc), None, partial))
-                raise
+            begun = await self._begin(spec, begin, create, out, partial)
             user, placeholder = begun.user_message, begun.assistant_message
             out.user_message, out.assistant_message = user, placeholder
             try:
@@ -295,6 +273,52 @@ class TurnEngine:
         finally:
             for call in early:
                 call.cancel()  # a turn that failed to begin stops its run (once over, a no-op)
+
+    def create_buffer(self, key: str, metadata: Mapping[str, str]) -> asyncio.Future[Any]:
+        """The CreateStream of a turn's buffer, under way from now."""
+        request = ss.CreateStreamRequest(key=key, metadata=dict(metadata))
+        return asyncio.ensure_future(rpc(self.clients.stream.CreateStream(request)))
+
+    async def end_unused(self, created: Awaitable[Any], key: str, why: BaseException) -> None:
+        """The buffer of a turn that never began (`created`: its CreateStream) ends with `why`; nobody
+        reads it, and it expires like any closed buffer."""
+        try:
+            await created
+        except Exception:
+            return  # never made: nothing to end
+        err = cancel_reason(why) if isinstance(why, asyncio.CancelledError) else as_mesh_error(why)
+        await self._close(key, events.error(err), None)
+
+    async def _begin(
+        self,
+        spec: orc.RunTurnRequest,
+        begin: ts.BeginTurnRequest,
+        create: Awaitable[Any] | None,
+        out: TurnOutcome,
+        partial: Partial,
+    ) -> ts.BeginTurnResponse:
+        """BeginTurn, beside `create` (the buffer's creation, then the early run) when given; the
+        messages are on `out` once stored. A turn that fails to begin ends its buffer with the error."""
+        try:
+            if create is None:
+                return await rpc(self.clients.trace.BeginTurn(begin))
+            results = await asyncio.gather(
+                rpc(self.clients.trace.BeginTurn(begin)), create, return_exceptions=True
+            )
+            begun = results[0]
+            if isinstance(begun, ts.BeginTurnResponse):
+                out.user_message, out.assistant_message = begun.user_message, begun.assistant_message
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            assert isinstance(begun, ts.BeginTurnResponse)
+            return begun
+        except MeshError as err:
+            await to_the_end(self._fail(spec, out, err, None, partial))  # never leave the buffer open
+            raise
+        except asyncio.CancelledError as exc:
+            await to_the_end(self._fail(spec, out, cancel_reason(exc), None, partial))
+            raise
 
     async def _create_then_run(
         self,
