@@ -72,22 +72,23 @@ async def _first(c: Clients, mesh: MeshSettings, call: grpc.aio.UnaryStreamCall)
     response = await rpc(call.read())
     if response is grpc.aio.EOF:
         raise Internal("the turn ended before it started")
-    begun = _Begun(response)
+    begun = _Begun(response, idle_ms=int(mesh.turn_timeout_s * 1000))
     for event in response.events:
         if events.kind(event) == "start" and event.offset:
-            begun.start = event
-            begun.subscription = subscribe(
-                c, session_key(event.start.session_id), event.offset, int(mesh.turn_timeout_s * 1000)
-            )
+            begun.start, begun.key = event, session_key(event.start.session_id)
+            begun.subscription = subscribe(c, begun.key, event.offset, begun.idle_ms)
     return begun
 
 
 @dataclass
 class _Begun:
-    """The first response of ExecuteChat, its `start`, and the subscription after it."""
+    """The first response of ExecuteChat, its `start`, and the subscription after it (to `key`, with
+    the idle timeout `idle_ms`, as `follow` goes on)."""
 
     response: orc.ExecuteChatResponse
+    idle_ms: int
     start: ev.Event | None = None
+    key: str = ""
     subscription: grpc.aio.UnaryStreamCall | None = None
 
     def cancel(self) -> None:
@@ -96,7 +97,7 @@ class _Begun:
 
 
 async def _turn_events(
-    c: Clients, mesh: MeshSettings, call: grpc.aio.UnaryStreamCall, first: _Begun, drain: Drain
+    c: Clients, call: grpc.aio.UnaryStreamCall, first: _Begun, drain: Drain
 ) -> AsyncIterator[ev.Event]:
     """The events of a turn ExecuteChat started (events_from_stream): `start`, its first response,
     then session:<id> read from the stream service, one hop from the runtime that writes it (the path
@@ -125,9 +126,7 @@ async def _turn_events(
 
         watcher = asyncio.create_task(watch(), name=f"watch:{start.start.session_id}")
         try:
-            idle_ms = int(mesh.turn_timeout_s * 1000)
-            key = session_key(start.start.session_id)
-            turn = follow(c, key, start.offset, idle_ms, drain, outcome, first.subscription)
+            turn = follow(c, first.key, start.offset, first.idle_ms, drain, outcome, first.subscription)
             async for event in turn:
                 if events.is_terminal(event) and event.offset:
                     # The buffer ended (a cancel, the turn's own end): the stream ends once the turn
@@ -155,7 +154,7 @@ async def chat(
     drain: Drain = request.app.state.drain
 
     async def stream() -> AsyncIterator[dict[str, str]]:
-        async for event in _turn_events(c, mesh, call, first, drain):
+        async for event in _turn_events(c, call, first, drain):
             yield sse_message(event)
 
     return EventSourceResponse(stream(), ping=mesh.stream.heartbeat_s, **drain_options(mesh))
@@ -219,7 +218,7 @@ async def ws(socket: WebSocket) -> None:
             call.cancel()
             await send(_ws_error(err))
             return
-        async for event in _turn_events(c, socket.app.state.settings, call, first, drain):
+        async for event in _turn_events(c, call, first, drain):
             await send(events.to_dict(event, with_offset=True))
 
     async def handle(data: Any) -> None:

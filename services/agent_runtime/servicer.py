@@ -34,7 +34,7 @@ class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
             raise InvalidArgument("a run that awaits its start is given its history (history_given)")
         # await_start: the model is called at once; nothing is stored before the turn's `start`
         sink = EventSink(self.clients, request.stream_key, await_start=request.await_start)
-        gate = sink.started
+        started = sink.started
 
         async def run() -> rt.RunResult:
             try:
@@ -43,8 +43,8 @@ class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
                 await sink.aclose()
 
         task = asyncio.create_task(run(), name=f"run:{request.agent}:{request.trace_id}")
-        if gate is not None:  # a turn that never started: the run stops at once, storing nothing
-            gate.add_done_callback(lambda g: None if g.cancelled() or not g.exception() else task.cancel())
+        if started is not None:  # a turn that never started: the run stops at once, storing nothing
+            started.add_done_callback(lambda s: None if s.cancelled() or not s.exception() else task.cancel())
         try:
             async for batch in sink.committed():
                 if not request.result_only:
@@ -56,7 +56,9 @@ class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
                 if current is not None and current.cancelling():
                     raise  # the caller went away or cancelled: the RPC ends CANCELLED
                 failed = (
-                    gate.exception() if gate is not None and gate.done() and not gate.cancelled() else None
+                    started.exception()
+                    if started is not None and started.done() and not started.cancelled()
+                    else None
                 )
                 if failed is not None:  # the turn never started: the run stopped, storing nothing
                     raise as_mesh_error(failed) from None
