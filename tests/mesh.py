@@ -21,9 +21,10 @@ import redis.asyncio as aioredis
 
 from agentmesh.auth.v1 import auth_service_pb2 as au
 from agentmesh.mock_llm import DEMO_RULES, MockLLM
+from agentmesh.stream.v1 import stream_service_pb2 as ss
 from gateway.app import create_app
 from gateway.server import http_limits
-from libs import embedded_http, identity
+from libs import embedded_http, events, identity
 from libs.clients import Clients
 from libs.config import A2ASettings, Addresses, LLMSettings, MeshSettings, StreamSettings
 from libs.identity import Signer
@@ -324,9 +325,6 @@ async def chat(
 
 async def read_buffer(mesh: Mesh, key: str) -> list[Any]:
     """Every event of buffer `key` (as the mesh's user) from its start to its terminal one."""
-    from agentmesh.stream.v1 import stream_service_pb2 as ss
-    from libs import events
-
     assert mesh.clients is not None
     out: list[Any] = []
     request = ss.SubscribeStreamRequest(key=key, idle_timeout_ms=5000)
