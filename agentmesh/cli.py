@@ -110,13 +110,20 @@ def _up(args: argparse.Namespace) -> int:
     try:
         if not args.no_mock_llm:
             supervisor.add("mock-llm", [py, "-m", "agentmesh.cli", "mock-llm", "--port", str(mock_port)])
-        for name in SERVICES:
-            supervisor.add(name, [py, "-m", "agentmesh.cli", "serve", name])
         from libs.rpc import wait_serving
 
         a = settings.addresses
-        for target in (a.trace, a.stream, a.agent_runtime, a.orchestrator):
-            asyncio.run(wait_serving(target, timeout_s=60))
+        # The stores first: a process whose first calls (the orchestrator's reaper, the gateway's
+        # lease keeper) find a store not yet listening leaves that channel in reconnect backoff for up
+        # to a second, and a turn in that second would fail UNAVAILABLE although everything is up.
+        for wave, targets in (
+            (SERVICES[:2], (a.trace, a.stream)),
+            (SERVICES[2:], (a.agent_runtime, a.orchestrator)),
+        ):
+            for name in wave:
+                supervisor.add(name, [py, "-m", "agentmesh.cli", "serve", name])
+            for target in targets:
+                asyncio.run(wait_serving(target, timeout_s=60))
         url = f"http://{settings.gateway_host}:{settings.gateway_port}"
         _wait_http(f"{url}/healthz", 60, supervisor)
         if not args.no_mock_llm:

@@ -150,7 +150,7 @@ async def test_agentmesh_up_streams_a_reply_and_stops_everything(tmp_path: Path,
             async with http.stream(
                 "POST", "/api/chat", json={"agent": "general", "message": "hello"}
             ) as resp:
-                assert resp.status_code == 200
+                assert resp.status_code == 200, await resp.aread()
                 events = [e async for e in sse_events(resp)]
         assert events[0]["type"] == "start" and events[-1]["type"] == "done"
         assert "You said" in "".join(e.get("textDelta", "") for e in events)
