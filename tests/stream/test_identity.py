@@ -4,6 +4,7 @@ exactly like a missing one. The mesh's own principal reads any buffer but create
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -25,15 +26,27 @@ from tests.stream.conftest import StreamHarness, append, close, collect, create,
 Call = Callable[[stream_service_pb2_grpc.StreamServiceStub, str, Any], Awaitable[Any]]
 
 
-async def _batches(key: str) -> AsyncIterator[pb.StreamAppendEventsRequest]:
-    yield pb.StreamAppendEventsRequest(key=key, events=deltas("x"))
+async def _sent(call: Any, request: Any) -> Any:
+    """`call` (a client-streaming one) with `request` written only if the call goes on: a call the
+    server refuses ends at once, and is left unwritten (grpc.aio turns a write that races the refusal
+    into INTERNAL, hiding the server's status). A call that is not refused waits for its requests: after
+    a bounded wait it is written to, and the test sees it succeed."""
+    ended = asyncio.ensure_future(call.code())
+    await asyncio.wait({ended}, timeout=5)
+    if not ended.done():
+        await call.write(request)
+        await call.done_writing()
+    return call
+
+
+async def _append_stream(stub: stream_service_pb2_grpc.StreamServiceStub, key: str, metadata: Any) -> Any:
+    request = pb.StreamAppendEventsRequest(key=key, events=deltas("x"))
+    return await (await _sent(stub.StreamAppendEvents(metadata=metadata), request))
 
 
 async def _write(stub: stream_service_pb2_grpc.StreamServiceStub, key: str, metadata: Any) -> Any:
-    async def batches() -> AsyncIterator[pb.WriteStreamRequest]:
-        yield pb.WriteStreamRequest(key=key, events=deltas("x"))
-
-    return [r async for r in stub.WriteStream(batches(), metadata=metadata)]
+    request = pb.WriteStreamRequest(key=key, events=deltas("x"))
+    return [r async for r in await _sent(stub.WriteStream(metadata=metadata), request)]
 
 
 async def _subscribe(stub: stream_service_pb2_grpc.StreamServiceStub, key: str, metadata: Any) -> Any:
@@ -45,7 +58,7 @@ RPCS: dict[str, Call] = {
     "AppendEvents": lambda s, k, m: s.AppendEvents(
         pb.AppendEventsRequest(key=k, events=deltas("x")), metadata=m
     ),
-    "StreamAppendEvents": lambda s, k, m: s.StreamAppendEvents(_batches(k), metadata=m),
+    "StreamAppendEvents": _append_stream,
     "WriteStream": _write,
     "CloseStream": lambda s, k, m: s.CloseStream(
         pb.CloseStreamRequest(key=k, done=ev.StreamDone()), metadata=m
