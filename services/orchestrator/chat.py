@@ -102,14 +102,18 @@ class ChatOrchestrator:
             found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
             _refuse_copies(session)
         elif session_id:  # the agent and the session, in one round trip (the agent's error first)
-            agent_call = asyncio.ensure_future(
-                rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))
+            got_agent: ag.GetAgentResponse | BaseException
+            got_trace: ts.GetTraceResponse | BaseException
+            got_agent, got_trace = await asyncio.gather(
+                rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent))),
+                rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id))),
+                return_exceptions=True,  # both read (no error left unretrieved), the agent's raised first
             )
-            trace_call = asyncio.ensure_future(
-                rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))
-            )
-            await asyncio.wait({agent_call, trace_call})
-            found, session = agent_call.result().agent, trace_call.result().trace
+            if isinstance(got_agent, BaseException):
+                raise got_agent
+            if isinstance(got_trace, BaseException):
+                raise got_trace
+            found, session = got_agent.agent, got_trace.trace
             if session.kind != tp.TRACE_KIND_CHAT:
                 raise InvalidArgument("only chat sessions take chat turns")
             _refuse_copies(session)
