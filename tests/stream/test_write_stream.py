@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
@@ -21,6 +21,7 @@ from libs import events, identity
 from libs.clients import Clients
 from libs.errors import Cancelled, Shutdown, from_rpc_error
 from services.agent_runtime.sink import EventSink
+from services.stream import backend as stream_backend
 from services.stream.redis_backend import RedisBackend
 from services.stream.server import build
 from tests.conftest import service_settings
@@ -287,6 +288,54 @@ async def test_a_batch_awaiting_start_goes_right_after_the_turns_start(
     got = await collect(stream, key)
     assert [events.kind(e) for e in got] == ["start", "reasoning_delta", "reasoning_delta", "done"]
     assert [e.offset for e in got[1:3]] == list(resp.offsets)
+
+
+async def test_a_batch_awaiting_start_waits_for_its_buffer_to_be_created(
+    stream: StreamHarness, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run started beside its buffer's CreateStream: its first batch finds no buffer yet; the service
+    waits for the buffer to be created, then for the turn's `start`, and appends the batch after it."""
+    looked = asyncio.Event()
+    waits = stream_backend._create_waits
+
+    def counted() -> Iterator[float | None]:
+        for i, pause in enumerate(waits()):
+            if i == 1:
+                looked.set()  # one look found no buffer
+            yield pause
+
+    monkeypatch.setattr(stream_backend, "_create_waits", counted)
+    key = f"session:{unique}"
+    writer = Writer(stream)
+    writer.requests.put_nowait(
+        pb.WriteStreamRequest(key=key, events=[events.reasoning_delta("before")], await_start=True)
+    )
+    answer = asyncio.ensure_future(writer.call.read())
+    await asyncio.wait_for(looked.wait(), 10)
+    await create(stream, key)
+    await append(stream, key, [_start(unique)])
+    resp = await asyncio.wait_for(answer, 10)
+    assert resp.start.assistant_message_id == 7 and len(resp.offsets) == 1
+    assert await writer.end() == grpc.StatusCode.OK
+    await close(stream, key)
+    assert [events.kind(e) for e in await collect(stream, key)] == ["start", "reasoning_delta", "done"]
+
+
+async def test_a_batch_awaiting_start_of_a_buffer_never_created_is_not_found(
+    stream: StreamHarness, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No buffer comes within CREATE_WAIT_S: NOT_FOUND, nothing stored."""
+    monkeypatch.setattr(stream_backend, "CREATE_WAIT_S", 0.2)
+    key = f"session:{unique}"
+    writer = Writer(stream)
+    writer.requests.put_nowait(
+        pb.WriteStreamRequest(key=key, events=[events.reasoning_delta("x")], await_start=True)
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await asyncio.wait_for(writer.call.read(), 10)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND, err.value
+    writer.requests.put_nowait(None)
+    assert not (await info(stream, key)).exists
 
 
 @pytest.mark.parametrize(
