@@ -8,7 +8,6 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -28,7 +27,15 @@ from gateway.sse import drain_options, follow, sse_message, subscribe
 from libs import events
 from libs.clients import Clients
 from libs.config import MeshSettings
-from libs.errors import FailedPrecondition, Internal, InvalidArgument, MeshError, from_rpc_error, rpc
+from libs.errors import (
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    MeshError,
+    from_event,
+    from_rpc_error,
+    rpc,
+)
 from libs.ids import MAX_ID, session_key
 
 router = APIRouter()
@@ -65,96 +72,119 @@ def _execute(c: Clients, body: ChatRequest) -> grpc.aio.UnaryStreamCall:
     return c.orchestrator.ExecuteChat(request)
 
 
-async def _first(c: Clients, mesh: MeshSettings, call: grpc.aio.UnaryStreamCall) -> _Begun:
-    """The first response, so that an early failure becomes an HTTP error, not a broken stream; and
-    the subscription to the turn's buffer after its `start`, started at once (the run's first events
-    may follow `start` closely: they are on their way while the response begins)."""
-    response = await rpc(call.read())
-    if response is grpc.aio.EOF:
-        raise Internal("the turn ended before it started")
-    begun = _Begun(response, idle_ms=int(mesh.turn_timeout_s * 1000))
-    for event in response.events:
-        if events.kind(event) == "start" and event.offset:
-            begun.start, begun.key = event, session_key(event.start.session_id)
-            begun.subscription = subscribe(c, begun.key, event.offset, begun.idle_ms)
-    return begun
+async def _begin(c: Clients, mesh: MeshSettings, call: grpc.aio.UnaryStreamCall) -> _Turn:
+    """The turn's `start`, read from its buffer: ExecuteChat says as soon as session:<id> exists (while
+    the turn is being stored), the subscription opens from the buffer's beginning then, so `start` and
+    the run's first events come straight from the stream service. A turn that does not begin (its
+    refusal, the buffer's first event, or the call's error) raises: an HTTP error, not a broken stream."""
+    turn = _Turn(call, idle_ms=int(mesh.turn_timeout_s * 1000))
+    try:
+        session_id = await turn.created
+        turn.key = session_key(session_id)
+        turn.subscription = subscribe(c, turn.key, "", turn.idle_ms)
+        first = await turn.first_event()
+        if not first.HasField("start"):
+            raise from_event(first.error) if first.HasField("error") else Internal("the turn did not start")
+        turn.start = first
+        return turn
+    except BaseException:
+        turn.close()
+        raise
 
 
-@dataclass
-class _Begun:
-    """The first response of ExecuteChat, its `start`, and the subscription after it (to `key`, with
-    the idle timeout `idle_ms`, as `follow` goes on)."""
+class _Turn:
+    """A turn ExecuteChat started (events_from_stream), read from its buffer `key`. The call stays open
+    while the turn runs, read by `watcher`: `created` is its first answer (the session whose buffer
+    exists), `outcome` an end the buffer could not store, or the call's failure (the orchestrator went
+    away)."""
 
-    response: orc.ExecuteChatResponse
-    idle_ms: int
-    start: ev.Event | None = None
-    key: str = ""
-    subscription: grpc.aio.UnaryStreamCall | None = None
+    def __init__(self, call: grpc.aio.UnaryStreamCall, idle_ms: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.call, self.idle_ms = call, idle_ms
+        self.key = ""
+        self.start: ev.Event | None = None
+        self.subscription: grpc.aio.UnaryStreamCall | None = None
+        self.created: asyncio.Future[str] = loop.create_future()
+        self.outcome: asyncio.Future[ev.Event] = loop.create_future()
+        self.watcher = asyncio.create_task(self._watch(), name="watch:turn")
 
-    def cancel(self) -> None:
+    async def _watch(self) -> None:
+        try:
+            async for response in self.call:
+                if response.session_id and not self.created.done():
+                    self.created.set_result(response.session_id)
+                for event in response.events:
+                    if not events.is_terminal(event) or event.offset:
+                        continue
+                    if not self.created.done():
+                        self.created.set_exception(from_event(event.error))
+                    elif not self.outcome.done():
+                        self.outcome.set_result(event)
+            if not self.created.done():
+                self.created.set_exception(Internal("the turn ended before it started"))
+        except grpc.aio.AioRpcError as exc:
+            err = from_rpc_error(exc)
+            if not self.created.done():
+                self.created.set_exception(err)
+            elif exc.code() != grpc.StatusCode.CANCELLED and not self.outcome.done():
+                self.outcome.set_result(events.error(err))
+
+    async def first_event(self) -> ev.Event:
+        """The buffer's first event, or the turn's end as the call reports it when that comes first."""
+        assert self.subscription is not None
+        first = asyncio.ensure_future(anext(aiter(self.subscription)))
+        try:
+            await asyncio.wait({first, self.outcome}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not first.done():
+                first.cancel()
+        if not first.done() or first.cancelled():
+            return self.outcome.result()
+        try:
+            return first.result().event  # type: ignore[no-any-return]
+        except StopAsyncIteration:
+            return events.error(Internal("the turn's buffer ended before it started"))
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from exc
+
+    def close(self) -> None:
+        """Stops reading (a client that left): the turn itself goes on."""
         if self.subscription is not None:
             self.subscription.cancel()
+        self.call.cancel()
+        self.watcher.cancel()
 
 
-async def _turn_events(
-    c: Clients, call: grpc.aio.UnaryStreamCall, first: _Begun, drain: Drain
-) -> AsyncIterator[ev.Event]:
-    """The events of a turn ExecuteChat started (events_from_stream): `start`, its first response,
-    then session:<id> read from the stream service, one hop from the runtime that writes it (the path
-    a resume takes). The call stays open while the turn runs: when the orchestrator goes away, or
-    reports an end the buffer could not store, that ends the reading."""
-    start = first.start
+async def _turn_events(c: Clients, turn: _Turn, drain: Drain) -> AsyncIterator[ev.Event]:
+    """The events of a turn `_begin` started: its `start`, then session:<id> from the stream service,
+    one hop from the runtime that writes it (the path a resume takes). When the orchestrator goes away,
+    or reports an end the buffer could not store, that ends the reading."""
+    assert turn.start is not None
     try:
-        for event in first.response.events:
+        yield turn.start
+        follow_turn = follow(
+            c, turn.key, turn.start.offset, turn.idle_ms, drain, turn.outcome, turn.subscription
+        )
+        async for event in follow_turn:
+            if events.is_terminal(event) and event.offset:
+                # The buffer ended (a cancel, the turn's own end): the stream ends once the turn
+                # is over too, so the reply it settled is stored when the client reads it.
+                await asyncio.wait({turn.watcher}, timeout=END_WAIT_S)
             yield event
-            if events.is_terminal(event):
-                return
-        if start is None:
-            yield events.error(Internal("the turn did not start"))
-            return
-        outcome: asyncio.Future[ev.Event] = asyncio.get_running_loop().create_future()
-
-        async def watch() -> None:
-            try:
-                async for response in call:
-                    for event in response.events:
-                        if events.is_terminal(event) and not event.offset and not outcome.done():
-                            outcome.set_result(event)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.CANCELLED and not outcome.done():
-                    outcome.set_result(events.error(from_rpc_error(exc)))
-
-        watcher = asyncio.create_task(watch(), name=f"watch:{start.start.session_id}")
-        try:
-            turn = follow(c, first.key, start.offset, first.idle_ms, drain, outcome, first.subscription)
-            async for event in turn:
-                if events.is_terminal(event) and event.offset:
-                    # The buffer ended (a cancel, the turn's own end): the stream ends once the turn
-                    # is over too, so the reply it settled is stored when the client reads it.
-                    await asyncio.wait({watcher}, timeout=END_WAIT_S)
-                yield event
-        finally:
-            watcher.cancel()
     finally:
-        first.cancel()  # the subscription, when it was never read (once read, a no-op)
-        call.cancel()  # a client that left stops reading; the turn itself goes on
+        turn.close()
 
 
 @router.post("/api/chat", response_class=EventSourceResponse, responses={200: SSE, **responses(*WRITE, 409)})
 async def chat(
     body: ChatRequest, request: Request, user: str = Depends(current_user), c: Clients = Depends(clients_dep)
 ) -> EventSourceResponse:
-    call = _execute(c, body)
     mesh = settings(request)
-    try:
-        first = await _first(c, mesh, call)
-    except BaseException:
-        call.cancel()
-        raise
+    turn = await _begin(c, mesh, _execute(c, body))
     drain: Drain = request.app.state.drain
 
     async def stream() -> AsyncIterator[dict[str, str]]:
-        async for event in _turn_events(c, call, first, drain):
+        async for event in _turn_events(c, turn, drain):
             yield sse_message(event)
 
     return EventSourceResponse(stream(), ping=mesh.stream.heartbeat_s, **drain_options(mesh))
@@ -211,14 +241,12 @@ async def ws(socket: WebSocket) -> None:
     leaving = asyncio.create_task(farewell())
 
     async def run_turn(body: ChatRequest) -> None:
-        call = _execute(c, body)
         try:
-            first = await _first(c, socket.app.state.settings, call)
+            turn = await _begin(c, socket.app.state.settings, _execute(c, body))
         except MeshError as err:
-            call.cancel()
             await send(_ws_error(err))
             return
-        async for event in _turn_events(c, call, first, drain):
+        async for event in _turn_events(c, turn, drain):
             await send(events.to_dict(event, with_offset=True))
 
     async def handle(data: Any) -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 from google.protobuf import field_mask_pb2
@@ -26,7 +27,7 @@ from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs import events
+from libs import events, identity
 from libs.aio import to_the_end
 from libs.clients import Clients
 from libs.config import MeshSettings
@@ -53,9 +54,65 @@ class _End:
     error: BaseException | None = None
 
 
+class _Opened(NamedTuple):
+    """A new session about to take its first turn."""
+
+    session: tp.Trace
+    agent: ap.Agent
+    trace: tp.Trace  # the row BeginTurn creates
+    buffer: asyncio.Future[Any]  # its CreateStream
+    early: grpc.aio.UnaryStreamCall | None  # its run, started with the agent as last read
+
+
+@dataclass
+class _Created:
+    """The turn's buffer exists (said to a caller that reads the events from it)."""
+
+    session_id: str
+
+
 def _stream_metadata(agent: str) -> dict[str, str]:
     """What a chat turn's buffer says of itself."""
     return {"agent": agent, "kind": "chat"}
+
+
+def _spec(session_id: str, agent: str, message: str) -> orc.RunTurnRequest:
+    """A chat turn of `agent` in session `session_id`."""
+    return orc.RunTurnRequest(
+        trace_id=session_id,
+        agent=agent,
+        user_text=message,
+        stream_key=session_key(session_id),
+        role=rt.RUN_ROLE_SUPERVISOR,
+        source=tp.MESSAGE_SOURCE_USER,
+        stream_metadata=_stream_metadata(agent),
+    )
+
+
+class LastAgents:
+    """The agent each user's slug was last read as (at most `size`, the least recently used go first).
+    A new session's run starts with it while the agent is read again: when the read differs, that run
+    is dropped before it stored anything and the turn runs the agent as read, so an edit still applies
+    to the next turn."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._agents: OrderedDict[tuple[str, str], ap.Agent] = OrderedDict()
+
+    def get(self, user: str, slug: str) -> ap.Agent | None:
+        agent = self._agents.get((user, slug))
+        if agent is not None:
+            self._agents.move_to_end((user, slug))
+        return agent
+
+    def put(self, user: str, slug: str, agent: ap.Agent) -> None:
+        self._agents[(user, slug)] = agent
+        self._agents.move_to_end((user, slug))
+        while len(self._agents) > self.size:
+            self._agents.popitem(last=False)
+
+    def forget(self, user: str, slug: str) -> None:
+        self._agents.pop((user, slug), None)
 
 
 class ChatOrchestrator:
@@ -70,6 +127,7 @@ class ChatOrchestrator:
         self.clients = clients
         self.turns = TurnEngine(clients, leases, metrics=metrics)
         self.running: dict[str, asyncio.Task[TurnOutcome]] = {}
+        self.last_agents = LastAgents()
 
     async def execute(
         self,
@@ -79,18 +137,20 @@ class ChatOrchestrator:
         *,
         any_kind: bool = False,
         events_from_stream: bool = False,
-    ) -> AsyncIterator[list[ev.Event]]:
+    ) -> AsyncIterator[list[ev.Event] | str]:
         """Starts a chat turn of the calling user and yields its events (with offsets), in batches of
         what is ready, until the buffer closes. `any_kind` (ContinueTrace, POST /api/traces/{id}/run):
         the trace may be of any kind, and an empty `agent` is the trace's own. `events_from_stream`: the
-        caller reads the events from the buffer, so only `start` and what the buffer could not take (no
-        offset) are yielded."""
+        caller reads the events from the buffer: first the session id is yielded, as soon as the
+        buffer exists (its first event will be `start`, or why the turn did not begin), then only what
+        the buffer could not take (no offset)."""
         if not message.strip():
             raise InvalidArgument("message must not be empty")
         if len(message) > MAX_MESSAGE_CHARS:
             raise InvalidArgument(f"message is longer than {MAX_MESSAGE_CHARS} characters")
         new_trace: tp.Trace | None = None
         buffer: asyncio.Future[Any] | None = None
+        early: grpc.aio.UnaryStreamCall | None = None
         if any_kind:
             if not is_local_id(session_id):
                 raise InvalidArgument(
@@ -118,29 +178,16 @@ class ChatOrchestrator:
                 raise InvalidArgument("only chat sessions take chat turns")
             _refuse_copies(session)
         else:  # a new session: created with the turn's first messages, in the same call (BeginTurn)
-            session = tp.Trace(id=new_id())
-            # Its buffer is created while the agent is read (no turn to lock out of a new session).
-            key = session_key(session.id)
-            buffer = self.turns.create_buffer(key, _stream_metadata(agent))
-            try:
-                found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
-            except BaseException as exc:  # no turn: the buffer nobody will read ends with the refusal
-                await to_the_end(self.turns.end_unused(buffer, key, exc))
-                raise
-            new_trace = tp.Trace(agent=found.slug, kind=tp.TRACE_KIND_CHAT, title=message.strip()[:80])
-        spec = orc.RunTurnRequest(
-            trace_id=session.id,
-            agent=found.slug,
-            user_text=message,
-            stream_key=session_key(session.id),
-            role=rt.RUN_ROLE_SUPERVISOR,
-            source=tp.MESSAGE_SOURCE_USER,
-            stream_metadata=_stream_metadata(found.slug),
-        )
-        queue: asyncio.Queue[ev.Event | _End] = asyncio.Queue()
+            opened = await self._open_session(agent, message, events_from_stream)
+            session, found, new_trace, buffer, early = opened
+        if buffer is None:  # the session's lock against a second turn: awaited before BeginTurn
+            buffer = self.turns.create_buffer(session_key(session.id), _stream_metadata(found.slug))
+        spec = _spec(session.id, found.slug, message)
+        queue: asyncio.Queue[ev.Event | _End | _Created] = asyncio.Queue()
         # The turn outlives this generator when the caller leaves; self.running keeps it.
         task = asyncio.create_task(
-            self._turn(spec, queue, events_from_stream, new_trace, found, buffer), name=f"turn:{session.id}"
+            self._turn(spec, queue, events_from_stream, new_trace, found, buffer, early),
+            name=f"turn:{session.id}",
         )
         previous = self.running.get(session.id)
         if previous is None or previous.done():
@@ -155,14 +202,52 @@ class ChatOrchestrator:
                     if item.error is not None:
                         raise item.error
                     return
-                batch.append(item)
-                if events.kind(item) in events.TERMINAL:
-                    yield batch
-                    return
+                if isinstance(item, _Created):
+                    if batch:
+                        yield batch
+                        batch = []
+                    yield item.session_id
+                else:
+                    batch.append(item)
+                    if events.kind(item) in events.TERMINAL:
+                        yield batch
+                        return
                 if queue.empty():
                     break
                 item = queue.get_nowait()
-            yield batch
+            if batch:
+                yield batch
+
+    async def _open_session(self, agent: str, message: str, from_stream: bool) -> _Opened:
+        """A new session's agent, read while its buffer is created, and its run started meanwhile with
+        the agent as this user last read it (kept when the read confirms it)."""
+        session = tp.Trace(id=new_id())
+        key = session_key(session.id)
+        buffer = self.turns.create_buffer(key, _stream_metadata(agent))
+        user = identity.current_user()
+        last = self.last_agents.get(user, agent)
+        early = None
+        if last is not None:
+            early = self.turns.start_early(_spec(session.id, last.slug, message), not from_stream, last)
+        try:
+            found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
+        except BaseException as exc:  # no turn: the buffer nobody will read ends with the refusal
+            self.last_agents.forget(user, agent)
+            if early is not None:
+                early.cancel()
+            await to_the_end(self.turns.end_unused(buffer, key, exc))
+            raise
+        self.last_agents.put(user, agent, found)
+        if early is not None and found != last:
+            # Changed since: that run may hold a reply for this buffer's `start`, which never comes
+            # (the buffer ends unused); the turn runs the agent as read, in a session of its own.
+            early.cancel()
+            early = None
+            await to_the_end(self.turns.end_unused(buffer, key, Cancelled("the agent changed")))
+            session = tp.Trace(id=new_id())
+            buffer = self.turns.create_buffer(session_key(session.id), _stream_metadata(found.slug))
+        new_trace = tp.Trace(agent=found.slug, kind=tp.TRACE_KIND_CHAT, title=message.strip()[:80])
+        return _Opened(session, found, new_trace, buffer, early)
 
     async def run_turn(self, spec: orc.RunTurnRequest) -> TurnOutcome:
         """A child turn (agent-invoke callee, subagent), run to its end for the calling runtime (its
@@ -173,39 +258,47 @@ class ChatOrchestrator:
     async def _turn(
         self,
         spec: orc.RunTurnRequest,
-        queue: asyncio.Queue[ev.Event | _End],
-        from_stream: bool = False,
-        new_trace: tp.Trace | None = None,
-        agent: ap.Agent | None = None,
-        buffer: asyncio.Future[Any] | None = None,
+        queue: asyncio.Queue[ev.Event | _End | _Created],
+        from_stream: bool,
+        new_trace: tp.Trace | None,
+        agent: ap.Agent,
+        buffer: asyncio.Future[Any],
+        early: grpc.aio.UnaryStreamCall | None = None,
     ) -> TurnOutcome:
-        """Runs the turn, handing its events to `queue` (from_stream: `start` and those without an
-        offset alone, the caller reads the rest from the buffer)."""
+        """Runs the turn, handing its events to `queue` (from_stream: once the buffer exists, that it
+        does, then the events without an offset alone: the caller reads the rest from the buffer).
+        From the buffer's creation on, a watcher cancels the turn when someone else cancels it."""
         watcher: asyncio.Task[None] | None = None
         current = asyncio.current_task()
         assert current is not None
-        delivered_terminal = started = False
+        delivered_terminal = created = False
+
+        def on_created(done: asyncio.Future[Any]) -> None:
+            nonlocal watcher, created
+            if done.cancelled() or done.exception() is not None or current.done():
+                return
+            created = True
+            watcher = asyncio.create_task(self._watch(spec, current))
+            if from_stream:
+                queue.put_nowait(_Created(spec.trace_id))
+
+        buffer.add_done_callback(on_created)
 
         def on_event(event: ev.Event) -> None:
-            nonlocal watcher, delivered_terminal, started
-            which = events.kind(event)
-            if which == "start":
-                started = True
-                if watcher is None:
-                    watcher = asyncio.create_task(self._watch(spec, event.offset, current))
-            if which in events.TERMINAL:
+            nonlocal delivered_terminal
+            if events.kind(event) in events.TERMINAL:
                 delivered_terminal = True
-            if not from_stream or which == "start" or not event.offset:
+            if not from_stream or not event.offset:
                 queue.put_nowait(event)
 
         def ended_elsewhere(err: MeshError) -> None:
             """Its buffer was ended by someone else (a cancel, a lease that ran out): say how, unless
             the caller reads that buffer, whose own terminal event says it."""
-            if not delivered_terminal and not (from_stream and started):
+            if not delivered_terminal and not (from_stream and created):
                 queue.put_nowait(events.error(err))
 
         try:
-            outcome = await self.turns.run(spec, on_event, new_trace, not from_stream, agent, buffer)
+            outcome = await self.turns.run(spec, on_event, new_trace, not from_stream, agent, buffer, early)
             ended_elsewhere(outcome.error or Internal("the turn ended without an outcome"))
             queue.put_nowait(_End())
             return outcome
@@ -226,11 +319,11 @@ class ChatOrchestrator:
             if watcher is not None:
                 watcher.cancel()
 
-    async def _watch(self, spec: orc.RunTurnRequest, from_offset: str, turn: asyncio.Task[object]) -> None:
-        """Cancels `turn` when someone else closes its buffer with code `cancelled`."""
+    async def _watch(self, spec: orc.RunTurnRequest, turn: asyncio.Task[object]) -> None:
+        """Cancels `turn` when someone else closes its buffer (just created: read from its beginning)
+        with code `cancelled`."""
         request = ss.SubscribeStreamRequest(
             key=spec.stream_key,
-            from_offset=from_offset,
             idle_timeout_ms=int(self.settings.turn_timeout_s * 1000),
             terminal_only=True,
         )

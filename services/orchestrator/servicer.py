@@ -24,7 +24,10 @@ class OrchestratorServicer(orc_grpc.OrchestratorServiceServicer):
             request.agent, request.message, request.session_id, events_from_stream=request.events_from_stream
         )
         async for batch in turn:
-            yield orc.ExecuteChatResponse(events=batch)
+            if isinstance(batch, str):  # the buffer session:<id> exists
+                yield orc.ExecuteChatResponse(session_id=batch)
+            else:
+                yield orc.ExecuteChatResponse(events=batch)
 
     @grpc_errors
     async def ContinueTrace(
@@ -33,6 +36,7 @@ class OrchestratorServicer(orc_grpc.OrchestratorServiceServicer):
         if not request.trace_id:
             raise InvalidArgument("trace_id is required")
         async for batch in self.chat.execute(request.agent, request.input, request.trace_id, any_kind=True):
+            assert not isinstance(batch, str)  # said only to a caller that reads the buffer
             yield orc.ContinueTraceResponse(events=batch)
 
     @grpc_errors

@@ -180,6 +180,7 @@ class TurnEngine:
         run_events: bool = True,
         agent: ap.Agent | None = None,
         buffer: Awaitable[Any] | None = None,
+        early: grpc.aio.UnaryStreamCall | None = None,
     ) -> TurnOutcome:
         """Runs the turn; returns its outcome (failures are in `outcome.error`); re-raises cancellation.
 
@@ -192,7 +193,8 @@ class TurnEngine:
         events are read back from the buffer only when a failed turn must keep what was streamed.
         `agent`: the agent as the caller just read it, handed to the run (which would read it again).
         `buffer`: the CreateStream of a new trace's buffer, which the caller started (beside reading
-        the agent)."""
+        the agent). `early`: the run of a new trace, which the caller started (`start_early`) with
+        `agent` before it had read it (the agent as it was last read, confirmed since)."""
         outcome = "cancelled"
         started = time.monotonic()
         with telemetry.span(
@@ -200,7 +202,7 @@ class TurnEngine:
         ) as span:
             try:
                 with self.leases.hold(stream=spec.stream_key):
-                    out = await self._run(spec, on_event, new_trace, run_events, agent, buffer)
+                    out = await self._run(spec, on_event, new_trace, run_events, agent, buffer, early)
                 outcome = out.error.code_name if out.error is not None else "ok"
                 return out
             except MeshError as err:
@@ -228,6 +230,7 @@ class TurnEngine:
         run_events: bool,
         agent: ap.Agent | None,
         buffer: Awaitable[Any] | None = None,
+        started: grpc.aio.UnaryStreamCall | None = None,
     ) -> TurnOutcome:
         out = TurnOutcome()
         partial = Partial()
@@ -247,7 +250,11 @@ class TurnEngine:
             if new_trace is None:  # the buffer first: it is the session's lock against a second turn
                 await buffer
             else:  # a new trace has no turn to lock out: BeginTurn goes on while its buffer is created
-                create = self._create_then_run(buffer, spec, begin.user_message, run_events, agent, early)
+                create = buffer
+                if started is not None:  # its run, which the caller started
+                    early.append(started)
+                elif agent is not None:  # its run, started now: the stream service waits for the buffer
+                    early.append(self._call_early(spec, begin.user_message, run_events, agent))
         elif spec.empty_trace and agent is not None:
             # A child's new hidden trace, its buffer made by the caller: the run starts at once, as a
             # new trace's does, and calls the model while BeginTurn stores the messages.
@@ -320,22 +327,14 @@ class TurnEngine:
             await to_the_end(self._fail(spec, out, cancel_reason(exc), None, partial))
             raise
 
-    async def _create_then_run(
-        self,
-        create: Awaitable[Any],
-        spec: orc.RunTurnRequest,
-        user: tp.Message,
-        run_events: bool,
-        agent: ap.Agent | None,
-        early: list[grpc.aio.UnaryStreamCall],
-    ) -> Any:
-        """Creates the buffer of a new trace, then starts its run at once (the history is the user
-        message, the agent was read): the run calls the model while BeginTurn stores the messages, and
-        stores nothing until `start` is in the buffer (RunAgentRequest.await_start)."""
-        created = await create
-        if agent is not None:
-            early.append(self._call_early(spec, user, run_events, agent))
-        return created
+    def start_early(
+        self, spec: orc.RunTurnRequest, run_events: bool, agent: ap.Agent
+    ) -> grpc.aio.UnaryStreamCall:
+        """The run of a new trace `spec.trace_id`, started now (beside its buffer's creation: the stream
+        service waits for the buffer): what `run(..., early=)` takes. A run no turn takes is the
+        caller's to cancel."""
+        user = self._message(spec, tp.MESSAGE_ROLE_USER, spec.user_text, tp.MESSAGE_STATUS_COMPLETED)
+        return self._call_early(spec, user, run_events, agent)
 
     def _call_early(
         self, spec: orc.RunTurnRequest, user: tp.Message, run_events: bool, agent: ap.Agent

@@ -103,10 +103,13 @@ async def test_an_edit_is_used_by_the_next_turn_on_every_replica(replicas: Repli
         )
         assert patched.status_code == 200 and patched.headers["etag"] == '"2"', patched.text
         after = await turns_until_both_ran(V2, marks)
-    # Every turn after the edit, the very first included, on either replica, used the new prompt.
+    # Every turn after the edit, the very first included, on either replica, used the new prompt. A
+    # new session's run starts with the agent as its orchestrator last read it (V1) while the agent is
+    # read again: the read shows the edit, and that run is dropped before it stored anything (the
+    # replies' versions below), at most once per orchestrator replica.
     since = prompts(mock1, marks[0]) + prompts(mock2, marks[1])
-    assert since and set(since) == {V2}, since
-    assert len(since) == after
+    assert since.count(V2) == after and set(since) <= {V1, V2}, since
+    assert since.count(V1) <= 2, since
     # Each reply records the version of the agent that produced it.
     async with mesh.http() as http:
         versions = [

@@ -245,8 +245,9 @@ async def test_another_users_session_is_not_found(mesh: Mesh) -> None:
 
 
 async def test_the_live_turn_is_read_from_the_stream_service(mesh: Mesh) -> None:
-    """ExecuteChat with events_from_stream carries `start` alone while the turn runs (the caller reads
-    session:<id>, whose deltas arrive, paced, before the turn ends); over HTTP the same turn streams."""
+    """ExecuteChat with events_from_stream says the session as soon as its buffer exists, and nothing
+    else while the turn runs: the caller reads session:<id> from its beginning, `start` first, whose
+    deltas arrive, paced, before the turn ends; over HTTP the same turn streams."""
     from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 
     mesh.mock.set_rules({"rules": [], "default": {"text": "paced " * 20, "tokens_per_second": 40}})
@@ -256,10 +257,9 @@ async def test_the_live_turn_is_read_from_the_stream_service(mesh: Mesh) -> None
             orc.ExecuteChatRequest(agent="general", message="live", events_from_stream=True)
         )
         first = await call.read()
-        assert [e.WhichOneof("payload") for e in first.events] == ["start"]
-        start = first.events[0]
+        assert first.session_id and not first.events, first
         follow = mesh.clients.stream.SubscribeStream(
-            ss.SubscribeStreamRequest(key=session_key(start.start.session_id), from_offset=start.offset)
+            ss.SubscribeStreamRequest(key=session_key(first.session_id), from_offset="")
         )
         rest: list[str] = []
         text_before_end = False
@@ -267,14 +267,17 @@ async def test_the_live_turn_is_read_from_the_stream_service(mesh: Mesh) -> None
             async for resp in follow:
                 kind = resp.event.WhichOneof("payload")
                 rest.append(kind)
+                if kind == "start":
+                    assert resp.event.start.session_id == first.session_id
                 if kind == "text_delta" and not text_before_end:
                     text_before_end = True
                     assert not call.done(), "text arrives while the turn still runs"
                 if kind in ("done", "error"):
                     break
-            assert [r async for r in call] == [], "nothing after start: every event is in the buffer"
+            assert [r async for r in call] == [], "nothing after the session: every event is in the buffer"
+    assert rest[0] == "start", rest
     assert text_before_end and rest[-2:] == ["finish", "done"], rest
-    assert set(rest[:-2]) == {"text_delta"}, rest
+    assert set(rest[1:-2]) == {"text_delta"}, rest
 
 
 async def test_paced_reply_streams_over_sse_before_the_turn_ends(mesh: Mesh) -> None:

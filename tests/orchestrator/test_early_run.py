@@ -19,8 +19,9 @@ from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events, identity
 from libs.errors import Unavailable
 from libs.ids import new_id, session_key
+from services.trace.store.sql.agents import SqlAgentStore
 from services.trace.store.sql.traces import SqlTraceStore
-from tests.mesh import BACKENDS, Mesh, chat, mesh_on, read_buffer
+from tests.mesh import BACKENDS, Mesh, chat, mesh_on, read_buffer, system_of
 
 FAST = {"rules": [], "default": {"text": "early " * 30}}  # at top speed: ready before the turn begins
 
@@ -151,3 +152,104 @@ async def test_await_start_needs_the_history(mesh: Mesh) -> None:
         async for _ in mesh.clients.runtime.RunAgent(request, timeout=10):
             pass
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# ---- a new session's run with the agent as last read ------------------------------------------------
+
+ONE_OR_TWO = {
+    "rules": [
+        {"system": "version one", "text": "reply one " * 5},
+        {"system": "version two", "text": "reply two " * 5},
+    ],
+    "default": {"text": "early " * 30},
+}
+
+
+async def _own_agent(mesh: Mesh, slug: str, prompt: str) -> None:
+    async with mesh.http() as http:
+        resp = await http.post("/api/agents", json={"slug": slug, "name": slug, "systemPrompt": prompt})
+    assert resp.status_code in (200, 201), resp.text
+
+
+def _text(got: list[dict[str, Any]]) -> str:
+    return "".join(e["textDelta"] for e in got if e["type"] == "text-delta")
+
+
+async def test_a_new_session_calls_the_model_while_its_agent_is_read_again(
+    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The user's agent was read for an earlier turn: a new session's run starts with it at once, and
+    the model is asked before the agent's second read answers; the turn is whole."""
+    mesh.mock.set_rules(FAST)
+    await chat(mesh, "general", "warm up")
+    asked = len(mesh.mock.requests())
+    reads: list[str] = []
+    original = SqlAgentStore.get_agent
+
+    async def late(self: SqlAgentStore, owner: str, slug: str) -> Any:
+        reads.append(slug)
+        await mesh.mock.wait_requests(asked + 1)  # the run asked the model before this answers
+        return await original(self, owner, slug)
+
+    monkeypatch.setattr(SqlAgentStore, "get_agent", late)
+    got = await chat(mesh, "general", "again")
+    monkeypatch.undo()
+    assert "general" in reads
+    kinds = [e["type"] for e in got]
+    assert kinds[0] == "start" and kinds[-2:] == ["finish", "done"], kinds
+    assert _text(got) == "early " * 30
+    assert len(mesh.mock.requests()) == asked + 1, "one model request: the run started early was kept"
+
+
+async def test_an_edit_between_turns_drops_the_early_run(mesh: Mesh, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent edited since it was last read: the run started with the old version is dropped before
+    it stores anything (its reply, held for a `start`, never lands), and the turn runs the edited
+    agent in a session of its own, whose buffer holds that reply alone."""
+    slug = f"spec-{new_id()[:8]}"
+    mesh.mock.set_rules(ONE_OR_TWO)
+    await _own_agent(mesh, slug, "You are version one.")
+    assert _text(await chat(mesh, slug, "first")) == "reply one " * 5
+    async with mesh.http() as http:
+        resp = await http.patch(f"/api/agents/{slug}", json={"systemPrompt": "You are version two."})
+    assert resp.status_code == 200, resp.text
+    asked = len(mesh.mock.requests())
+    original = SqlAgentStore.get_agent
+
+    async def late(self: SqlAgentStore, owner: str, s: str) -> Any:
+        await mesh.mock.wait_requests(asked + 1)  # the run with version one has asked the model
+        return await original(self, owner, s)
+
+    monkeypatch.setattr(SqlAgentStore, "get_agent", late)
+    got = await chat(mesh, slug, "second")
+    monkeypatch.undo()
+    assert _text(got) == "reply two " * 5, got
+    systems = [system_of(body) for body in mesh.mock.requests()[asked:]]
+    assert any("version one" in s for s in systems), "the early run asked the model with the old agent"
+    assert "version two" in systems[-1]
+    session = got[0]["sessionId"]
+    buffered = await read_buffer(mesh, session_key(session))
+    kinds = [events.kind(e) for e in buffered]
+    assert kinds[0] == "start" and kinds[-2:] == ["finish", "done"], kinds
+    assert (
+        "".join(e.text_delta.text_delta for e in buffered if events.kind(e) == "text_delta")
+        == "reply two " * 5
+    )
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{session}/messages")).json()["messages"]
+    assert [m["content"] for m in messages] == ["second", "reply two " * 5]
+
+
+async def test_a_deleted_agent_refuses_the_turn_and_drops_the_early_run(mesh: Mesh) -> None:
+    """The agent was deleted since it was last read: 404 as before, the run started early stores
+    nothing, and no session is left."""
+    slug = f"gone-{new_id()[:8]}"
+    mesh.mock.set_rules(ONE_OR_TWO)
+    await _own_agent(mesh, slug, "You are version one.")
+    assert _text(await chat(mesh, slug, "first")) == "reply one " * 5
+    async with mesh.http() as http:
+        assert (await http.delete(f"/api/agents/{slug}")).status_code in (200, 204)
+        before = (await http.get("/api/sessions")).json()
+        resp = await http.post("/api/chat", json={"agent": slug, "message": "anyone?"})
+        assert resp.status_code == 404, resp.text
+        after = (await http.get("/api/sessions")).json()
+    assert after == before, "no session was created"
