@@ -44,6 +44,7 @@ from libs.clients import Clients
 from libs.errors import Cancelled, Internal, MeshError, Shutdown, from_rpc_error
 
 _MAX_BATCH = 256
+_MAX_UNANSWERED = 64  # batches on a call without an answer: then one asks (it bounds what is held)
 _Entry = tuple[events_pb2.Event, "asyncio.Future[str] | None"]  # a future only where someone waits
 
 
@@ -75,6 +76,8 @@ class EventSink:
         self._closed = False
         self._failure: MeshError | None = None
         self._shutdowns = 0  # SHUTDOWNs with no answer since the last one
+        # A write call lives half its deadline (stream_rpc_timeout_s), then the next batch takes a new one.
+        self._call_life_s = clients.settings.stream_rpc_timeout_s / 2
         self._call: _WriteCall | None = self._open()  # opened now: ready for the first delta
         self._writer = asyncio.create_task(self._write_loop(), name=f"sink:{key}")
 
@@ -166,16 +169,22 @@ class EventSink:
                 continue
             batch, self._pending = self._pending[:_MAX_BATCH], self._pending[_MAX_BATCH:]
             start = self.started is not None and not self.started.done()
-            asks = (
+            # Replaced before its deadline (with nothing unanswered, so no batch is left in doubt).
+            retire = asyncio.get_running_loop().time() - call.opened > self._call_life_s
+            waits = (
                 start
+                or retire
                 or self._live
                 or any(fut is not None for _, fut in batch)
                 or ((self._closed or self._flush_wanted) and not self._pending)
             )
-            sent = _Sent(batch, asks, start)
+            sent = _Sent(batch, waits or len(call.unanswered) + 1 >= _MAX_UNANSWERED, start)
             call.send(self.key, sent)
-            while asks and sent in call.unanswered and not call.done():
+            while waits and sent in call.unanswered and not call.done():
                 await call.changed()  # its answer (or the call's end) comes
+            if retire and self._call is call and not call.unanswered:
+                call.retire()
+                self._call = None
 
     def _ended_unanswered(self, call: _WriteCall) -> None:
         """A call ended with batches unanswered: after SHUTDOWN (the service stopped and took none of
@@ -338,6 +347,7 @@ class _WriteCall:
         self._feed = _Feed()
         self.call = clients.stream.WriteStream(self._feed.requests())
         self.unanswered: collections.deque[_Sent] = collections.deque()
+        self.opened = asyncio.get_running_loop().time()
         self.error: Exception | None = None  # how the call ended, when it failed
         self._changed = asyncio.Event()  # an answer came, or the end
         self._reader = asyncio.get_running_loop().create_task(self._read(on_answer, on_end))
@@ -394,6 +404,11 @@ class _WriteCall:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._reader), timeout_s)
         self.call.cancel()
+
+    def retire(self) -> None:
+        """Half-closes a call whose every batch was answered: the service ends it, the reader reads
+        that end (nothing is waited for here)."""
+        self._feed.end()
 
     def cancel(self) -> None:
         """Ends the call (when it still runs) and its request feed; the reader sees the end."""

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -117,10 +118,12 @@ class _Call:
 @dataclass
 class _Clients:
     stream: _Stream
+    settings: Any = field(default_factory=lambda: SimpleNamespace(stream_rpc_timeout_s=3600.0))
 
 
-def _sink(stream: _Stream, **kw: Any) -> EventSink:
-    return EventSink(_Clients(stream), "session:x", **kw)  # type: ignore[arg-type]
+def _sink(stream: _Stream, call_timeout_s: float = 3600.0, **kw: Any) -> EventSink:
+    clients = _Clients(stream, SimpleNamespace(stream_rpc_timeout_s=call_timeout_s))
+    return EventSink(clients, "session:x", **kw)  # type: ignore[arg-type]
 
 
 async def test_events_queued_while_a_write_is_in_flight_go_in_one_batch() -> None:
@@ -161,6 +164,42 @@ async def test_batches_nobody_waits_for_go_unanswered_and_land_in_order() -> Non
     got = [e for b in [b async for b in sink.committed()] for e in b]
     assert [e.text_delta.text_delta for e in got] == [f"{i}" for i in range(10)] + ["last"]
     assert [e.offset for e in got] == [f"{n:05d}" for n in range(1, 12)]
+
+
+async def test_a_call_holds_a_bounded_number_of_unanswered_batches() -> None:
+    """Every 64th batch in a row asks for its answer (the writer does not wait for it): what a sink
+    holds for its answers stays bounded however long the run."""
+    stream = _Stream()
+    stream.gate.set()
+    sink = _sink(stream)
+    for i in range(70):
+        sink.emit(events.text_delta(f"{i}"))
+        await wait_until(lambda i=i: len(stream.batches) == i + 1, what=f"batch {i} taken")
+    assert [i for i, deferred in enumerate(stream.deferred) if not deferred] == [63]
+    assert stream.answers == 1
+    assert sink._call is not None and len(sink._call.unanswered) == 6
+    await sink.aclose()
+    got = [e for b in [b async for b in sink.committed()] for e in b]
+    assert [e.offset for e in got] == [f"{n:05d}" for n in range(1, 71)]
+
+
+async def test_a_call_is_replaced_before_its_deadline() -> None:
+    """A write call past half its deadline (stream_rpc_timeout_s) carries one more batch, asking for
+    its answer, and ends; the next batch goes on a new call (no batch is left unanswered at the
+    deadline, where it could be neither resent nor known stored)."""
+    stream = _Stream()
+    stream.gate.set()
+    sink = _sink(stream, call_timeout_s=0.2)
+    sink.emit(events.text_delta("a"))
+    await wait_until(lambda: len(stream.batches) == 1, what="the first batch taken")
+    await asyncio.sleep(0.15)  # the call's life (0.1 s) passes
+    sink.emit(events.text_delta("b"))
+    await wait_until(lambda: sink._call is None, what="the old call retired")
+    sink.emit(events.text_delta("c"))
+    await sink.aclose()
+    assert sink.failure is None
+    assert stream.batches == [["a"], ["b"], ["c"]] and stream.deferred == [True, False, False]
+    assert stream.calls == 2
 
 
 async def test_a_live_sink_asks_for_every_answer() -> None:
