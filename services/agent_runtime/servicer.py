@@ -33,7 +33,9 @@ class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
         if request.await_start and not request.history_given:
             raise InvalidArgument("a run that awaits its start is given its history (history_given)")
         # await_start: the model is called at once; nothing is stored before the turn's `start`
-        sink = EventSink(self.clients, request.stream_key, await_start=request.await_start)
+        sink = EventSink(
+            self.clients, request.stream_key, await_start=request.await_start, live=not request.result_only
+        )
         started = sink.started
 
         async def run() -> rt.RunResult:

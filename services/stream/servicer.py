@@ -10,7 +10,7 @@ from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from agentmesh.stream.v1 import stream_service_pb2_grpc
 from libs import identity
-from libs.errors import InvalidArgument, PermissionDenied, grpc_errors
+from libs.errors import InvalidArgument, PermissionDenied, Shutdown, grpc_errors
 from libs.ids import shown
 from services.stream.backend import StreamBackend
 
@@ -60,16 +60,25 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
         self, request: AsyncIterator[pb.WriteStreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WriteStreamResponse]:
         writer, key = _reader(), ""
-        async for message in self.backend.until_shutdown(request):
-            key = key or message.key
-            if message.key != key:
-                raise InvalidArgument(
-                    f"one WriteStream call writes one key: {key}, not {shown(message.key, 80)}"
-                )
-            start = await self.backend.await_start(key, writer) if message.await_start else None
-            yield pb.WriteStreamResponse(
-                offsets=await self.backend.append(key, message.events, writer), start=start
-            )
+        deferred: list[str] = []  # the offsets of the batches taken since the last answer
+        try:
+            async for message in self.backend.until_shutdown(request):
+                key = key or message.key
+                if message.key != key:
+                    raise InvalidArgument(
+                        f"one WriteStream call writes one key: {key}, not {shown(message.key, 80)}"
+                    )
+                start = await self.backend.await_start(key, writer) if message.await_start else None
+                offsets = await self.backend.append(key, message.events, writer)
+                if message.defer_answer and start is None:
+                    deferred += offsets
+                    continue
+                yield pb.WriteStreamResponse(offsets=deferred + offsets, start=start)
+                deferred = []
+        except Shutdown:
+            if deferred:  # what was taken is answered: the writer sends again only what was not
+                yield pb.WriteStreamResponse(offsets=deferred)
+            raise
 
     @grpc_errors
     async def CloseStream(

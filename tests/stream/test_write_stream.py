@@ -61,6 +61,11 @@ class Writer:
         assert resp is not grpc.aio.EOF
         return list(resp.offsets)
 
+    def defer(self, key: str, *texts: str) -> None:
+        """Sends a batch that asks for no answer (its offsets come with the next answer)."""
+        batch = [events.reasoning_delta(t) for t in texts]
+        self.requests.put_nowait(pb.WriteStreamRequest(key=key, events=batch, defer_answer=True))
+
     async def end(self) -> grpc.StatusCode:
         self.requests.put_nowait(None)
         return await self.call.code()
@@ -100,6 +105,70 @@ async def test_batches_are_answered_with_their_offsets_in_order(
     got = await collect(stream, key, reader="alice")
     assert [e.offset for e in got] == [*offsets, closed.offset]
     assert "".join(texts(got)) == "abcde"
+
+
+async def test_deferred_batches_are_answered_with_the_next_answer(stream: StreamHarness, unique: str) -> None:
+    """Batches sent with defer_answer get no answer of their own: the next batch that asks is answered
+    with their offsets first, then its own, in order; an empty batch may ask."""
+    key = f"session:{unique}"
+    await create(stream, key)
+    writer = Writer(stream)
+    writer.defer(key, "a")
+    writer.defer(key, "b", "c")
+    answered = await writer.send(key, "d")
+    assert len(answered) == 4
+    writer.defer(key, "e")
+    assert len(await writer.send(key)) == 1  # an empty batch asks for the deferred one's offset
+    assert await writer.end() == grpc.StatusCode.OK
+    await close(stream, key)
+    got = await collect(stream, key)
+    assert texts(got) == ["a", "b", "c", "d", "e"]
+    assert [e.offset for e in got[:4]] == answered
+    assert [as_int(o) for o in answered] == sorted({as_int(o) for o in answered})
+
+
+async def test_a_deferred_batch_that_fails_ends_the_call_with_its_status(
+    stream: StreamHarness, unique: str
+) -> None:
+    """A writer that asked for no answer still learns of the failure: the call ends with it."""
+    key = f"session:{unique}"
+    await create(stream, key)
+    writer = Writer(stream)
+    writer.defer(key, "kept")
+    await wait_until(lambda: _length(stream, key, 1), what="the deferred batch stored")
+    await close(stream, key)
+    writer.defer(key, "refused")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await asyncio.wait_for(writer.call.read(), 10)  # no answer came: the call's end
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    writer.requests.put_nowait(None)
+    assert texts(await collect(stream, key)) == ["kept"]
+
+
+async def _length(h: StreamHarness, key: str, n: int) -> bool:
+    return (await info(h, key)).length == n
+
+
+async def test_a_stop_answers_the_deferred_batches_it_took_before_shutdown(
+    stream_factory: StreamFactory, unique: str
+) -> None:
+    """A stopping service answers every deferred batch it took, then says SHUTDOWN: the writer knows
+    what was stored, and that nothing after it was."""
+    h = await stream_factory()
+    key = f"session:{unique}"
+    await create(h, key)
+    writer = Writer(h)
+    writer.defer(key, "a")
+    writer.defer(key, "b", "c")
+    await wait_until(lambda: _length(h, key, 3), what="the deferred batches stored")
+    await asyncio.wait_for(h.server.stop(30.0), 5)
+    last = await asyncio.wait_for(writer.call.read(), 10)
+    assert last is not grpc.aio.EOF and len(last.offsets) == 3
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await writer.call.read()
+    assert isinstance(from_rpc_error(err.value), Shutdown), err.value
+    writer.requests.put_nowait(None)
+    assert (await h.backend.info(key)).last_offset == last.offsets[-1]
 
 
 async def test_a_buffer_closed_mid_stream_ends_the_call_failed_precondition(
@@ -168,24 +237,48 @@ def clients_for(h: StreamHarness, signer: Any, target: str = "") -> Clients:
     return Clients(settings, signer)
 
 
+def count_answers(clients: Clients) -> list[int]:
+    """Counts the answers read off the WriteStream calls of `clients` (the real calls, read through)."""
+    counted = [0]
+    write = clients.stream.WriteStream
+
+    def counting(requests: Any, **kw: Any) -> Any:
+        call = write(requests, **kw)
+        read = call.read
+
+        async def read_counted() -> Any:
+            resp = await read()
+            counted[0] += resp is not grpc.aio.EOF
+            return resp
+
+        call.read = read_counted
+        return call
+
+    clients.stream.WriteStream = counting  # type: ignore[method-assign]
+    return counted
+
+
 async def test_an_event_sink_writes_on_one_call(stream: StreamHarness, signer: Any, unique: str) -> None:
+    """Deltas nobody waits for go without answers, in order; store() asks for the one answer."""
     key = f"session:{unique}"
     await create(stream, key)
     clients = clients_for(stream, signer)
+    answers = count_answers(clients)
     try:
         with identity.acting_as("alice"):  # the runtime's writer acts for the turn's user
             sink = EventSink(clients, key)
         for i in range(50):
             sink.emit(events.reasoning_delta(f"{i} "))
-            await asyncio.sleep(0)  # let the writer go: later deltas queue behind a batch in flight
+            await asyncio.sleep(0)  # let the writer go: a delta per batch, or what queued meanwhile
         stored = await sink.store(events.reasoning_delta("end"))
+        assert answers == [1]  # the batches before it were answered with it
         await sink.aclose()
         batches = [b async for b in sink.committed()]
     finally:
         await clients.close()
     offsets = [e.offset for b in batches for e in b]
     assert offsets[-1] == stored and len(offsets) == 51
-    assert len(batches) < 51  # what queued while a batch was in flight went in one batch
+    assert [as_int(o) for o in offsets] == sorted({as_int(o) for o in offsets})
     got = await collect(stream, key, reader="alice", idle_timeout_ms=200)
     assert [e.offset for e in got if events.kind(e) != "error"] == offsets  # no terminal yet: idles out
     assert "".join(texts([e for b in batches for e in b])) == "".join(f"{i} " for i in range(50)) + "end"
@@ -212,11 +305,15 @@ async def test_an_event_sink_on_a_closed_buffer_is_cancelled(
 
 
 @pytest.mark.redis
+@pytest.mark.parametrize("mode", ["answered", "deferred", "held"])
 async def test_an_event_sink_moves_on_from_a_drained_replica(
-    redis_url: str, signer: Any, unique: str, stream_factory: StreamFactory
+    redis_url: str, signer: Any, unique: str, stream_factory: StreamFactory, mode: str
 ) -> None:
     """Two replicas on one Redis: the replica the sink writes through stops (SIGTERM's drain) between
-    batches; the next batch goes through the other one, and the buffer holds every event once."""
+    batches; the next batch goes through the other one, and the buffer holds every event once: also
+    when the batches before the stop went without answers (the stop answers them: none is resent),
+    and when the stop came while the replica held a batch awaiting the turn's start (SHUTDOWN says it
+    was not taken: it is sent again, through the other one, and lands right after the start)."""
     first = await stream_factory()
     if not isinstance(first.backend, RedisBackend):
         pytest.skip("replicas share buffers on Redis only")
@@ -228,8 +325,20 @@ async def test_an_event_sink_moves_on_from_a_drained_replica(
     await create(first, key)
     clients = clients_for(first, signer, f"ipv4:{first.server.target},{second.target}")
     try:
-        sink = EventSink(clients, key)
-        offsets = [await sink.store(events.text_delta(f"{i} ")) for i in range(4)]
+        sink = EventSink(clients, key, await_start=mode == "held")
+        holding = lambda: first.backend.subscribers + backend.subscribers == 1  # noqa: E731
+        if mode == "deferred":  # the batches go unanswered: the stopping replica answers what it took
+            for i in range(4):
+                sink.emit(events.text_delta(f"{i} "))
+                await wait_until(lambda i=i: _length(first, key, i + 1), what=f"batch {i} stored")
+            offsets = [(await first.backend.info(key)).last_offset]
+        elif mode == "held":  # one batch, held by a replica until the turn's start
+            for i in range(4):
+                sink.emit(events.text_delta(f"{i} "))
+            await wait_until(holding, what="a replica holds the first batch")
+            offsets = []
+        else:
+            offsets = [await sink.store(events.text_delta(f"{i} ")) for i in range(4)]
         writing = [
             s
             for s in (first.server, second)
@@ -240,11 +349,22 @@ async def test_an_event_sink_moves_on_from_a_drained_replica(
         ]
         assert len(writing) == 1
         await writing[0].stop(30.0)
+        live = backend if writing[0] is first.server else first.backend  # the replica still serving
+        if mode == "held":
+            await wait_until(holding, what="the other replica holds the batch sent again")
+            assert (await live.info(key)).length == 0
+            await live.append(key, [_start(unique)])
+            assert (await asyncio.wait_for(sink.start(), 10)).assistant_message_id == 7
         offsets += [await sink.store(events.text_delta(f"{i} ")) for i in range(4, 8)]
         await sink.aclose()
         assert sink.failure is None
         found = await first.backend.info(key)  # a stopped server's backend still reads Redis
-        assert (found.length, found.last_offset) == (8, offsets[-1])
+        held = mode == "held"
+        assert (found.length, found.last_offset) == (8 + held, offsets[-1])  # every event once
+        if held:
+            got = [e async for e in live.subscribe(key, idle_timeout_ms=200)]
+            assert events.kind(got[0]) == "start"
+            assert "".join(e.text_delta.text_delta for e in got[1:9]) == "".join(f"{i} " for i in range(8))
         assert [as_int(o) for o in offsets] == sorted({as_int(o) for o in offsets})
     finally:
         await clients.close()
