@@ -106,6 +106,8 @@ async def fuzz(mesh: Mesh, key: str, tmp_path: Path) -> None:
         f"{mesh.url}/openapi.json",
         *("--header", f"Authorization: Bearer {key}"),
         *("--checks", "all", "--workers", "1", "--max-time", f"{BUDGET_S:g}", "--request-timeout", "30"),
+        # use_after_free: see schemathesis.toml (the phase's own switch did not reach every sequence).
+        *("--exclude-checks", "use_after_free"),
         *("--report", "json", "--report-json-path", str(report_path)),
     ]
     process = await asyncio.create_subprocess_exec(
