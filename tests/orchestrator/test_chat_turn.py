@@ -262,19 +262,29 @@ async def test_the_live_turn_is_read_from_the_stream_service(mesh: Mesh) -> None
             ss.SubscribeStreamRequest(key=session_key(start.start.session_id), from_offset=start.offset)
         )
         rest: list[str] = []
+        offsets: list[str] = []
         text_before_end = False
+        stored = tp.Message()
         async with asyncio.timeout(20):
             async for resp in follow:
                 kind = resp.event.WhichOneof("payload")
                 rest.append(kind)
+                offsets.append(resp.event.offset)
                 if kind == "text_delta" and not text_before_end:
                     text_before_end = True
                     assert not call.done(), "text arrives while the turn still runs"
                 if kind in ("done", "error"):
+                    # `finish` and `done` come in one close, after the write-back: a reader that
+                    # sees the end finds the reply stored.
+                    message_id = start.start.assistant_message_id
+                    got = await mesh.clients.trace.GetMessage(ts.GetMessageRequest(message_id=message_id))
+                    stored = got.message
                     break
             assert [r async for r in call] == [], "nothing after start: every event is in the buffer"
     assert text_before_end and rest[-2:] == ["finish", "done"], rest
     assert set(rest[:-2]) == {"text_delta"}, rest
+    assert offsets[-2] and offsets[-1] and offsets[-2] != offsets[-1]
+    assert stored.status == tp.MESSAGE_STATUS_COMPLETED and stored.content == "paced " * 20
 
 
 async def test_paced_reply_streams_over_sse_before_the_turn_ends(mesh: Mesh) -> None:
