@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import websockets
@@ -302,3 +303,40 @@ async def test_paced_reply_streams_over_sse_before_the_turn_ends(mesh: Mesh) -> 
     assert len(deltas) >= 10, "paced tokens arrive one by one, not as one block"
     assert got[-1][0] - deltas[0] > 0.5, "the first text came long before the turn's end"
     assert "".join(e["textDelta"] for _, e in got if e["type"] == "text-delta") == "tick " * 30
+
+
+async def test_a_buffer_ended_between_the_write_back_and_the_close(
+    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone ends the buffer after the reply is stored, before the turn's own close (`finish` and
+    `done` in one call): that call appends nothing after the end, the buffer keeps the one terminal
+    event it got, and the reply stays stored."""
+    from agentmesh.events.v1 import events_pb2 as ev
+    from libs import events
+    from services.orchestrator.turns import TurnEngine
+    from tests.mesh import read_buffer
+
+    mesh.mock.set_rules({"rules": [], "default": {"text": "ended " * 10, "tokens_per_second": 100}})
+    finish = TurnEngine._finish
+    ended: list[str] = []
+
+    async def ended_first(self: TurnEngine, key: str, event: ev.Event, on_event: Any) -> None:
+        cut = ev.StreamError(code=ev.ERROR_CODE_CANCELLED, message="ended elsewhere")
+        await self.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=cut))
+        ended.append(key)
+        await finish(self, key, event, on_event)
+
+    monkeypatch.setattr(TurnEngine, "_finish", ended_first)
+    got = await chat(mesh, "general", "cut short", timeout=20)
+    monkeypatch.undo()
+    assert len(ended) == 1 and got[-1]["type"] == "error", [e["type"] for e in got]
+    buffered = await read_buffer(mesh, ended[0])
+    kinds = [events.kind(e) for e in buffered]
+    assert kinds[0] == "start" and kinds[-1] == "error" and "finish" not in kinds, kinds
+    assert buffered[-1].error.message == "ended elsewhere"
+    assert mesh.clients is not None
+    with identity.acting_as(mesh.user):
+        reply = await mesh.clients.trace.GetMessage(
+            ts.GetMessageRequest(message_id=buffered[0].start.assistant_message_id)
+        )
+    assert (reply.message.status, reply.message.content) == (tp.MESSAGE_STATUS_COMPLETED, "ended " * 10)
