@@ -4,7 +4,7 @@ subagent (seed 3's stable anchor; seed 1's persisted A2A messages).
 create the live buffer -> save the user message -> pre-create the assistant placeholder (the
 anchor) -> `start` -> AgentRuntimeService.RunAgent streams the run (its events are already in the
 buffer) -> write content, thinking, model, usage and metadata back onto the placeholder -> `finish`
--> close the buffer with `done`.
+and `done` (one CloseStream call).
 
 Whatever fails, the buffer ends: the placeholder keeps what was streamed (text, reasoning, tool
 calls) marked failed or cancelled with `metadata.error`, and the buffer closes with an `error` event.
@@ -157,6 +157,16 @@ class TurnEngine:
         if resp.closed:
             outcome.offset = resp.offset
             await _deliver(on_event, outcome)
+
+    async def _finish(self, key: str, finish: ev.Event, on_event: OnEvent | None) -> None:
+        """`finish`, then `done`: one CloseStream. Raises as an append does (a buffer closed meanwhile:
+        FailedPrecondition), so that the turn's failure path ends the buffer with the error."""
+        request = ss.CloseStreamRequest(key=key, events=[finish], done=ev.StreamDone())
+        resp = await rpc(self.clients.stream.CloseStream(request, timeout=self.grace_s))
+        finish.offset = resp.offsets[0]
+        await _deliver(on_event, finish)
+        if resp.closed:  # else someone ended it between the two (a cancel): theirs is the end
+            await _deliver(on_event, ev.Event(done=ev.StreamDone(), offset=resp.offset))
 
     @staticmethod
     def _message(spec: orc.RunTurnRequest, role: int, content: str, status: int) -> tp.Message:
@@ -357,8 +367,8 @@ class TurnEngine:
         request: rt.RunAgentRequest,
         call: grpc.aio.UnaryStreamCall | None = None,
     ) -> None:
-        """start -> the run (`call`: already started, awaiting `start`) -> the write-back -> finish ->
-        done."""
+        """start -> the run (`call`: already started, awaiting `start`) -> the write-back -> finish and
+        done in one call (a reader that sees the end finds the reply stored)."""
         start = ev.Event(
             start=ev.TurnStart(
                 session_id=spec.trace_id,
@@ -376,8 +386,7 @@ class TurnEngine:
                 finish_reason=out.result.finish_reason, usage=out.result.usage, model=out.result.model
             )
         )
-        await self._append(spec.stream_key, finish, on_event)
-        await self._close(spec.stream_key, events.done(), on_event)
+        await self._finish(spec.stream_key, finish, on_event)
 
     @staticmethod
     def _run_request(

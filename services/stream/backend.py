@@ -143,6 +143,16 @@ class StreamBackend(abc.ABC):
         """Appends the terminal event and closes: (its offset, True); (terminal offset, False) if closed.
         NotFound as for append."""
 
+    async def end(
+        self, key: str, batch: Sequence[ev.Event], terminal: ev.Event, writer: str = ""
+    ) -> tuple[list[str], str, bool]:
+        """Appends `batch` (none terminal), then closes with `terminal`: (the batch's offsets, the
+        terminal's offset, closed). Append's errors when there is a batch (a closed buffer:
+        FailedPrecondition, nothing appended); without one, as `close`."""
+        offsets = await self.append(key, batch, writer) if batch else []
+        offset, closed = await self.close(key, terminal, writer)
+        return offsets, offset, closed
+
     @abc.abstractmethod
     async def renew(self, keys: Sequence[str]) -> int:
         """Renews the leases of the open buffers among `keys`; returns how many."""

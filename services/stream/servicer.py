@@ -11,6 +11,7 @@ from agentmesh.stream.v1 import stream_service_pb2 as pb
 from agentmesh.stream.v1 import stream_service_pb2_grpc
 from libs import identity
 from libs.errors import InvalidArgument, PermissionDenied, Shutdown, grpc_errors
+from libs.events import is_terminal
 from libs.ids import shown
 from services.stream.backend import StreamBackend
 
@@ -91,8 +92,10 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
             terminal = ev.Event(error=request.error)
         else:
             raise InvalidArgument("CloseStream needs an outcome: done or error")
-        offset, closed = await self.backend.close(request.key, terminal, _reader())
-        return pb.CloseStreamResponse(offset=offset, closed=closed)
+        if any(is_terminal(event) for event in request.events):
+            raise InvalidArgument("CloseStream's events come before its outcome: none of them terminal")
+        offsets, offset, closed = await self.backend.end(request.key, request.events, terminal, _reader())
+        return pb.CloseStreamResponse(offset=offset, closed=closed, offsets=offsets)
 
     @grpc_errors
     async def SubscribeStream(

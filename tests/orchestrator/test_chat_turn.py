@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import websockets
@@ -262,22 +263,33 @@ async def test_the_live_turn_is_read_from_the_stream_service(mesh: Mesh) -> None
             ss.SubscribeStreamRequest(key=session_key(first.session_id), from_offset="")
         )
         rest: list[str] = []
+        offsets: list[str] = []
         text_before_end = False
+        stored = tp.Message()
         async with asyncio.timeout(20):
             async for resp in follow:
                 kind = resp.event.WhichOneof("payload")
                 rest.append(kind)
+                offsets.append(resp.event.offset)
                 if kind == "start":
                     assert resp.event.start.session_id == first.session_id
+                    start = resp.event
                 if kind == "text_delta" and not text_before_end:
                     text_before_end = True
                     assert not call.done(), "text arrives while the turn still runs"
                 if kind in ("done", "error"):
+                    # `finish` and `done` come in one close, after the write-back: a reader that
+                    # sees the end finds the reply stored.
+                    message_id = start.start.assistant_message_id
+                    got = await mesh.clients.trace.GetMessage(ts.GetMessageRequest(message_id=message_id))
+                    stored = got.message
                     break
             assert [r async for r in call] == [], "nothing after the session: every event is in the buffer"
     assert rest[0] == "start", rest
     assert text_before_end and rest[-2:] == ["finish", "done"], rest
     assert set(rest[1:-2]) == {"text_delta"}, rest
+    assert offsets[-2] and offsets[-1] and offsets[-2] != offsets[-1]
+    assert stored.status == tp.MESSAGE_STATUS_COMPLETED and stored.content == "paced " * 20
 
 
 async def test_paced_reply_streams_over_sse_before_the_turn_ends(mesh: Mesh) -> None:
@@ -295,3 +307,40 @@ async def test_paced_reply_streams_over_sse_before_the_turn_ends(mesh: Mesh) -> 
     assert len(deltas) >= 10, "paced tokens arrive one by one, not as one block"
     assert got[-1][0] - deltas[0] > 0.5, "the first text came long before the turn's end"
     assert "".join(e["textDelta"] for _, e in got if e["type"] == "text-delta") == "tick " * 30
+
+
+async def test_a_buffer_ended_between_the_write_back_and_the_close(
+    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone ends the buffer after the reply is stored, before the turn's own close (`finish` and
+    `done` in one call): that call appends nothing after the end, the buffer keeps the one terminal
+    event it got, and the reply stays stored."""
+    from agentmesh.events.v1 import events_pb2 as ev
+    from libs import events
+    from services.orchestrator.turns import TurnEngine
+    from tests.mesh import read_buffer
+
+    mesh.mock.set_rules({"rules": [], "default": {"text": "ended " * 10, "tokens_per_second": 100}})
+    finish = TurnEngine._finish
+    ended: list[str] = []
+
+    async def ended_first(self: TurnEngine, key: str, event: ev.Event, on_event: Any) -> None:
+        cut = ev.StreamError(code=ev.ERROR_CODE_CANCELLED, message="ended elsewhere")
+        await self.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=cut))
+        ended.append(key)
+        await finish(self, key, event, on_event)
+
+    monkeypatch.setattr(TurnEngine, "_finish", ended_first)
+    got = await chat(mesh, "general", "cut short", timeout=20)
+    monkeypatch.undo()
+    assert len(ended) == 1 and got[-1]["type"] == "error", [e["type"] for e in got]
+    buffered = await read_buffer(mesh, ended[0])
+    kinds = [events.kind(e) for e in buffered]
+    assert kinds[0] == "start" and kinds[-1] == "error" and "finish" not in kinds, kinds
+    assert buffered[-1].error.message == "ended elsewhere"
+    assert mesh.clients is not None
+    with identity.acting_as(mesh.user):
+        reply = await mesh.clients.trace.GetMessage(
+            ts.GetMessageRequest(message_id=buffered[0].start.assistant_message_id)
+        )
+    assert (reply.message.status, reply.message.content) == (tp.MESSAGE_STATUS_COMPLETED, "ended " * 10)

@@ -108,6 +108,35 @@ async def test_close_requires_outcome(stream: StreamHarness, unique: str) -> Non
     assert not (await info(stream, f"session:{unique}")).closed
 
 
+async def test_close_appends_its_events_before_the_terminal(stream: StreamHarness, unique: str) -> None:
+    """A turn's `finish` and `done` in one CloseStream: the events first, in order, then the end; a
+    buffer already closed takes none of them; a terminal event among them is refused."""
+    key = f"session:{unique}"
+    await create(stream, key)
+    first = await append(stream, key, deltas("a"))
+    finish = ev.Event(finish=ev.TurnFinish(finish_reason=ev.FINISH_REASON_STOP, model="m"))
+    with pytest.raises(grpc.aio.AioRpcError) as terminal:
+        await stream.stub.CloseStream(
+            pb.CloseStreamRequest(key=key, events=[events.done()], done=ev.StreamDone())
+        )
+    assert terminal.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert not (await info(stream, key)).closed  # a refused close changes nothing
+
+    resp = await stream.stub.CloseStream(
+        pb.CloseStreamRequest(key=key, events=[finish, deltas("b")[0]], done=ev.StreamDone())
+    )
+    assert resp.closed and len(resp.offsets) == 2
+    assert as_int(first[0]) < as_int(resp.offsets[0]) < as_int(resp.offsets[1]) < as_int(resp.offset)
+    stored = await collect(stream, key)
+    assert [events.kind(e) for e in stored] == ["text_delta", "finish", "text_delta", "done"]
+    assert [e.offset for e in stored[1:]] == [*resp.offsets, resp.offset]
+
+    with pytest.raises(grpc.aio.AioRpcError) as closed:
+        await stream.stub.CloseStream(pb.CloseStreamRequest(key=key, events=[finish], done=ev.StreamDone()))
+    assert closed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert (await info(stream, key)).length == 4  # nothing appended after the end
+
+
 async def test_replay_then_live(stream: StreamHarness, unique: str) -> None:
     key = f"a2a:{unique}"
     await create(stream, key)
