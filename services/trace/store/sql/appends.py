@@ -30,7 +30,8 @@ from datetime import datetime
 from typing import Any
 
 from google.protobuf import json_format
-from sqlalchemy import bindparam, insert, select, text, update
+from sqlalchemy import TextClause, bindparam, insert, select, text, update
+from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -46,6 +47,7 @@ from services.trace.store.sql.common import (
     SOURCE,
     USERS,
     Database,
+    driver_fetch,
     name_of,
     now,
     ts,
@@ -234,6 +236,16 @@ RETURNING id, sequence, parent_sequence, caller_agent_id
 )
 
 
+def _driver_form(statement: TextClause) -> tuple[str, tuple[str, ...]]:
+    """`statement` as asyncpg takes it, and the names of its $n parameters in order."""
+    compiled = statement.compile(dialect=asyncpg_dialect())
+    return str(compiled), tuple(compiled.positiontup or ())
+
+
+PG_APPEND_SQL, _APPEND_NAMES = _driver_form(PG_APPEND)
+PG_APPEND_ONE_SQL, _APPEND_ONE_NAMES = _driver_form(PG_APPEND_ONE)
+
+
 def pg_params(items: Sequence[Item], stamp: datetime) -> dict[str, Any]:
     cols: dict[str, list[Any]] = {n: [] for n, _ in _COLUMNS}
     for i, it in enumerate(items):
@@ -263,18 +275,20 @@ def pg_params(items: Sequence[Item], stamp: datetime) -> dict[str, Any]:
 
 async def pg_write(conn: AsyncConnection, items: Sequence[Item], stamp: datetime) -> dict[int, tp.Message]:
     """Index in `items` -> the stored message, for every item written."""
+    params = pg_params(items, stamp)
     if len(items) == 1:
         (it,) = items
-        params = {k: v[0] for k, v in pg_params(items, stamp).items() if k not in ("ord", "grp", "now")}
-        row = (await conn.execute(PG_APPEND_ONE, {**params, "now": stamp})).first()
-        if row is None:
+        one = {k: v if k == "now" else v[0] for k, v in params.items()}
+        found = await driver_fetch(conn, PG_APPEND_ONE_SQL, [one[n] for n in _APPEND_ONE_NAMES])
+        if not found:
             return {}
-        return {0: stored(it, row.id, row.sequence, row.parent_sequence, row.caller_agent_id, ts(stamp))}
-    rows = (await conn.execute(PG_APPEND, pg_params(items, stamp))).all()
+        message_id, sequence, parent, agent = found[0]
+        return {0: stored(it, message_id, sequence, parent, agent, ts(stamp))}
+    rows = await driver_fetch(conn, PG_APPEND_SQL, [params[n] for n in _APPEND_NAMES])
     created = ts(stamp)
     return {
-        r.ord: stored(items[r.ord], r.id, r.sequence, r.parent_sequence, r.caller_agent_id, created)
-        for r in rows
+        ord_: stored(items[ord_], message_id, sequence, parent, agent, created)
+        for ord_, message_id, sequence, parent, agent in rows
     }
 
 
