@@ -167,8 +167,10 @@ valid AS (
   WHERE c.group_ok
 ),
 locked AS (
+  -- `= ANY` of the parameter: an index lookup however few rows the planner thinks sessions holds
+  -- (`IN (SELECT sid FROM valid)` alone was planned as a scan of sessions per valid row).
   SELECT s.id, s.last_sequence, s.head_sequence FROM sessions s
-  WHERE s.id IN (SELECT sid FROM valid) AND s.deleted_at IS NULL
+  WHERE s.id = ANY(CAST(:sid AS text[])) AND s.id IN (SELECT sid FROM valid) AND s.deleted_at IS NULL
   ORDER BY s.id
   FOR NO KEY UPDATE
 ),
@@ -178,24 +180,25 @@ bumped AS (
   FROM locked l JOIN (SELECT DISTINCT sid, n FROM valid) c ON c.sid = l.id
   WHERE s.id = l.id
 ),
+placed AS (  -- each valid item's sequence and parent, joined once (not again per inserted row)
+  SELECT v.*, l.last_sequence + v.k AS seq,
+         CASE WHEN v.parent IS NULL THEN
+                CASE WHEN v.k = 1 THEN NULLIF(l.head_sequence, 0) ELSE l.last_sequence + v.k - 1 END
+              WHEN v.parent = 0 THEN NULL
+              ELSE v.parent END AS after
+  FROM valid v JOIN locked l ON l.id = v.sid
+),
 inserted AS (
   INSERT INTO messages (session_id, sequence, parent_sequence, role, content, thinking, metadata, model,
                         input_tokens, output_tokens, sort_order, status, source, a2a_task_id,
                         caller_agent_id, caller_session_id, created_at)
-  SELECT v.sid, l.last_sequence + v.k,
-         CASE WHEN v.parent IS NULL THEN
-                CASE WHEN v.k = 1 THEN NULLIF(l.head_sequence, 0) ELSE l.last_sequence + v.k - 1 END
-              WHEN v.parent = 0 THEN NULL
-              ELSE v.parent END,
-         v.role, v.content, v.thinking, CAST(v.meta AS json), v.model, v.tin, v.tout, 0, v.status,
-         v.source, NULLIF(v.task, ''), v.agent_id, NULLIF(v.csid, ''), :now
-  FROM valid v JOIN locked l ON l.id = v.sid
+  SELECT p.sid, p.seq, p.after, p.role, p.content, p.thinking, CAST(p.meta AS json), p.model, p.tin, p.tout,
+         0, p.status, p.source, NULLIF(p.task, ''), p.agent_id, NULLIF(p.csid, ''), :now
+  FROM placed p
   RETURNING id, session_id, sequence, parent_sequence, caller_agent_id
 )
-SELECT v.ord, ins.id, ins.sequence, ins.parent_sequence, ins.caller_agent_id
-FROM inserted ins
-JOIN locked l ON l.id = ins.session_id
-JOIN valid v ON v.sid = ins.session_id AND ins.sequence = l.last_sequence + v.k
+SELECT p.ord, ins.id, ins.sequence, ins.parent_sequence, ins.caller_agent_id
+FROM inserted ins JOIN placed p ON p.sid = ins.session_id AND p.seq = ins.sequence
 """
 )
 
