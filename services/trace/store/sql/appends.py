@@ -148,12 +148,16 @@ WITH items AS (
 ),
 checked AS (
   SELECT i.*, ag.id AS agent_id,
-         (s.id IS NOT NULL
+         (s.id IS NOT NULL AND u.id IS NOT NULL AND s.user_id IS NOT DISTINCT FROM u.id
           AND (i.parent IS NULL OR i.parent = 0 OR EXISTS (
                  SELECT 1 FROM messages m WHERE m.session_id = i.sid AND m.sequence = i.parent))) AS ok
   FROM items i
   LEFT JOIN users u ON u.name = i.owner
-  LEFT JOIN sessions s ON s.id = i.sid AND s.user_id = u.id AND s.deleted_at IS NULL
+  -- the trace by its id alone, then its owner compared (`OFFSET 0`: never merged into the join, where
+  -- the planner could look it up by owner instead and read every trace of that user per item)
+  LEFT JOIN LATERAL (
+    SELECT s.id, s.user_id FROM sessions s WHERE s.id = i.sid AND s.deleted_at IS NULL OFFSET 0
+  ) s ON true
   LEFT JOIN LATERAL (
     SELECT g.id FROM agents g
     WHERE i.agent <> '' AND g.slug = i.agent AND (g.owner_user_id IS NULL OR g.owner_user_id = u.id)
