@@ -16,6 +16,7 @@ import pytest
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import identity
+from services.trace.store.base import Append
 from services.trace.store.sql import SqlStores
 from services.trace.store.sql.db import create_engine, migrate
 from tests.trace.conftest import append, code_of, error_of, new_trace
@@ -272,6 +273,52 @@ async def test_a_dead_pooled_connection_is_retried_on_a_fresh_one(pg_stores, tra
     count = await stores.traces.count_messages(owner, trace.id)
     assert count == (3, 3)
     assert any("retrying on a fresh one" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_driver_statement_is_the_engines(trace_pg_url, unique):
+    """The batch statement runs on asyncpg directly (driver_fetch), yet as a statement of the engine:
+    timed by its listeners, its errors the engine's DBAPIError, and the connection fine after one."""
+    from prometheus_client import CollectorRegistry
+
+    from libs.metrics import TraceStoreMetrics
+    from services.trace.store.sql.db import time_queries
+
+    engine = create_engine(trace_pg_url)
+    registry = CollectorRegistry()
+    time_queries(engine, TraceStoreMetrics(registry))  # as the service does: before the stores open
+    await migrate(engine)
+    stores = SqlStores.open(engine)
+    try:
+        await _driver_statements(stores, engine, registry, f"u-{unique}")
+    finally:
+        await engine.dispose()
+
+
+async def _driver_statements(stores, engine, registry, owner: str) -> None:
+    from sqlalchemy.exc import DBAPIError
+
+    from services.trace.store.sql.common import driver_fetch
+
+    def timed(operation: str) -> float:
+        value = registry.get_sample_value("agentmesh_trace_query_seconds_count", {"operation": operation})
+        return value or 0.0
+
+    trace = await stores.traces.create_trace(owner, tp.Trace(agent="general"))
+    before = timed("with")
+    written = await stores.traces.append_each(
+        [Append(owner, tp.Message(trace_id=trace.id, role=USER, content=f"m{i}"), None) for i in range(3)]
+    )
+    assert [m.sequence for m in written] == [1, 2, 3]  # type: ignore[union-attr]
+    assert timed("with") > before
+    async with engine.connect() as conn:
+        before = timed("select")
+        with pytest.raises(DBAPIError) as caught:
+            await driver_fetch(conn, "SELECT 1 / $1::int", [0])
+        assert not caught.value.connection_invalidated
+        assert "division by zero" in str(caught.value.orig)
+        assert timed("select") == before + 1  # timed, failed or not
+        assert await driver_fetch(conn, "SELECT $1::int + 1", [1]) == [(2,)]
+        assert not conn.invalidated
 
 
 @pytest.mark.parametrize("trace_backend", ["postgres"], indirect=True)

@@ -30,7 +30,8 @@ from datetime import datetime
 from typing import Any
 
 from google.protobuf import json_format
-from sqlalchemy import bindparam, insert, select, text, update
+from sqlalchemy import TextClause, bindparam, insert, select, text, update
+from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -46,6 +47,7 @@ from services.trace.store.sql.common import (
     SOURCE,
     USERS,
     Database,
+    driver_fetch,
     name_of,
     now,
     ts,
@@ -146,12 +148,16 @@ WITH items AS (
 ),
 checked AS (
   SELECT i.*, ag.id AS agent_id,
-         (s.id IS NOT NULL
+         (s.id IS NOT NULL AND u.id IS NOT NULL AND s.user_id IS NOT DISTINCT FROM u.id
           AND (i.parent IS NULL OR i.parent = 0 OR EXISTS (
                  SELECT 1 FROM messages m WHERE m.session_id = i.sid AND m.sequence = i.parent))) AS ok
   FROM items i
   LEFT JOIN users u ON u.name = i.owner
-  LEFT JOIN sessions s ON s.id = i.sid AND s.user_id = u.id AND s.deleted_at IS NULL
+  -- the trace by its id alone, then its owner compared (`OFFSET 0`: never merged into the join, where
+  -- the planner could look it up by owner instead and read every trace of that user per item)
+  LEFT JOIN LATERAL (
+    SELECT s.id, s.user_id FROM sessions s WHERE s.id = i.sid AND s.deleted_at IS NULL OFFSET 0
+  ) s ON true
   LEFT JOIN LATERAL (
     SELECT g.id FROM agents g
     WHERE i.agent <> '' AND g.slug = i.agent AND (g.owner_user_id IS NULL OR g.owner_user_id = u.id)
@@ -165,8 +171,10 @@ valid AS (
   WHERE c.group_ok
 ),
 locked AS (
+  -- `= ANY` of the parameter: an index lookup however few rows the planner thinks sessions holds
+  -- (`IN (SELECT sid FROM valid)` alone was planned as a scan of sessions per valid row).
   SELECT s.id, s.last_sequence, s.head_sequence FROM sessions s
-  WHERE s.id IN (SELECT sid FROM valid) AND s.deleted_at IS NULL
+  WHERE s.id = ANY(CAST(:sid AS text[])) AND s.id IN (SELECT sid FROM valid) AND s.deleted_at IS NULL
   ORDER BY s.id
   FOR NO KEY UPDATE
 ),
@@ -176,24 +184,25 @@ bumped AS (
   FROM locked l JOIN (SELECT DISTINCT sid, n FROM valid) c ON c.sid = l.id
   WHERE s.id = l.id
 ),
+placed AS (  -- each valid item's sequence and parent, joined once (not again per inserted row)
+  SELECT v.*, l.last_sequence + v.k AS seq,
+         CASE WHEN v.parent IS NULL THEN
+                CASE WHEN v.k = 1 THEN NULLIF(l.head_sequence, 0) ELSE l.last_sequence + v.k - 1 END
+              WHEN v.parent = 0 THEN NULL
+              ELSE v.parent END AS after
+  FROM valid v JOIN locked l ON l.id = v.sid
+),
 inserted AS (
   INSERT INTO messages (session_id, sequence, parent_sequence, role, content, thinking, metadata, model,
                         input_tokens, output_tokens, sort_order, status, source, a2a_task_id,
                         caller_agent_id, caller_session_id, created_at)
-  SELECT v.sid, l.last_sequence + v.k,
-         CASE WHEN v.parent IS NULL THEN
-                CASE WHEN v.k = 1 THEN NULLIF(l.head_sequence, 0) ELSE l.last_sequence + v.k - 1 END
-              WHEN v.parent = 0 THEN NULL
-              ELSE v.parent END,
-         v.role, v.content, v.thinking, CAST(v.meta AS json), v.model, v.tin, v.tout, 0, v.status,
-         v.source, NULLIF(v.task, ''), v.agent_id, NULLIF(v.csid, ''), :now
-  FROM valid v JOIN locked l ON l.id = v.sid
+  SELECT p.sid, p.seq, p.after, p.role, p.content, p.thinking, CAST(p.meta AS json), p.model, p.tin, p.tout,
+         0, p.status, p.source, NULLIF(p.task, ''), p.agent_id, NULLIF(p.csid, ''), :now
+  FROM placed p
   RETURNING id, session_id, sequence, parent_sequence, caller_agent_id
 )
-SELECT v.ord, ins.id, ins.sequence, ins.parent_sequence, ins.caller_agent_id
-FROM inserted ins
-JOIN locked l ON l.id = ins.session_id
-JOIN valid v ON v.sid = ins.session_id AND ins.sequence = l.last_sequence + v.k
+SELECT p.ord, ins.id, ins.sequence, ins.parent_sequence, ins.caller_agent_id
+FROM inserted ins JOIN placed p ON p.sid = ins.session_id AND p.seq = ins.sequence
 """
 )
 
@@ -234,6 +243,16 @@ RETURNING id, sequence, parent_sequence, caller_agent_id
 )
 
 
+def _driver_form(statement: TextClause) -> tuple[str, tuple[str, ...]]:
+    """`statement` as asyncpg takes it, and the names of its $n parameters in order."""
+    compiled = statement.compile(dialect=asyncpg_dialect())
+    return str(compiled), tuple(compiled.positiontup or ())
+
+
+PG_APPEND_SQL, _APPEND_NAMES = _driver_form(PG_APPEND)
+PG_APPEND_ONE_SQL, _APPEND_ONE_NAMES = _driver_form(PG_APPEND_ONE)
+
+
 def pg_params(items: Sequence[Item], stamp: datetime) -> dict[str, Any]:
     cols: dict[str, list[Any]] = {n: [] for n, _ in _COLUMNS}
     for i, it in enumerate(items):
@@ -263,18 +282,20 @@ def pg_params(items: Sequence[Item], stamp: datetime) -> dict[str, Any]:
 
 async def pg_write(conn: AsyncConnection, items: Sequence[Item], stamp: datetime) -> dict[int, tp.Message]:
     """Index in `items` -> the stored message, for every item written."""
+    params = pg_params(items, stamp)
     if len(items) == 1:
         (it,) = items
-        params = {k: v[0] for k, v in pg_params(items, stamp).items() if k not in ("ord", "grp", "now")}
-        row = (await conn.execute(PG_APPEND_ONE, {**params, "now": stamp})).first()
-        if row is None:
+        one = {k: v if k == "now" else v[0] for k, v in params.items()}
+        found = await driver_fetch(conn, PG_APPEND_ONE_SQL, [one[n] for n in _APPEND_ONE_NAMES])
+        if not found:
             return {}
-        return {0: stored(it, row.id, row.sequence, row.parent_sequence, row.caller_agent_id, ts(stamp))}
-    rows = (await conn.execute(PG_APPEND, pg_params(items, stamp))).all()
+        message_id, sequence, parent, agent = found[0]
+        return {0: stored(it, message_id, sequence, parent, agent, ts(stamp))}
+    rows = await driver_fetch(conn, PG_APPEND_SQL, [params[n] for n in _APPEND_NAMES])
     created = ts(stamp)
     return {
-        r.ord: stored(items[r.ord], r.id, r.sequence, r.parent_sequence, r.caller_agent_id, created)
-        for r in rows
+        ord_: stored(items[ord_], message_id, sequence, parent, agent, created)
+        for ord_, message_id, sequence, parent, agent in rows
     }
 
 

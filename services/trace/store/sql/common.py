@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
@@ -245,6 +245,36 @@ def never_ran(exc: DBAPIError) -> bool:
             return True
         cause = cause.__cause__ or cause.__context__
     return False
+
+
+async def driver_fetch(conn: AsyncConnection, sql: str, args: Sequence[Any]) -> list[Any]:
+    """The rows of `sql` (in the driver's own form: asyncpg, $n parameters) run on `conn`'s asyncpg
+    connection directly, from asyncpg's statement cache: a hot statement without the Core execution
+    path (a batch of appends: 16 instead of 21 us of the trace process per message). It stays the
+    engine's statement: its cursor listeners see it (`db.time_queries`, failed or not), and an error
+    is the DBAPIError the engine raises, a lost connection invalidated (so that `Database.run`
+    retries it or fails it as UNAVAILABLE)."""
+    adapted: Any = (await conn.get_raw_connection()).dbapi_connection
+    sync = conn.sync_connection
+    assert sync is not None, "a connected AsyncConnection"
+    sync.dispatch.before_cursor_execute(sync, None, sql, args, None, False)
+    try:
+        return list(await adapted.driver_connection.fetch(sql, *args))
+    except Exception as exc:
+        err: Exception = exc
+        try:
+            adapted._handle_exception(exc)  # raises the engine's DBAPI error for it
+        except Exception as translated:
+            err = translated
+        dialect = conn.dialect
+        lost = dialect.is_disconnect(cast(Any, err), adapted, None)
+        if lost:
+            await conn.invalidate(err)
+        raise DBAPIError.instance(
+            sql, args, err, dialect.loaded_dbapi.Error, connection_invalidated=lost, dialect=dialect
+        ) from exc
+    finally:
+        sync.dispatch.after_cursor_execute(sync, None, sql, args, None, False)
 
 
 class Database:
