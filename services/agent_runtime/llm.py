@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,14 +79,17 @@ class LLM:
         max_tokens: int,
         on_text: Callable[[str], object],
         on_reasoning: Callable[[str], object],
+        hold: Callable[[], Awaitable[object]] | None = None,
     ) -> Step:
-        """Streams one completion; calls on_text/on_reasoning per delta; returns the whole step."""
+        """Streams one completion; calls on_text/on_reasoning per delta; returns the whole step. `hold`:
+        awaited once the first text or reasoning is out, before the rest of the reply is read (a run
+        whose turn is still being stored leaves the cores to that, the reply waiting in its socket)."""
         kwargs: dict[str, Any] = {}
         if tools:
             kwargs["tools"] = tools
         with telemetry.model_span(model, str(self.client.base_url)) as span:
             kwargs["extra_headers"] = telemetry.headers()  # the model server may join the trace
-            out = await self._step(model, messages, max_tokens, on_text, on_reasoning, kwargs)
+            out = await self._step(model, messages, max_tokens, on_text, on_reasoning, kwargs, hold)
             span.set_attribute("gen_ai.usage.input_tokens", out.input_tokens)
             span.set_attribute("gen_ai.usage.output_tokens", out.output_tokens)
             return out
@@ -99,6 +102,7 @@ class LLM:
         on_text: Callable[[str], object],
         on_reasoning: Callable[[str], object],
         kwargs: dict[str, Any],
+        hold: Callable[[], Awaitable[object]] | None = None,
     ) -> Step:
         out = Step(model=model)
         calls: dict[int, ToolCall] = {}
@@ -153,6 +157,9 @@ class LLM:
                     # A fast model fills the socket buffer: without a pause the loop would parse the
                     # whole reply before the sink's writer ever ran. Let it run at the first delta, then
                     # every few milliseconds (so deltas still travel in batches).
+                    if hold is not None and (out.content or out.reasoning):
+                        held, hold = hold, None
+                        await held()
                     now = time.monotonic()
                     if now >= next_yield and (out.content or out.reasoning):
                         next_yield = now + YIELD_EVERY_S

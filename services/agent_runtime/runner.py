@@ -189,6 +189,8 @@ class AgentRunner:
                 max_tokens=max_tokens,
                 on_text=lambda t: sink.emit(events.text_delta(t)),
                 on_reasoning=lambda t: sink.emit(events.reasoning_delta(t)),
+                # A turn not stored yet: its first delta waits for `start`, and so does the rest.
+                hold=sink.start if step_no == 0 and sink.started is not None else None,
             )
             if step_no == 0 and sink.started is not None:
                 # The first step ran while the turn began: its tools need the anchor, the placeholder.

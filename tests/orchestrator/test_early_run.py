@@ -4,6 +4,7 @@ ends every stream with a terminal event, leaving no row behind."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events, identity
 from libs.errors import Unavailable
 from libs.ids import new_id, session_key
+from services.agent_runtime.sink import EventSink
 from services.trace.store.sql.agents import SqlAgentStore
 from services.trace.store.sql.traces import SqlTraceStore
 from tests.mesh import BACKENDS, Mesh, chat, mesh_on, read_buffer, system_of
@@ -127,6 +129,36 @@ async def test_a_run_stores_nothing_before_start(mesh: Mesh) -> None:
     buffered = await read_buffer(mesh, key)
     kinds = [events.kind(e) for e in buffered]
     assert kinds[0] == "start" and set(kinds[1:-1]) == {"text_delta"}, kinds
+
+
+async def test_a_run_reads_no_further_than_its_first_delta_before_start(
+    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While its turn is being stored, a run takes the model's first delta and leaves the rest of the
+    reply in its socket (the cores go to storing the turn); after `start` it reads the rest."""
+    emitted: list[str] = []
+    first = asyncio.Event()
+    emit = EventSink.emit
+
+    def counted(self: EventSink, event: ev.Event) -> None:
+        if event.HasField("text_delta"):
+            emitted.append(event.text_delta.text_delta)
+            first.set()
+        emit(self, event)
+
+    monkeypatch.setattr(EventSink, "emit", counted)
+    key, call = await gated_run(mesh)
+    await mesh.mock.wait_idle()  # the whole reply is written to the run's socket
+    await asyncio.wait_for(first.wait(), 10)
+    for _ in range(200):  # the loop runs: an unheld run would read on now
+        await asyncio.sleep(0)
+    assert emitted == ["early "], emitted
+    with identity.acting_as(mesh.user):
+        start = ev.Event(start=ev.TurnStart(session_id="s", user_message_id=1, assistant_message_id=2))
+        await mesh.clients.stream.AppendEvents(ss.AppendEventsRequest(key=key, events=[start]))
+        responses = [resp async for resp in call]
+        await mesh.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, done=ev.StreamDone()))
+    assert responses[-1].result.content == "early " * 30 and len(emitted) == 30
 
 
 async def test_a_run_whose_buffer_ends_before_start_stores_nothing(mesh: Mesh) -> None:
