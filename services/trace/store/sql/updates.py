@@ -163,7 +163,12 @@ class UpdateBatcher:
     async def _flush(self) -> None:
         try:
             while batch := self._take():
-                await self._write_batch(batch)
+                try:
+                    await self._write_batch(batch)
+                except Exception as exc:  # not the database's (those are the items'): still an answer each
+                    for it in batch:
+                        if not it.future.done():
+                            it.future.set_exception(exc)
         finally:
             self._flushing = False
 
