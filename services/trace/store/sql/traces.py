@@ -44,6 +44,7 @@ from services.trace.store.sql.common import (
     trace_pb,
 )
 from services.trace.store.sql.models import A2ATaskRow, MessageRow, SessionRow, SubagentRow
+from services.trace.store.sql.updates import Update, UpdateBatcher
 
 
 def _build_main_path() -> Select[tuple[int]]:
@@ -72,6 +73,7 @@ class SqlTraceStore(TraceStore):
     def __init__(self, db: Database) -> None:
         self.db = db
         self.appends = AppendBatcher(db)
+        self.updates = UpdateBatcher(db)
 
     @staticmethod
     async def _has_sequence(db: AsyncSession, trace_id: str, sequence: int) -> bool:
@@ -312,6 +314,8 @@ class SqlTraceStore(TraceStore):
         if "status" in fields:
             values["status"] = name_of(MSG_STATUS, message.status, "message status")
         domain.need_owner(owner)
+        if self.db.sqlite:  # concurrent updates in one transaction (its single writer)
+            return await self.updates.update(Update(owner, message.id, values))
         owned = select(_S.c.id).where(self.db.owned(owner))
         changed = update(_M).where(_M.c.id == message.id, _M.c.session_id.in_(owned)).values(**values)
         stamp = now()
@@ -327,14 +331,7 @@ class SqlTraceStore(TraceStore):
             )
             return (await conn.execute(stmt)).first()
 
-        async def lite(conn: AsyncConnection) -> Any:
-            sid = (await conn.execute(changed.returning(_M.c.session_id))).scalar()
-            if sid is None:
-                return None
-            await conn.execute(update(_S).where(_S.c.id == sid).values(updated_at=stamp))
-            return (await conn.execute(_ONE_MESSAGE, {"mid": message.id})).first()
-
-        row = await self.db.run(lite if self.db.sqlite else pg, write=True)
+        row = await self.db.run(pg, write=True)
         if row is None:
             raise NotFound("message not found")
         return message_from_row(row)
@@ -406,4 +403,3 @@ class SqlTraceStore(TraceStore):
 
 _M, _S, _A = MESSAGES, SESSIONS, AGENTS
 _MESSAGES = select(*MESSAGE_COLUMNS).select_from(MESSAGES_WITH_AGENT)
-_ONE_MESSAGE = _MESSAGES.where(_M.c.id == bindparam("mid"))
