@@ -62,6 +62,7 @@ class _Opened(NamedTuple):
     trace: tp.Trace  # the row BeginTurn creates
     buffer: asyncio.Future[Any]  # its CreateStream
     early: grpc.aio.UnaryStreamCall | None  # its run, started with the agent as last read
+    begun: asyncio.Future[ts.BeginTurnResponse] | None  # its BeginTurn, sent then too
 
 
 @dataclass
@@ -74,6 +75,11 @@ class _Created:
 def _stream_metadata(agent: str) -> dict[str, str]:
     """What a chat turn's buffer says of itself."""
     return {"agent": agent, "kind": "chat"}
+
+
+def _new_trace(agent: str, message: str) -> tp.Trace:
+    """The row of a new chat session whose first message is `message`."""
+    return tp.Trace(agent=agent, kind=tp.TRACE_KIND_CHAT, title=message.strip()[:80])
 
 
 def _spec(session_id: str, agent: str, message: str) -> orc.RunTurnRequest:
@@ -151,6 +157,7 @@ class ChatOrchestrator:
         new_trace: tp.Trace | None = None
         buffer: asyncio.Future[Any] | None = None
         early: grpc.aio.UnaryStreamCall | None = None
+        begun: asyncio.Future[ts.BeginTurnResponse] | None = None
         if any_kind:
             if not is_local_id(session_id):
                 raise InvalidArgument(
@@ -179,14 +186,14 @@ class ChatOrchestrator:
             _refuse_copies(session)
         else:  # a new session: created with the turn's first messages, in the same call (BeginTurn)
             opened = await self._open_session(agent, message, events_from_stream)
-            session, found, new_trace, buffer, early = opened
+            session, found, new_trace, buffer, early, begun = opened
         if buffer is None:  # the session's lock against a second turn: awaited before BeginTurn
             buffer = self.turns.create_buffer(session_key(session.id), _stream_metadata(found.slug))
         spec = _spec(session.id, found.slug, message)
         queue: asyncio.Queue[ev.Event | _End | _Created] = asyncio.Queue()
         # The turn outlives this generator when the caller leaves; self.running keeps it.
         task = asyncio.create_task(
-            self._turn(spec, queue, events_from_stream, new_trace, found, buffer, early),
+            self._turn(spec, queue, events_from_stream, new_trace, found, buffer, early, begun),
             name=f"turn:{session.id}",
         )
         previous = self.running.get(session.id)
@@ -226,28 +233,35 @@ class ChatOrchestrator:
         buffer = self.turns.create_buffer(key, _stream_metadata(agent))
         user = identity.current_user()
         last = self.last_agents.get(user, agent)
-        early = None
-        if last is not None:
-            early = self.turns.start_early(_spec(session.id, last.slug, message), not from_stream, last)
+        early = begun = None
+        if last is not None:  # its run and its BeginTurn go while the agent is read again
+            spec = _spec(session.id, last.slug, message)
+            early = self.turns.start_early(spec, not from_stream, last)
+            begun = self.turns.begin_early(spec, _new_trace(last.slug, message))
+
+        async def unused(why: BaseException) -> None:
+            """Nobody will read this session: its run stops, its trace goes, its buffer ends."""
+            if early is not None:
+                early.cancel()
+            if begun is not None:
+                await to_the_end(self.turns.drop_begun(begun, session.id))
+            await to_the_end(self.turns.end_unused(buffer, key, why))
+
         try:
             found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
         except BaseException as exc:  # no turn: the buffer nobody will read ends with the refusal
             self.last_agents.forget(user, agent)
-            if early is not None:
-                early.cancel()
-            await to_the_end(self.turns.end_unused(buffer, key, exc))
+            await unused(exc)
             raise
         self.last_agents.put(user, agent, found)
-        if early is not None and found != last:
-            # Changed since: that run may hold a reply for this buffer's `start`, which never comes
-            # (the buffer ends unused); the turn runs the agent as read, in a session of its own.
-            early.cancel()
-            early = None
-            await to_the_end(self.turns.end_unused(buffer, key, Cancelled("the agent changed")))
+        if last is not None and found != last:
+            # Changed since: that run may hold a reply for this buffer's `start`; the session is
+            # left unused and the turn runs the agent as read, in a session of its own.
+            await unused(Cancelled("the agent changed"))
+            early = begun = None
             session = tp.Trace(id=new_id())
             buffer = self.turns.create_buffer(session_key(session.id), _stream_metadata(found.slug))
-        new_trace = tp.Trace(agent=found.slug, kind=tp.TRACE_KIND_CHAT, title=message.strip()[:80])
-        return _Opened(session, found, new_trace, buffer, early)
+        return _Opened(session, found, _new_trace(found.slug, message), buffer, early, begun)
 
     async def run_turn(self, spec: orc.RunTurnRequest) -> TurnOutcome:
         """A child turn (agent-invoke callee, subagent), run to its end for the calling runtime (its
@@ -264,6 +278,7 @@ class ChatOrchestrator:
         agent: ap.Agent,
         buffer: asyncio.Future[Any],
         early: grpc.aio.UnaryStreamCall | None = None,
+        begun: asyncio.Future[ts.BeginTurnResponse] | None = None,
     ) -> TurnOutcome:
         """Runs the turn, handing its events to `queue` (from_stream: once the buffer exists, that it
         does, then the events without an offset alone: the caller reads the rest from the buffer).
@@ -298,7 +313,9 @@ class ChatOrchestrator:
                 queue.put_nowait(events.error(err))
 
         try:
-            outcome = await self.turns.run(spec, on_event, new_trace, not from_stream, agent, buffer, early)
+            outcome = await self.turns.run(
+                spec, on_event, new_trace, not from_stream, agent, buffer, early, begun
+            )
             ended_elsewhere(outcome.error or Internal("the turn ended without an outcome"))
             queue.put_nowait(_End())
             return outcome

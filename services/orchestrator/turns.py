@@ -191,6 +191,7 @@ class TurnEngine:
         agent: ap.Agent | None = None,
         buffer: Awaitable[Any] | None = None,
         early: grpc.aio.UnaryStreamCall | None = None,
+        begun: Awaitable[ts.BeginTurnResponse] | None = None,
     ) -> TurnOutcome:
         """Runs the turn; returns its outcome (failures are in `outcome.error`); re-raises cancellation.
 
@@ -204,7 +205,8 @@ class TurnEngine:
         `agent`: the agent as the caller just read it, handed to the run (which would read it again).
         `buffer`: the CreateStream of a new trace's buffer, which the caller started (beside reading
         the agent). `early`: the run of a new trace, which the caller started (`start_early`) with
-        `agent` before it had read it (the agent as it was last read, confirmed since)."""
+        `agent` before it had read it (the agent as it was last read, confirmed since); `begun`: the
+        BeginTurn of that new trace, which the caller sent then too (`begin_early`)."""
         outcome = "cancelled"
         started = time.monotonic()
         with telemetry.span(
@@ -212,7 +214,7 @@ class TurnEngine:
         ) as span:
             try:
                 with self.leases.hold(stream=spec.stream_key):
-                    out = await self._run(spec, on_event, new_trace, run_events, agent, buffer, early)
+                    out = await self._run(spec, on_event, new_trace, run_events, agent, buffer, early, begun)
                 outcome = out.error.code_name if out.error is not None else "ok"
                 return out
             except MeshError as err:
@@ -241,17 +243,11 @@ class TurnEngine:
         agent: ap.Agent | None,
         buffer: Awaitable[Any] | None = None,
         started: grpc.aio.UnaryStreamCall | None = None,
+        begun: Awaitable[ts.BeginTurnResponse] | None = None,
     ) -> TurnOutcome:
         out = TurnOutcome()
         partial = Partial()
-        # The user message and the placeholder (and a new trace): one call, all stored or none.
-        begin = ts.BeginTurnRequest(
-            trace_id=spec.trace_id,
-            user_message=self._message(
-                spec, tp.MESSAGE_ROLE_USER, spec.user_text, tp.MESSAGE_STATUS_COMPLETED
-            ),
-            assistant_message=self._message(spec, tp.MESSAGE_ROLE_ASSISTANT, "", tp.MESSAGE_STATUS_PENDING),
-        )
+        begin = self.begin_request(spec, None)
         create: Awaitable[Any] | None = None
         early: list[grpc.aio.UnaryStreamCall] = []  # the run of a new trace, started before BeginTurn ends
         if buffer is None and not spec.stream_created:
@@ -272,8 +268,10 @@ class TurnEngine:
         if new_trace is not None:
             begin.new_trace.CopyFrom(new_trace)
         try:
-            begun = await self._begin(spec, begin, create, out, partial)
-            user, placeholder = begun.user_message, begun.assistant_message
+            stored = await self._begin(
+                spec, begun or rpc(self.clients.trace.BeginTurn(begin)), create, out, partial
+            )
+            user, placeholder = stored.user_message, stored.assistant_message
             out.user_message, out.assistant_message = user, placeholder
             try:
                 with self.leases.hold(message=placeholder.id):
@@ -306,22 +304,53 @@ class TurnEngine:
         err = cancel_reason(why) if isinstance(why, asyncio.CancelledError) else as_mesh_error(why)
         await self._close(key, events.error(err), None)
 
+    def begin_request(self, spec: orc.RunTurnRequest, new_trace: tp.Trace | None) -> ts.BeginTurnRequest:
+        """The user message and the placeholder (and a new trace): one call, all stored or none."""
+        begin = ts.BeginTurnRequest(
+            trace_id=spec.trace_id,
+            user_message=self._message(
+                spec, tp.MESSAGE_ROLE_USER, spec.user_text, tp.MESSAGE_STATUS_COMPLETED
+            ),
+            assistant_message=self._message(spec, tp.MESSAGE_ROLE_ASSISTANT, "", tp.MESSAGE_STATUS_PENDING),
+        )
+        if new_trace is not None:
+            begin.new_trace.CopyFrom(new_trace)
+        return begin
+
+    def begin_early(
+        self, spec: orc.RunTurnRequest, new_trace: tp.Trace
+    ) -> asyncio.Future[ts.BeginTurnResponse]:
+        """The BeginTurn of a new trace, sent now (what `run(..., begun=)` takes); one no turn takes is
+        the caller's to undo (`drop_begun`)."""
+        return asyncio.ensure_future(rpc(self.clients.trace.BeginTurn(self.begin_request(spec, new_trace))))
+
+    async def drop_begun(self, begun: Awaitable[ts.BeginTurnResponse], trace_id: str) -> None:
+        """Undoes a `begin_early` no turn takes: the trace it stored, if it did, is deleted."""
+        try:
+            await begun
+        except Exception:
+            return  # nothing stored
+        try:
+            await self.clients.trace.DeleteTrace(
+                ts.DeleteTraceRequest(trace_id=trace_id), timeout=self.grace_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            log.warning("could not delete an unused trace: %s", exc.details(), extra={"trace": trace_id})
+
     async def _begin(
         self,
         spec: orc.RunTurnRequest,
-        begin: ts.BeginTurnRequest,
+        begin: Awaitable[ts.BeginTurnResponse],
         create: Awaitable[Any] | None,
         out: TurnOutcome,
         partial: Partial,
     ) -> ts.BeginTurnResponse:
-        """BeginTurn, beside `create` (the buffer's creation, then the early run) when given; the
+        """`begin` (the BeginTurn call), beside `create` (the buffer's creation) when given; the
         messages are on `out` once stored. A turn that fails to begin ends its buffer with the error."""
         try:
             if create is None:
-                return await rpc(self.clients.trace.BeginTurn(begin))
-            results = await asyncio.gather(
-                rpc(self.clients.trace.BeginTurn(begin)), create, return_exceptions=True
-            )
+                return await begin
+            results = await asyncio.gather(begin, create, return_exceptions=True)
             begun = results[0]
             if isinstance(begun, ts.BeginTurnResponse):
                 out.user_message, out.assistant_message = begun.user_message, begun.assistant_message

@@ -210,20 +210,30 @@ def _text(got: list[dict[str, Any]]) -> str:
 async def test_a_new_session_calls_the_model_while_its_agent_is_read_again(
     mesh: Mesh, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The user's agent was read for an earlier turn: a new session's run starts with it at once, and
-    the model is asked before the agent's second read answers; the turn is whole."""
+    """The user's agent was read for an earlier turn: a new session's run and its BeginTurn start with
+    it at once: the model is asked and the turn stored before the agent's second read answers; the
+    turn is whole."""
     mesh.mock.set_rules(FAST)
     await chat(mesh, "general", "warm up")
     asked = len(mesh.mock.requests())
     reads: list[str] = []
-    original = SqlAgentStore.get_agent
+    stored = asyncio.Event()
+    original, create = SqlAgentStore.get_agent, SqlTraceStore.create_trace_with_messages
 
     async def late(self: SqlAgentStore, owner: str, slug: str) -> Any:
         reads.append(slug)
         await mesh.mock.wait_requests(asked + 1)  # the run asked the model before this answers
+        await asyncio.wait_for(stored.wait(), 10)  # and the turn was stored
         return await original(self, owner, slug)
 
+    async def storing(self: SqlTraceStore, *args: Any) -> Any:
+        try:
+            return await create(self, *args)
+        finally:
+            stored.set()
+
     monkeypatch.setattr(SqlAgentStore, "get_agent", late)
+    monkeypatch.setattr(SqlTraceStore, "create_trace_with_messages", storing)
     got = await chat(mesh, "general", "again")
     monkeypatch.undo()
     assert "general" in reads
@@ -252,8 +262,13 @@ async def test_an_edit_between_turns_drops_the_early_run(mesh: Mesh, monkeypatch
         return await original(self, owner, s)
 
     monkeypatch.setattr(SqlAgentStore, "get_agent", late)
+    async with mesh.http() as http:
+        before = len((await http.get("/api/sessions?page_size=200")).json()["sessions"])
     got = await chat(mesh, slug, "second")
     monkeypatch.undo()
+    async with mesh.http() as http:
+        after = len((await http.get("/api/sessions?page_size=200")).json()["sessions"])
+    assert after == before + 1, "the session begun with the old agent is gone"
     assert _text(got) == "reply two " * 5, got
     systems = [system_of(body) for body in mesh.mock.requests()[asked:]]
     assert any("version one" in s for s in systems), "the early run asked the model with the old agent"
