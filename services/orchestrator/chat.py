@@ -232,9 +232,10 @@ class ChatOrchestrator:
         key = session_key(session.id)
         buffer = self.turns.create_buffer(key, _stream_metadata(agent))
         user = identity.current_user()
+        reading = asyncio.ensure_future(rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent))))
         last = self.last_agents.get(user, agent)
         early = begun = None
-        if last is not None:  # its run and its BeginTurn go while the agent is read again
+        if last is not None:  # its run and its BeginTurn go while the agent is read again (asked first)
             spec = _spec(session.id, last.slug, message)
             early = self.turns.start_early(spec, not from_stream, last)
             begun = self.turns.begin_early(spec, _new_trace(last.slug, message))
@@ -248,8 +249,9 @@ class ChatOrchestrator:
             await to_the_end(self.turns.end_unused(buffer, key, why))
 
         try:
-            found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
+            found = (await reading).agent
         except BaseException as exc:  # no turn: the buffer nobody will read ends with the refusal
+            reading.cancel()
             self.last_agents.forget(user, agent)
             await unused(exc)
             raise
