@@ -226,8 +226,9 @@ class ChatOrchestrator:
                 yield batch
 
     async def _open_session(self, agent: str, message: str, from_stream: bool) -> _Opened:
-        """A new session's agent, read while its buffer is created, and its run started meanwhile with
-        the agent as this user last read it (kept when the read confirms it)."""
+        """A new session's agent, read while its buffer is created; its run and its BeginTurn start
+        meanwhile with the agent as this user last read it, kept when the read confirms it and undone
+        otherwise."""
         session = tp.Trace(id=new_id())
         key = session_key(session.id)
         buffer = self.turns.create_buffer(key, _stream_metadata(agent))
