@@ -154,12 +154,12 @@ class LLM:
                             out.finish_reason = FINISH_REASONS.get(
                                 choice["finish_reason"], ev.FINISH_REASON_STOP
                             )
-                    # A fast model fills the socket buffer: without a pause the loop would parse the
-                    # whole reply before the sink's writer ever ran. Let it run at the first delta, then
-                    # every few milliseconds (so deltas still travel in batches).
                     if hold is not None and (out.content or out.reasoning):
                         held, hold = hold, None
                         await held()
+                    # A fast model fills the socket buffer: without a pause the loop would parse the
+                    # whole reply before the sink's writer ever ran. Let it run at the first delta, then
+                    # every few milliseconds (so deltas still travel in batches).
                     now = time.monotonic()
                     if now >= next_yield and (out.content or out.reasoning):
                         next_yield = now + YIELD_EVERY_S

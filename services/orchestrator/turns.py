@@ -168,6 +168,11 @@ class TurnEngine:
         if resp.closed:  # else someone ended it between the two (a cancel): theirs is the end
             await _deliver(on_event, ev.Event(done=ev.StreamDone(), offset=resp.offset))
 
+    @classmethod
+    def _user_message(cls, spec: orc.RunTurnRequest) -> tp.Message:
+        """The turn's user message, as BeginTurn stores it (and an early run's whole history)."""
+        return cls._message(spec, tp.MESSAGE_ROLE_USER, spec.user_text, tp.MESSAGE_STATUS_COMPLETED)
+
     @staticmethod
     def _message(spec: orc.RunTurnRequest, role: int, content: str, status: int) -> tp.Message:
         return tp.Message(
@@ -247,7 +252,7 @@ class TurnEngine:
     ) -> TurnOutcome:
         out = TurnOutcome()
         partial = Partial()
-        begin = self.begin_request(spec, None)
+        begin = self.begin_request(spec, new_trace)
         create: Awaitable[Any] | None = None
         early: list[grpc.aio.UnaryStreamCall] = []  # the run of a new trace, started before BeginTurn ends
         if buffer is None and not spec.stream_created:
@@ -265,8 +270,6 @@ class TurnEngine:
             # A child's new hidden trace, its buffer made by the caller: the run starts at once, as a
             # new trace's does, and calls the model while BeginTurn stores the messages.
             early.append(self._call_early(spec, begin.user_message, run_events, agent))
-        if new_trace is not None:
-            begin.new_trace.CopyFrom(new_trace)
         try:
             stored = await self._begin(
                 spec, begun or rpc(self.clients.trace.BeginTurn(begin)), create, out, partial
@@ -308,9 +311,7 @@ class TurnEngine:
         """The user message and the placeholder (and a new trace): one call, all stored or none."""
         begin = ts.BeginTurnRequest(
             trace_id=spec.trace_id,
-            user_message=self._message(
-                spec, tp.MESSAGE_ROLE_USER, spec.user_text, tp.MESSAGE_STATUS_COMPLETED
-            ),
+            user_message=self._user_message(spec),
             assistant_message=self._message(spec, tp.MESSAGE_ROLE_ASSISTANT, "", tp.MESSAGE_STATUS_PENDING),
         )
         if new_trace is not None:
@@ -372,8 +373,7 @@ class TurnEngine:
         """The run of a new trace `spec.trace_id`, started now (beside its buffer's creation: the stream
         service waits for the buffer): what `run(..., early=)` takes. A run no turn takes is the
         caller's to cancel."""
-        user = self._message(spec, tp.MESSAGE_ROLE_USER, spec.user_text, tp.MESSAGE_STATUS_COMPLETED)
-        return self._call_early(spec, user, run_events, agent)
+        return self._call_early(spec, self._user_message(spec), run_events, agent)
 
     def _call_early(
         self, spec: orc.RunTurnRequest, user: tp.Message, run_events: bool, agent: ap.Agent
