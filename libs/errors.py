@@ -261,6 +261,12 @@ def from_reason(reason: str, message: str) -> MeshError:
     return _BY_REASON.get(reason, Internal)(message or reason)
 
 
+# grpc.aio's words for a message it could not send because the call ended under it at that moment
+# (its connection lost, or the server's end racing the send): it reports INTERNAL, hiding the call's
+# own status, which it never read.
+LOST_SEND = "Internal error from Core"
+
+
 def from_rpc_error(exc: grpc.RpcError) -> MeshError:
     """The domain error behind a failed RPC: by the ErrorInfo reason our services send, else by the
     gRPC status code."""
@@ -276,6 +282,8 @@ def from_rpc_error(exc: grpc.RpcError) -> MeshError:
             info = error_details_pb2.ErrorInfo()
             if detail.Unpack(info) and info.domain == DOMAIN:
                 reason = info.reason
+    if not reason and code == grpc.StatusCode.INTERNAL and message == LOST_SEND:
+        code = grpc.StatusCode.UNAVAILABLE  # the call's own status is unknown: gone, as far as we can tell
     cls = _BY_REASON.get(reason) or _BY_GRPC.get(code, Internal)
     if not reason and code == grpc.StatusCode.UNAVAILABLE:  # transport words ("Socket closed") say little
         message = f"a service of the mesh is unavailable ({message or 'no answer'}); try again shortly"

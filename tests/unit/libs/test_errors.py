@@ -70,6 +70,17 @@ def test_a_foreign_status_maps_by_code() -> None:
     assert isinstance(from_rpc_error(odd), Internal) and from_rpc_error(odd).message == "DATA_LOSS"
 
 
+def test_a_send_the_call_ended_under_is_unavailable() -> None:
+    """grpc.aio's INTERNAL for a send that failed as the call ended (its connection killed, or the
+    server's end racing it) is no error of ours: unavailable, try again; any other INTERNAL stays."""
+    lost = grpc.aio.AioRpcError(
+        grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(), errors.LOST_SEND
+    )
+    assert isinstance(from_rpc_error(lost), errors.Unavailable)
+    other = grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(), "boom")
+    assert isinstance(from_rpc_error(other), errors.Internal)
+
+
 def test_status_carries_error_info() -> None:
     built = to_status(Cancelled("stop"))
     assert built.code == grpc.StatusCode.CANCELLED and built.details == "stop"
