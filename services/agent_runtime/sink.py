@@ -41,7 +41,7 @@ import grpc
 from agentmesh.events.v1 import events_pb2
 from agentmesh.stream.v1 import stream_service_pb2
 from libs.clients import Clients
-from libs.errors import Cancelled, Internal, MeshError, Shutdown, from_rpc_error
+from libs.errors import LOST_SEND, Cancelled, Internal, MeshError, Shutdown, from_rpc_error
 
 _MAX_BATCH = 256
 _MAX_UNANSWERED = 64  # batches on a call without an answer: then one asks (it bounds what is held)
@@ -188,10 +188,16 @@ class EventSink:
 
     def _ended_unanswered(self, call: _WriteCall) -> None:
         """A call ended with batches unanswered: after SHUTDOWN (the service stopped and took none of
-        them) they go back to the front of the queue, for a new call; else raises how it ended (a
-        second SHUTDOWN with no answer between: the service keeps stopping under the writer)."""
+        them), or when none of them reached the service (a send raced the call's end), they go back to
+        the front of the queue, for a new call; else raises how it ended (a second such end with no
+        answer between: the service keeps stopping under the writer)."""
         err = call.error or Internal(f"the stream service ended the write call of {self.key} early")
-        if not (isinstance(err, grpc.aio.AioRpcError) and isinstance(from_rpc_error(err), Shutdown)):
+        rpc_error = isinstance(err, grpc.aio.AioRpcError)
+        shutdown = rpc_error and isinstance(from_rpc_error(err), Shutdown)
+        # A send the call's end raced (grpc.aio then reports INTERNAL instead of the call's own status,
+        # SHUTDOWN of a drain, say): what never reached the service is safe to send again.
+        lost = rpc_error and err.details() == LOST_SEND and len(call.unanswered) <= call.undelivered()
+        if not (shutdown or lost):
             raise err
         if self._shutdowns:
             raise Shutdown(f"the stream service kept shutting down under the writer of {self.key}")
@@ -299,12 +305,15 @@ class _Feed:
 
     def __init__(self) -> None:
         self._items: collections.deque[Any] = collections.deque()
+        self.put_count = 0  # requests put
+        self.written = 0  # requests gRPC wrote (it asks for the next one only once it wrote one)
         self._ended = False
         self._taker: asyncio.Future[None] | None = None  # gRPC waits for a request
         self._writer: asyncio.Future[None] | None = None  # the writer waits until gRPC takes one
 
     def put(self, item: Any) -> None:
         self._items.append(item)
+        self.put_count += 1
         _wake(self._taker)
 
     def end(self) -> None:
@@ -325,6 +334,7 @@ class _Feed:
                 item = self._items.popleft()
                 _wake(self._writer)
                 yield item
+                self.written += 1
             elif self._ended:
                 return
             else:
@@ -385,6 +395,10 @@ class _WriteCall:
 
     async def room(self) -> None:
         await self._feed.room()
+
+    def undelivered(self) -> int:
+        """How many of the last requests sent never reached the service (gRPC did not write them)."""
+        return self._feed.put_count - self._feed.written
 
     def send(self, key: str, sent: _Sent) -> None:
         self.unanswered.append(sent)

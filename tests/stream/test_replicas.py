@@ -61,12 +61,16 @@ async def spawn(redis_url: str, prefix: str, tmp_path: Path) -> AsyncIterator[Sp
             "AGENTMESH_MESH_SECRET": TEST_SECRET,
             "AGENTMESH_DATA_DIR": str(tmp_path),
             "AGENTMESH_LOG_LEVEL": "WARNING",
+            "PYTHONFAULTHANDLER": "1",  # a crash in native code prints its Python stack
         }
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "services.stream", cwd=ROOT, env=env
         )
         procs.append(proc)
-        await wait_serving(f"127.0.0.1:{port}", 20)
+        try:
+            await wait_serving(f"127.0.0.1:{port}", 20)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc} (the process: exit code {proc.returncode})") from exc
         return proc
 
     yield start
@@ -74,7 +78,7 @@ async def spawn(redis_url: str, prefix: str, tmp_path: Path) -> AsyncIterator[Sp
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
             await asyncio.wait_for(proc.wait(), 10)
-    assert all(p.returncode in (0, -signal.SIGKILL) for p in procs)  # SIGTERM drains cleanly
+    assert [p.returncode for p in procs if p.returncode not in (0, -signal.SIGKILL)] == []  # SIGTERM drains
     client = aioredis.Redis.from_url(redis_url)
     keys = [k async for k in client.scan_iter(f"{prefix}*")]
     if keys:
