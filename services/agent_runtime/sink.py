@@ -192,12 +192,12 @@ class EventSink:
         the front of the queue, for a new call; else raises how it ended (a second such end with no
         answer between: the service keeps stopping under the writer)."""
         err = call.error or Internal(f"the stream service ended the write call of {self.key} early")
-        rpc_error = isinstance(err, grpc.aio.AioRpcError)
-        shutdown = rpc_error and isinstance(from_rpc_error(err), Shutdown)
+        if not isinstance(err, grpc.aio.AioRpcError):
+            raise err
         # A send the call's end raced (grpc.aio then reports INTERNAL instead of the call's own status,
         # SHUTDOWN of a drain, say): what never reached the service is safe to send again.
-        lost = rpc_error and err.details() == LOST_SEND and len(call.unanswered) <= call.undelivered()
-        if not (shutdown or lost):
+        lost = err.details() == LOST_SEND and len(call.unanswered) <= call.undelivered()
+        if not (lost or isinstance(from_rpc_error(err), Shutdown)):
             raise err
         if self._shutdowns:
             raise Shutdown(f"the stream service kept shutting down under the writer of {self.key}")
