@@ -299,6 +299,29 @@ class SseReader:
         self.events.append(event)
 
 
+async def wait_live(readers: list[SseReader], timeout: float) -> None:
+    """Waits until every reader got a text delta; fails (saying what each one saw) at the deadline or
+    as soon as one ended without one."""
+
+    async def one(reader: SseReader) -> None:
+        live = asyncio.create_task(reader.live.wait())
+        await asyncio.wait({live, reader.task}, return_when=asyncio.FIRST_COMPLETED)
+        live.cancel()
+        if not reader.live.is_set():
+            raise AssertionError(f"{reader.path} ended before any text: {_seen(reader)}")
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(one(r) for r in readers)), timeout)
+    except TimeoutError:
+        waiting = "; ".join(f"{r.path}: {_seen(r)}" for r in readers if not r.live.is_set())
+        raise AssertionError(f"no text within {timeout}s from {waiting}") from None
+
+
+def _seen(reader: SseReader) -> str:
+    kinds = [e.get("code") or e["type"] for e in reader.events[-4:]]
+    return f"HTTP {reader.status}, {reader.connections} connections, last events {kinds}"
+
+
 async def chat(
     mesh: Mesh,
     agent: str,

@@ -27,6 +27,7 @@ from tests.mesh import (
     read_tree,
     sse_events,
     start_process_mesh,
+    wait_live,
     wait_until,
 )
 
@@ -94,7 +95,7 @@ async def test_a_service_killed_mid_turn_leaves_no_stream_open_and_nothing_pendi
             follow(mesh, f"/api/agents/a2a/stream?taskId={task_id}"),
             follow(mesh, f"/api/subagents/{sub_id}/stream"),
         ]
-        await asyncio.wait_for(asyncio.gather(*(r.live.wait() for r in readers[1:])), 15)
+        await wait_live(readers[1:], 15)
 
         await mesh.kill(victim)
         if victim == "gateway":

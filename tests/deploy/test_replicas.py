@@ -31,6 +31,7 @@ from tests.mesh import (
     read_tree,
     sse_events,
     start_process_mesh,
+    wait_live,
     wait_until,
 )
 
@@ -209,7 +210,7 @@ async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(mesh:
             readers.append((SseReader(lambda: mesh.http(timeout=60, gateway=""), path, reconnect=True), key))
     # The callees' and subagents' text is flowing (the sessions' own text comes after their tools).
     children = [r for r, key in readers if not key.startswith("session:")]
-    await asyncio.wait_for(asyncio.gather(*(r.live.wait() for r in children)), 15)
+    await wait_live(children, 15)
     await wait_until(lambda: all(r.events for r, _ in readers), 10, "every reader to be reading")
     sessions = {session for _, session, _, _ in trees}
     assert not [key for r, key in readers if r.ended]  # all of them mid-stream

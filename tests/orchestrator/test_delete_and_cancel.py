@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.mesh import BACKENDS, TEST_CATALOG, Mesh, SseReader, mesh_on, sse_events, wait_until
+from tests.mesh import BACKENDS, TEST_CATALOG, Mesh, SseReader, mesh_on, sse_events, wait_live, wait_until
 
 SLOW = 20  # tokens per second: a reply of 200 words takes 10 s
 RULES: dict[str, Any] = {
@@ -85,7 +85,7 @@ async def test_deleting_a_running_session_ends_every_stream_and_leaves_nothing_r
         ]
         readers = [SseReader(lambda: mesh.http(timeout=60), p) for p in paths]
         # Every reader follows live text before the delete (the model streams at 20 tokens a second).
-        await asyncio.wait_for(asyncio.gather(*(r.live.wait() for r in readers[1:])), 20)
+        await wait_live(readers[1:], 20)
         deleted = await http.delete(f"/api/sessions/{session}")
         assert (deleted.status_code, deleted.json()) == (200, {"deleted": True})
         async with asyncio.timeout(10):
@@ -147,7 +147,7 @@ async def test_cancel_keeps_the_callees_text_and_the_callers_tool_call(mesh: Mes
                     break
             path = f"/api/agents/a2a/stream?taskId={got[-1]['taskId']}"
             callee = SseReader(lambda: mesh.http(timeout=60), path)
-            await asyncio.wait_for(callee.live.wait(), 10)
+            await wait_live([callee], 10)
             await wait_until(
                 lambda: sum(e["type"] == "text-delta" for e in callee.events) >= 5, 10, "callee text"
             )
