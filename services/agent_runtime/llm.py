@@ -66,6 +66,9 @@ class LLM:
             # pure-Python HTTP/1.1 stack's CPU per chunk (the runtime's largest share per token)
             http_client=openai.DefaultAioHttpClient(),
         )
+        # The client imports its chat resources on first use (tens of ms of module and model set-up):
+        # here, at start, instead of in the first turn's time to first token.
+        _ = self.client.chat.completions.with_streaming_response
 
     async def close(self) -> None:
         await self.client.close()

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -16,6 +19,8 @@ from agentmesh.mock_llm import MockLLM
 from libs.config import LLMSettings
 from libs.errors import ModelError
 from services.agent_runtime.llm import LLM
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Relay:
@@ -96,3 +101,24 @@ async def test_a_server_that_keeps_hanging_up_fails_the_call_clearly(mock: MockL
         with pytest.raises(ModelError, match="closed the connection"):
             await _ask(url)
     assert relay.connections == 2 and mock.requests() == []  # one retry, no more
+
+
+def test_the_client_sets_up_its_chat_resources_at_start_not_in_the_first_turn() -> None:
+    """openai imports the chat resources (modules and models, tens of ms) on first use: LLM() does it,
+    so a process's first turn does not wait on it."""
+    code = (
+        "import asyncio, sys\n"
+        "from libs.config import LLMSettings\n"
+        "from services.agent_runtime.llm import LLM\n"
+        "name = 'openai.resources.chat.completions'\n"
+        "before = name in sys.modules\n"
+        "async def main():\n"
+        "    llm = LLM(LLMSettings())\n"
+        "    print(before, name in sys.modules)\n"
+        "    await llm.close()\n"
+        "asyncio.run(main())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["False", "True"], out.stderr
