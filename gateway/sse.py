@@ -27,7 +27,7 @@ from gateway.params import OFFSET_PATTERN
 from libs import events
 from libs.clients import Clients
 from libs.config import MeshSettings
-from libs.errors import InvalidArgument, NotFound, from_rpc_error
+from libs.errors import Interrupted, InvalidArgument, NotFound, from_rpc_error
 from libs.ids import shown
 
 RESUME_RETRIES = 3  # resubscriptions after UNAVAILABLE (a stream replica went away) before giving up
@@ -92,6 +92,7 @@ async def follow(
     """
     last = from_offset
     retries = RESUME_RETRIES
+    resumed = False  # a subscription failed UNAVAILABLE and was made again
     drain = drain or Drain()
     while True:
         call, started = started or subscribe(clients, key, last, idle_timeout_ms), None
@@ -124,7 +125,14 @@ async def follow(
             if exc.code() == grpc.StatusCode.UNAVAILABLE and retries > 0:
                 await asyncio.sleep(RESUME_BACKOFF_S * (RESUME_RETRIES - retries + 1))
                 retries -= 1
+                resumed = True
                 continue
+            if resumed and exc.code() == grpc.StatusCode.NOT_FOUND:
+                # The buffer this reader followed went with the stream service that held it (one in
+                # memory, restarted): the live stream is lost, the turn's stored reply is not.
+                lost = Interrupted(f"the live stream {shown(key)} was lost with its stream service")
+                yield events.error(lost)
+                return
             yield events.error(from_rpc_error(exc))
             return
         finally:

@@ -14,6 +14,9 @@ import pytest
 from httpx_sse import aconnect_sse
 
 from libs import events
+from libs.rpc import ServiceServer
+from services.stream.memory import MemoryBackend
+from services.stream.server import build
 from tests.mesh import wait_until
 from tests.stream.conftest import (  # noqa: F401 - fixtures used by name
     Gateway,
@@ -289,3 +292,36 @@ async def test_largest_offset_replays_nothing(gw: Gateway, unique: str) -> None:
     async with aconnect_sse(gw.client, "GET", path, headers={"Last-Event-ID": str(U64)}) as source:
         assert source.response.status_code == 200
         assert [sse async for sse in source.aiter_sse()] == []  # closed, and nothing after that offset
+
+
+async def test_a_buffer_lost_with_its_stream_service_ends_the_reader_interrupted(
+    stream_factory: StreamFactory,  # noqa: F811
+    gateway_factory: GatewayFactory,  # noqa: F811
+    unique: str,
+    signer: Any,
+) -> None:
+    """The in-memory stream service holding the buffer stops and comes back empty at its address: the
+    reader's resubscription finds no buffer, and its stream ends `interrupted` (the live stream was
+    lost), not `not_found` (which reads as a wrong id)."""
+    h = await stream_factory()
+    if not isinstance(h.backend, MemoryBackend):
+        pytest.skip("a Redis buffer outlives its stream service")
+    gw = await gateway_factory(h)
+    key, path, _ = route(0, unique)
+    await open_buffer(h, key, n=1)
+    got: list[dict[str, Any]] = []
+    again: ServiceServer | None = None
+    try:
+        async with aconnect_sse(gw.client, "GET", path) as source:
+            async for sse in source.aiter_sse():
+                got.append(json.loads(sse.data))
+                if len(got) == 1:  # following live: the service goes, another comes up empty
+                    await h.server.stop(1.0)
+                    backend = MemoryBackend(h.settings.stream)
+                    again = await build(h.settings, h.server.target, backend, signer)
+                    await again.start()
+    finally:
+        if again is not None:
+            await again.stop(1.0)
+    assert [d["type"] for d in got] == ["reasoning-delta", "error"]
+    assert got[-1]["code"] == "interrupted", got[-1]
