@@ -87,12 +87,16 @@ class LLM:
         """Streams one completion; calls on_text/on_reasoning per delta; returns the whole step. `hold`:
         awaited once the first text or reasoning is out, before the rest of the reply is read (a run
         whose turn is still being stored leaves the cores to that, the reply waiting in its socket)."""
-        kwargs: dict[str, Any] = {}
+        # The messages and tools go in the body as they are (`extra_body`, which takes precedence over
+        # the named parameters): the client's parameter transform would walk every message and tool
+        # schema of every request (most of its CPU with a long history), and ours are plain JSON.
+        body: dict[str, Any] = {"messages": messages}
         if tools:
-            kwargs["tools"] = tools
+            body["tools"] = tools
+        kwargs: dict[str, Any] = {"extra_body": body}
         with telemetry.model_span(model, str(self.client.base_url)) as span:
             kwargs["extra_headers"] = telemetry.headers()  # the model server may join the trace
-            out = await self._step(model, messages, max_tokens, on_text, on_reasoning, kwargs, hold)
+            out = await self._step(model, max_tokens, on_text, on_reasoning, kwargs, hold)
             span.set_attribute("gen_ai.usage.input_tokens", out.input_tokens)
             span.set_attribute("gen_ai.usage.output_tokens", out.output_tokens)
             return out
@@ -100,7 +104,6 @@ class LLM:
     async def _step(
         self,
         model: str,
-        messages: list[dict[str, Any]],
         max_tokens: int,
         on_text: Callable[[str], object],
         on_reasoning: Callable[[str], object],
@@ -118,7 +121,8 @@ class LLM:
             # The openai client makes the request (URL, headers, retries, timeouts, HTTP errors); the
             # chunks it would turn into pydantic models one by one (about 40 % of this process's CPU
             # at 20 tokens/s) are read as JSON here instead (`_chunks`).
-            request = {"model": model, "messages": messages, "max_tokens": max_tokens, **kwargs}
+            # (The messages are in the body: extra_body.)
+            request = {"model": model, "messages": [], "max_tokens": max_tokens, **kwargs}
             async with contextlib.AsyncExitStack() as stack:
                 response = await self._open(stack, request)
                 async for chunk in _chunks(response):

@@ -122,3 +122,30 @@ def test_the_client_sets_up_its_chat_resources_at_start_not_in_the_first_turn() 
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.split() == ["False", "True"], out.stderr
+
+
+async def test_the_model_server_gets_the_messages_and_tools_as_given(mock: MockLLM) -> None:
+    """The body carries the run's messages and tools as they are (they skip the client's parameter
+    transform), with the named parameters beside them."""
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": \"x\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "{\"ok\": true}"},
+    ]  # fmt: skip
+    tools = [{"type": "function", "function": {"name": "lookup", "description": "finds",
+              "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]  # fmt: skip
+    llm = LLM(LLMSettings(base_url=mock.base_url, api_key="x", request_timeout_s=10))
+    try:
+        step = await llm.step(
+            model="mock-gpt", messages=messages, tools=tools, max_tokens=7,
+            on_text=lambda _: None, on_reasoning=lambda _: None,
+        )  # fmt: skip
+    finally:
+        await llm.close()
+    assert step.content == "still here"
+    (body,) = mock.requests()
+    assert (body["messages"], body["tools"]) == (messages, tools)
+    assert (body["model"], body["max_tokens"], body["stream"]) == ("mock-gpt", 7, True)
+    assert body["stream_options"] == {"include_usage": True}
