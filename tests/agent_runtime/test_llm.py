@@ -1,7 +1,8 @@
 """The runtime's model client (services/agent_runtime/llm.py) against the scripted model server behind
 a loopback relay that hangs up on chosen connections before they are answered: what a server that
 closed a pooled keep-alive connection looks like to a client that reuses it. Such a request is sent
-once more on a new connection; a server that keeps hanging up fails the call with a clear error."""
+again on a new connection, up to three sends; a server that keeps hanging up fails the call with a
+clear error."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+import uvicorn
 
 from agentmesh.mock_llm import MockLLM
 from libs.config import LLMSettings
 from libs.errors import ModelError
-from services.agent_runtime.llm import LLM
+from services.agent_runtime.llm import KEEPALIVE_S, LLM
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,11 +90,18 @@ async def _ask(base_url: str) -> str:
     return step.content
 
 
-async def test_a_request_the_server_hung_up_on_is_sent_once_more(mock: MockLLM) -> None:
-    relay = Relay(mock.base_url, hang_ups=1)
+@pytest.mark.parametrize("hang_ups", [1, 2])
+async def test_a_request_the_server_hung_up_on_is_sent_again(mock: MockLLM, hang_ups: int) -> None:
+    relay = Relay(mock.base_url, hang_ups=hang_ups)
     async with relay.running() as url:
         assert await _ask(url) == "still here"
-    assert relay.connections == 2 and len(mock.requests()) == 1
+    assert relay.connections == hang_ups + 1 and len(mock.requests()) == 1
+
+
+def test_pooled_connections_go_before_a_five_second_server_keepalive() -> None:
+    """uvicorn (the scripted server, and many OpenAI-compatible ones) closes a connection idle 5 s:
+    the client lets it go before, instead of sending on it as it closes."""
+    assert KEEPALIVE_S < uvicorn.Config(app=None).timeout_keep_alive == 5
 
 
 async def test_a_server_that_keeps_hanging_up_fails_the_call_clearly(mock: MockLLM) -> None:
@@ -100,7 +109,7 @@ async def test_a_server_that_keeps_hanging_up_fails_the_call_clearly(mock: MockL
     async with relay.running() as url:
         with pytest.raises(ModelError, match="closed the connection"):
             await _ask(url)
-    assert relay.connections == 2 and mock.requests() == []  # one retry, no more
+    assert relay.connections == 3 and mock.requests() == []  # two retries, no more
 
 
 def test_the_client_sets_up_its_chat_resources_at_start_not_in_the_first_turn() -> None:
