@@ -92,7 +92,7 @@ async def follow(
     """
     last = from_offset
     retries = RESUME_RETRIES
-    resumed = False  # a subscription failed UNAVAILABLE and was made again
+    resumed = bool(from_offset)  # a reading that began before (or a subscription made again)
     drain = drain or Drain()
     while True:
         call, started = started or subscribe(clients, key, last, idle_timeout_ms), None
@@ -128,8 +128,9 @@ async def follow(
                 resumed = True
                 continue
             if resumed and exc.code() == grpc.StatusCode.NOT_FOUND:
-                # The buffer this reader followed went with the stream service that held it (one in
-                # memory, restarted): the live stream is lost, the turn's stored reply is not.
+                # The buffer this reader followed is gone (with the in-memory stream service that held
+                # it, restarted; a newer buffer of the key may have replaced it): the live stream is
+                # lost, the turn's stored reply is not.
                 lost = Interrupted(f"the live stream {shown(key)} was lost with its stream service")
                 yield events.error(lost)
                 return

@@ -56,6 +56,9 @@ class _Buffer:
     # woken by a set_result: no task and no Event per wait).
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
     close_waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    # Below every offset of this buffer: an offset under it belongs to an earlier buffer of the key
+    # (one lost with a restarted process, or closed and replaced), whose reader must not resume here.
+    base: int = field(default_factory=_next_offset)
 
     def push(self, event: ev.Event) -> str:
         n = _next_offset()
@@ -304,7 +307,10 @@ class MemoryBackend(StreamBackend):
         buf = self._get(key)
         if buf is None:
             raise NotFound(f"no stream buffer {key}")
-        index = bisect.bisect_right(buf.offsets, parse_offset(after))
+        position = parse_offset(after)
+        if 0 < position < buf.base:
+            raise NotFound(f"offset {shown(after, 40)} is from an earlier buffer of {key}, which is gone")
+        index = bisect.bisect_right(buf.offsets, position)
         if buf.closed and index >= len(buf.events):
             return None
         return _MemoryCursor(buf, index, terminal_only)

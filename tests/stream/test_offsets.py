@@ -100,3 +100,26 @@ async def test_edge_offset_is_never_internal(
     if not closed:  # nothing more comes: the open buffer's subscription idles out
         assert events.kind(got[-1]) == "error" and got[-1].error.code == ev.ERROR_CODE_IDLE_TIMEOUT
     assert stream.backend.subscribers == 0
+
+
+async def test_an_offset_of_an_earlier_buffer_of_the_key_is_not_found(
+    stream: StreamHarness, unique: str
+) -> None:
+    """Memory: a reader resuming from an offset of an earlier buffer of its key (the process that held
+    that one restarted, and a new turn made a new one) is refused NOT_FOUND, instead of reading the new
+    buffer's events as the continuation of the old one's (offsets grow across buffers and restarts)."""
+    if not isinstance(stream.backend, MemoryBackend):
+        pytest.skip("a Redis buffer outlives its stream service, and a key holds one buffer at a time")
+    key = f"session:{unique}"
+    await create(stream, key)
+    (old,) = await append(stream, key, deltas("old"))
+    stream.backend._buffers.pop(key)  # what a restarted process has: no trace of the earlier buffer
+    await create(stream, key)
+    new = await append(stream, key, deltas("new 1", "new 2"))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(stream, key, reader="alice", from_offset=old, idle_timeout_ms=100)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND, err.value.details()
+    assert "earlier buffer" in (err.value.details() or "")
+    got = await collect(stream, key, reader="alice", from_offset=new[0], idle_timeout_ms=100)
+    assert [e.offset for e in got if e.offset] == new[1:]  # its own offsets resume as before
+    assert stream.backend.subscribers == 0
