@@ -129,9 +129,12 @@ async def follow(
                 continue
             if resumed and exc.code() == grpc.StatusCode.NOT_FOUND:
                 # The buffer this reader followed is gone (with the in-memory stream service that held
-                # it, restarted; a newer buffer of the key may have replaced it): the live stream is
-                # lost, the turn's stored reply is not.
-                lost = Interrupted(f"the live stream {shown(key)} was lost with its stream service")
+                # it, restarted; or a newer buffer of the key replaced it): the live stream is lost,
+                # the turn's stored reply is not.
+                lost = Interrupted(
+                    f"the stream {shown(key)} this reader followed is gone (its stream service restarted, "
+                    "or a newer turn replaced it); what was stored is in the history"
+                )
                 yield events.error(lost)
                 return
             yield events.error(from_rpc_error(exc))

@@ -196,7 +196,8 @@ class EventSink:
             raise err
         # A send the call's end raced (grpc.aio then reports INTERNAL instead of the call's own status,
         # SHUTDOWN of a drain, say): what never reached the service is safe to send again.
-        lost = err.details() == LOST_SEND and len(call.unanswered) <= call.undelivered()
+        lost = err.code() == grpc.StatusCode.INTERNAL and err.details() == LOST_SEND
+        lost = lost and len(call.unanswered) <= call.undelivered()
         if not (lost or isinstance(from_rpc_error(err), Shutdown)):
             raise err
         if self._shutdowns:
