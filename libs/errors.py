@@ -267,6 +267,13 @@ def from_reason(reason: str, message: str) -> MeshError:
 LOST_SEND = "Internal error from Core"
 
 
+def is_lost_send(exc: grpc.RpcError) -> bool:
+    """The call failed because a send of it could not go out (LOST_SEND), its own status unknown."""
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else None
+    return code == grpc.StatusCode.INTERNAL and details == LOST_SEND
+
+
 def from_rpc_error(exc: grpc.RpcError) -> MeshError:
     """The domain error behind a failed RPC: by the ErrorInfo reason our services send, else by the
     gRPC status code."""
@@ -282,7 +289,7 @@ def from_rpc_error(exc: grpc.RpcError) -> MeshError:
             info = error_details_pb2.ErrorInfo()
             if detail.Unpack(info) and info.domain == DOMAIN:
                 reason = info.reason
-    if not reason and code == grpc.StatusCode.INTERNAL and message == LOST_SEND:
+    if not reason and is_lost_send(exc):
         code = grpc.StatusCode.UNAVAILABLE  # the call's own status is unknown: gone, as far as we can tell
     cls = _BY_REASON.get(reason) or _BY_GRPC.get(code, Internal)
     if not reason and code == grpc.StatusCode.UNAVAILABLE:  # transport words ("Socket closed") say little

@@ -41,7 +41,7 @@ import grpc
 from agentmesh.events.v1 import events_pb2
 from agentmesh.stream.v1 import stream_service_pb2
 from libs.clients import Clients
-from libs.errors import LOST_SEND, Cancelled, Internal, MeshError, Shutdown, from_rpc_error
+from libs.errors import Cancelled, Internal, MeshError, Shutdown, from_rpc_error, is_lost_send
 
 _MAX_BATCH = 256
 _MAX_UNANSWERED = 64  # batches on a call without an answer: then one asks (it bounds what is held)
@@ -196,8 +196,7 @@ class EventSink:
             raise err
         # A send the call's end raced (grpc.aio then reports INTERNAL instead of the call's own status,
         # SHUTDOWN of a drain, say): what never reached the service is safe to send again.
-        lost = err.code() == grpc.StatusCode.INTERNAL and err.details() == LOST_SEND
-        lost = lost and len(call.unanswered) <= call.undelivered()
+        lost = is_lost_send(err) and len(call.unanswered) <= call.undelivered()
         if not (lost or isinstance(from_rpc_error(err), Shutdown)):
             raise err
         if self._shutdowns:
