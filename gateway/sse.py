@@ -1,9 +1,9 @@
-"""Server-Sent Events over StreamService.SubscribeStream, shared by every streaming route.
+"""Server-Sent Events over the stream service's follows (libs.streams), shared by every streaming route.
 
 Each SSE message carries `id: <offset>`, so a browser resumes with `Last-Event-ID` (or `?lastEventId=`)
 and gets exactly the events after it. A subscription ends after the terminal event (`done` or `error`),
 and at once when the client goes away (sse-starlette cancels the generator, whose `finally` cancels the
-gRPC call, so the stream service lets go too).
+follow, so the stream service lets go too).
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from gateway.params import OFFSET_PATTERN
 from libs import events
 from libs.clients import Clients
 from libs.config import MeshSettings
-from libs.errors import Interrupted, InvalidArgument, NotFound, from_rpc_error
+from libs.errors import Interrupted, InvalidArgument, MeshError, NotFound
 from libs.ids import shown
+from libs.streams import Follow, FollowCancelled
 
 RESUME_RETRIES = 3  # resubscriptions after UNAVAILABLE (a stream replica went away) before giving up
 RESUME_BACKOFF_S = 0.25
@@ -64,13 +65,9 @@ def sse_message(event: Any) -> dict[str, str]:
     return item
 
 
-def subscribe(
-    clients: Clients, key: str, from_offset: str, idle_timeout_ms: int = 0
-) -> grpc.aio.UnaryStreamCall:
-    """The SubscribeStream call `follow` reads (started now: a caller may start it before it reads)."""
-    return clients.stream.SubscribeStream(
-        pb.SubscribeStreamRequest(key=key, from_offset=from_offset, idle_timeout_ms=idle_timeout_ms),
-    )
+def subscribe(clients: Clients, key: str, from_offset: str, idle_timeout_ms: int = 0) -> Follow:
+    """The follow `follow` reads (started now: a caller may start it before it reads)."""
+    return clients.follows.follow(key, from_offset, idle_timeout_ms)
 
 
 async def follow(
@@ -80,54 +77,45 @@ async def follow(
     idle_timeout_ms: int = 0,
     drain: Drain | None = None,
     interrupt: asyncio.Future[ev.Event] | None = None,
-    started: grpc.aio.UnaryStreamCall | None = None,
+    started: Follow | None = None,
 ) -> AsyncIterator[ev.Event]:
     """Yields the events of `key` after `from_offset`, replay then live, up to the terminal one.
 
-    A stream replica going away (UNAVAILABLE) is retried from the last offset; any other failure is
-    yielded as a final `error` event (code = the lowercase reason); the gateway's shutdown ends it with
-    `shutdown`; `interrupt`, once it has a result, ends it with that event (the turn's end as its
-    orchestrator reported it, when the buffer will not tell). `started`: the first subscription, made
-    by `subscribe(clients, key, from_offset, idle_timeout_ms)` before the caller began reading.
+    A stream replica going away (UNAVAILABLE) is followed again from the last offset; any other failure
+    is yielded as a final `error` event (code = the lowercase reason); the gateway's shutdown ends it
+    with `shutdown`; `interrupt`, once it has a result, ends it with that event (the turn's end as its
+    orchestrator reported it, when the buffer will not tell). `started`: the first follow, made by
+    `subscribe(clients, key, from_offset, idle_timeout_ms)` before the caller began reading.
     """
     last = from_offset
     retries = RESUME_RETRIES
-    resumed = bool(from_offset)  # a reading that began before (or a subscription made again)
+    resumed = bool(from_offset)  # a reading that began before (or a follow made again)
     drain = drain or Drain()
     while True:
-        call, started = started or subscribe(clients, key, last, idle_timeout_ms), None
+        handle, started = started or subscribe(clients, key, last, idle_timeout_ms), None
         if interrupt is not None:
-            interrupt.add_done_callback(lambda _, call=call: call.cancel())  # type: ignore[misc]
+            interrupt.add_done_callback(lambda _, handle=handle: handle.cancel())  # type: ignore[misc]
         try:
-            with drain.cancels(call):
-                # The server ends the call right after the terminal event: the loop reads that end, so
-                # the call (and its client span) completes instead of waiting to be collected.
-                async for response in call:
-                    event = response.event
+            with drain.cancels(handle):
+                async for event in handle:
                     yield event
                     if event.offset:
                         last = event.offset
                         retries = RESUME_RETRIES
             return
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if interrupt is not None and interrupt.done() and task is not None and task.cancelling() == 0:
-                yield interrupt.result()
-                return
-            if not drain.ended_it():
-                raise
-            yield events.error(drain.farewell())
-            return
-        except grpc.aio.AioRpcError as exc:
+        except MeshError as err:
             if interrupt is not None and interrupt.done():
                 yield interrupt.result()
                 return
-            if exc.code() == grpc.StatusCode.UNAVAILABLE and retries > 0:
+            if isinstance(err, FollowCancelled) and drain.draining:
+                yield events.error(drain.farewell())
+                return
+            if err.grpc_code == grpc.StatusCode.UNAVAILABLE and retries > 0:
                 await asyncio.sleep(RESUME_BACKOFF_S * (RESUME_RETRIES - retries + 1))
                 retries -= 1
                 resumed = True
                 continue
-            if resumed and exc.code() == grpc.StatusCode.NOT_FOUND:
+            if resumed and isinstance(err, NotFound):
                 # The buffer this reader followed is gone (with the in-memory stream service that held
                 # it, restarted; or a newer buffer of the key replaced it): the live stream is lost,
                 # the turn's stored reply is not.
@@ -137,10 +125,10 @@ async def follow(
                 )
                 yield events.error(lost)
                 return
-            yield events.error(from_rpc_error(exc))
+            yield events.error(err)
             return
         finally:
-            call.cancel()
+            handle.cancel()
 
 
 async def sse_events(

@@ -28,6 +28,7 @@ from libs.identity import Signer, signer_for
 from libs.peer_http import PeerClients
 from libs.peers import PeerRegistry
 from libs.rpc import channel, end_call_soon
+from libs.streams import Follower, Writer
 
 T = TypeVar("T")
 
@@ -74,6 +75,17 @@ class Clients:
         return stream_service_pb2_grpc.StreamServiceStub(self.channel(self.settings.addresses.stream))
 
     @cached_property
+    def follows(self) -> Follower:
+        """Follows of stream buffers, every one of this process on one FollowStreams call."""
+        return Follower(lambda: self.stream, self.signer, self.settings.stream_rpc_timeout_s / 2)
+
+    @cached_property
+    def writes(self) -> Writer:
+        """Writes to stream buffers (EventSinks), every one of this process on one WriteStreams call."""
+        life_s = self.settings.stream_rpc_timeout_s / 2
+        return Writer(lambda: self.stream, life_s, self.settings.stream.linger_ms / 1000)
+
+    @cached_property
     def orchestrator(self) -> orchestrator_service_pb2_grpc.OrchestratorServiceStub:
         target = self.settings.addresses.orchestrator
         return orchestrator_service_pb2_grpc.OrchestratorServiceStub(self.channel(target))
@@ -91,6 +103,10 @@ class Clients:
     async def close(self) -> None:
         if "peers" in self.__dict__:
             await self.peers.http.close()
+        if "follows" in self.__dict__:
+            await self.follows.aclose()
+        if "writes" in self.__dict__:
+            await self.writes.aclose()
         channels, self._channels = list(self._channels.values()), {}
         for ch in channels:
             await ch.close()

@@ -57,6 +57,9 @@ class StreamSettings(BaseModel):
     idle_timeout_ms: int = 300_000  # an idle subscription of an open buffer ends with an error
     heartbeat_s: float = 15.0  # SSE comment interval at the gateway
     redis_prefix: str = "agentmesh:"  # namespace of this mesh's keys in a shared Redis
+    # A process's writes (its runs' events) go out at most this often once a batch went, so that the
+    # events of many runs streaming at once share a message; a buffer's first batch goes at once.
+    linger_ms: float = 10.0
 
 
 class SubagentDefaults(BaseModel):

@@ -38,11 +38,11 @@ from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.errors import (
     Cancelled,
+    DeadlineExceeded,
     Internal,
     InvalidArgument,
     MeshError,
     NotFound,
-    as_mesh_error,
     from_event,
     from_rpc_error,
     rpc,
@@ -200,26 +200,30 @@ class MeshAgentExecutor(AgentExecutor):
     ) -> None:
         """The buffer's events as A2A events until its terminal one, which ends the task."""
         first_text = True
-        request = ss.SubscribeStreamRequest(key=key, idle_timeout_ms=int(deadline_s * 1000))
+        follow = self.clients.follows.follow(key, idle_timeout_ms=int(deadline_s * 1000))
         try:
-            async for resp in self.clients.stream.SubscribeStream(request, timeout=deadline_s + GRACE_S):
-                event = resp.event
-                if events.is_terminal(event):
-                    if event.HasField("error") and event.error.code == ev.ERROR_CODE_CANCELLED:
-                        turn.cancel()  # closed by a CancelTask on another replica: stop the tree
-                    await asyncio.gather(turn, return_exceptions=True)
-                    out = to_a2a(event, task.id, task.trace_id)
-                    assert out is not None
-                    await queue.enqueue_event(out)
-                    return
-                out = to_a2a(event, task.id, task.trace_id, first_text=first_text)
-                if out is not None:
-                    first_text = first_text and not isinstance(out, a2a.TaskArtifactUpdateEvent)
-                    await queue.enqueue_event(out)
-        except grpc.aio.AioRpcError as exc:
-            err: MeshError = as_mesh_error(exc)
+            async with asyncio.timeout(deadline_s + GRACE_S):
+                async for event in follow:
+                    if events.is_terminal(event):
+                        if event.HasField("error") and event.error.code == ev.ERROR_CODE_CANCELLED:
+                            turn.cancel()  # closed by a CancelTask on another replica: stop the tree
+                        await asyncio.gather(turn, return_exceptions=True)
+                        out = to_a2a(event, task.id, task.trace_id)
+                        assert out is not None
+                        await queue.enqueue_event(out)
+                        return
+                    out = to_a2a(event, task.id, task.trace_id, first_text=first_text)
+                    if out is not None:
+                        first_text = first_text and not isinstance(out, a2a.TaskArtifactUpdateEvent)
+                        await queue.enqueue_event(out)
+        except MeshError as exc:
+            err: MeshError = exc
+        except TimeoutError:
+            err = DeadlineExceeded(f"the task did not end within {deadline_s + GRACE_S:g} s")
         else:
             err = Internal("the task's stream ended without a terminal event")
+        finally:
+            follow.cancel()
         turn.cancel()
         await self._close(key, err)
         await queue.enqueue_event(

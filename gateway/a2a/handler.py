@@ -36,7 +36,7 @@ from libs import events
 from libs.a2a import FINAL_A2A_STATES, RESUME_HEADER, to_a2a_state
 from libs.clients import Clients
 from libs.config import MeshSettings
-from libs.errors import Cancelled, FailedPrecondition, rpc
+from libs.errors import Cancelled, FailedPrecondition, NotFound, rpc
 from libs.ids import a2a_key
 from libs.leases import LeaseKeeper
 
@@ -109,27 +109,21 @@ class MeshRequestHandler(DefaultRequestHandler):
                     message=f"Task {row.id} is in terminal state: {tp.TaskState.Name(row.state)}"
                 )
             yield await self.store.to_a2a(row, with_messages=True)
-        request = ss.SubscribeStreamRequest(
-            key=a2a_key(row.id),
-            from_offset=after,
-            idle_timeout_ms=int(self.settings.turn_timeout_s * 1000),
-        )
+        follow = self.clients.follows.follow(a2a_key(row.id), after, int(self.settings.turn_timeout_s * 1000))
         first_text = not after
         try:
-            async for resp in self.clients.stream.SubscribeStream(
-                request, timeout=self.settings.stream_rpc_timeout_s
-            ):
-                out = to_a2a(resp.event, row.id, row.trace_id, first_text=first_text)
+            async for event in follow:
+                out = to_a2a(event, row.id, row.trace_id, first_text=first_text)
                 if out is not None:
                     first_text = first_text and not isinstance(out, a2a.TaskArtifactUpdateEvent)
                     yield out
-                if events.is_terminal(resp.event):
+                if events.is_terminal(event):
                     return
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.NOT_FOUND:
-                raise
+        except NotFound:
             # The buffer is gone (expired): what is left is the task as stored.
             yield await self.store.to_a2a(row, with_messages=True)
+        finally:
+            follow.cancel()
 
     @validate_request_params
     async def on_cancel_task(

@@ -37,6 +37,7 @@ from libs.errors import (
     rpc,
 )
 from libs.ids import MAX_ID, session_key
+from libs.streams import Follow
 
 router = APIRouter()
 END_WAIT_S = 10.0  # the longest a live turn's terminal event waits for the turn to be over
@@ -103,7 +104,7 @@ class _Turn:
         self.call, self.idle_ms = call, idle_ms
         self.key = ""
         self.start: ev.Event | None = None
-        self.subscription: grpc.aio.UnaryStreamCall | None = None
+        self.subscription: Follow | None = None
         self.created: asyncio.Future[str] = loop.create_future()
         self.outcome: asyncio.Future[ev.Event] = loop.create_future()
         self.watcher = asyncio.create_task(self._watch(), name="watch:turn")
@@ -132,7 +133,7 @@ class _Turn:
     async def first_event(self) -> ev.Event:
         """The buffer's first event, or the turn's end as the call reports it when that comes first."""
         assert self.subscription is not None
-        first = asyncio.ensure_future(anext(aiter(self.subscription)))
+        first = asyncio.ensure_future(anext(self.subscription))
         try:
             await asyncio.wait({first, self.outcome}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -141,11 +142,9 @@ class _Turn:
         if not first.done() or first.cancelled():
             return self.outcome.result()
         try:
-            return first.result().event  # type: ignore[no-any-return]
+            return first.result()
         except StopAsyncIteration:
             return events.error(Internal("the turn's buffer ended before it started"))
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from exc
 
     def close(self) -> None:
         """Stops reading (a client that left): the turn itself goes on."""

@@ -9,7 +9,6 @@ cancels the run, which cancels its children over gRPC.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -342,20 +341,20 @@ class ChatOrchestrator:
     async def _watch(self, spec: orc.RunTurnRequest, turn: asyncio.Task[object]) -> None:
         """Cancels `turn` when someone else closes its buffer (just created: read from its beginning)
         with code `cancelled`."""
-        request = ss.SubscribeStreamRequest(
-            key=spec.stream_key,
-            idle_timeout_ms=int(self.settings.turn_timeout_s * 1000),
-            terminal_only=True,
+        follow = self.clients.follows.follow(
+            spec.stream_key, idle_timeout_ms=int(self.settings.turn_timeout_s * 1000), terminal_only=True
         )
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
-            async for resp in self.clients.stream.SubscribeStream(
-                request, timeout=self.settings.turn_timeout_s
-            ):
-                cancelled = resp.event.HasField("error") and resp.event.error.code == ev.ERROR_CODE_CANCELLED
+        try:
+            async for event in follow:
+                cancelled = event.HasField("error") and event.error.code == ev.ERROR_CODE_CANCELLED
                 if cancelled and not turn.done():
                     turn.cancel()
-                if events.kind(resp.event) in events.TERMINAL:
+                if events.kind(event) in events.TERMINAL:
                     return
+        except MeshError:
+            return
+        finally:
+            follow.cancel()
 
     async def cancel(self, session_id: str) -> bool:
         """Cancels the running turn of a session of the calling user (NOT_FOUND for anyone else's), and

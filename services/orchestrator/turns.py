@@ -548,16 +548,19 @@ class TurnEngine:
 
     async def _read_back(self, key: str, after: str) -> Partial:
         """What the run streamed into `key` after `after`, read back from the buffer (replayed to its
-        end: the subscription stops at the terminal event, or once nothing more comes for a moment)."""
+        end: the follow stops at the terminal event, or once nothing more comes for a moment)."""
         partial = Partial()
-        request = ss.SubscribeStreamRequest(key=key, from_offset=after, idle_timeout_ms=READ_BACK_IDLE_MS)
+        follow = self.clients.follows.follow(key, after, READ_BACK_IDLE_MS)
         try:
-            async for resp in self.clients.stream.SubscribeStream(request, timeout=self.grace_s):
-                if events.kind(resp.event) in events.TERMINAL:
-                    break
-                partial.see(resp.event)
-        except grpc.aio.AioRpcError as exc:
-            log.warning("could not read back what %s streamed: %s", key, exc.details(), extra={"key": key})
+            async with asyncio.timeout(self.grace_s):
+                async for event in follow:
+                    if events.kind(event) in events.TERMINAL:
+                        break
+                    partial.see(event)
+        except (MeshError, TimeoutError) as exc:
+            log.warning("could not read back what %s streamed: %s", key, exc, extra={"key": key})
+        finally:
+            follow.cancel()
         return partial
 
 

@@ -54,7 +54,8 @@ async def build(
     backend = backend or make_backend(settings)
     backend.metrics = StreamMetrics(registry)  # this server's series, whoever made the backend
     await backend.start()
-    servicer = StreamServicer(backend)
+    signer = signer or signer_for(settings)
+    servicer = StreamServicer(backend, signer)
     return StreamServer(
         [
             Registration.of(
@@ -64,7 +65,7 @@ async def build(
                 servicer,
             )
         ],
-        signer=signer or signer_for(settings),
+        signer=signer,
         on_stop=[backend.aclose] if owned else [],
         backend=backend,
         registry=registry,

@@ -12,8 +12,10 @@ from agentmesh.stream.v1 import stream_service_pb2_grpc
 from libs import identity
 from libs.errors import InvalidArgument, PermissionDenied, Shutdown, grpc_errors
 from libs.events import is_terminal
+from libs.identity import Signer
 from libs.ids import shown
 from services.stream.backend import StreamBackend
+from services.stream.mux import FollowCall, UserOf, WriteCall
 
 MAX_DELETE = 10_000  # keys per DeleteStreams / RenewStreams
 
@@ -25,10 +27,17 @@ def _reader() -> str:
 
 
 class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
-    """Each RPC is one backend call; the buffer's owner and reader come from the call's identity."""
+    """Each RPC is one backend call; the buffer's owner and reader come from the call's identity (or,
+    for a follow or a writer of the calls that carry many, from its own token, verified alike)."""
 
-    def __init__(self, backend: StreamBackend) -> None:
+    def __init__(self, backend: StreamBackend, signer: Signer) -> None:
         self.backend = backend
+        self.signer = signer  # the server's (IdentityInterceptor): verifies the tokens of follows, writers
+
+    def _user_of(self) -> UserOf:
+        """A follow's or a writer's user from its identity token; an empty token: the call's caller."""
+        caller = _reader()
+        return lambda token: self.signer.verify(token).user if token else caller
 
     @grpc_errors
     async def CreateStream(
@@ -82,6 +91,17 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
             raise
 
     @grpc_errors
+    async def WriteStreams(
+        self, request: AsyncIterator[pb.WriteStreamsRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.WriteStreamsResponse]:
+        writers = WriteCall(self.backend, self._user_of())
+        try:
+            async for response in writers.responses(request):
+                yield response
+        finally:
+            writers.close()
+
+    @grpc_errors
     async def CloseStream(
         self, request: pb.CloseStreamRequest, context: grpc.aio.ServicerContext
     ) -> pb.CloseStreamResponse:
@@ -109,6 +129,17 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
                 yield pb.SubscribeStreamResponse(event=event)
         finally:
             await events.aclose()
+
+    @grpc_errors
+    async def FollowStreams(
+        self, request: AsyncIterator[pb.FollowStreamsRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.FollowStreamsResponse]:
+        follows = FollowCall(self.backend, self._user_of())
+        try:
+            async for response in follows.responses(request):
+                yield response
+        finally:
+            follows.close()
 
     @grpc_errors
     async def RenewStreams(

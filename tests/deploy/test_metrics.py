@@ -99,13 +99,16 @@ async def test_a_turn_moves_the_series_of_every_service(mesh: Mesh) -> None:
         ("trace", "BeginTurn"),
         ("trace", "UpdateMessage"),
         ("stream", "AppendEvents"),
-        ("stream", "WriteStream"),  # the runtime's writers
     ):
         assert moved(service, handled, grpc_method=method, grpc_code="OK") >= 1, (service, method)
         assert moved(service, "agentmesh_grpc_server_handling_seconds_count", grpc_method=method) >= 1
         in_flight = value(after[service], "agentmesh_grpc_server_in_flight", grpc_method=method)
         assert in_flight == 0, (service, method)  # every call of the turn has ended
     assert moved("orchestrator", handled, grpc_method="RunTurn") == 3  # the callee and two subagents
+    # The runs' writers and the readers of every buffer share long-lived calls: one a process at most.
+    for method in ("WriteStreams", "FollowStreams"):
+        assert moved("stream", "agentmesh_grpc_server_started_total", grpc_method=method) <= 2, method
+        assert value(after["stream"], "agentmesh_grpc_server_in_flight", grpc_method=method) >= 1, method
 
     for kind in ("session", "a2a", "subagent"):
         assert moved("stream", "agentmesh_stream_events_appended_total", kind=kind) >= 3, kind

@@ -333,7 +333,7 @@ async def test_a_buffer_ended_between_the_write_back_and_the_close(
     monkeypatch.setattr(TurnEngine, "_finish", ended_first)
     got = await chat(mesh, "general", "cut short", timeout=20)
     monkeypatch.undo()
-    assert len(ended) == 1 and got[-1]["type"] == "error", [e["type"] for e in got]
+    assert len(ended) == 1 and got[-1]["type"] == "error", ([e["type"] for e in got], got[-3:])
     buffered = await read_buffer(mesh, ended[0])
     kinds = [events.kind(e) for e in buffered]
     assert kinds[0] == "start" and kinds[-1] == "error" and "finish" not in kinds, kinds

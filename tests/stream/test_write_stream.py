@@ -1,9 +1,8 @@
-"""WriteStream, a writer's long-lived append call, over real gRPC on the memory and Redis backends: each
-batch is answered with its offsets in order, the errors are AppendEvents' own, ending the call, and a
-service that stops between batches answers SHUTDOWN without taking another batch. Then EventSink (the
-runtime's writer) over it: one call per sink, a buffer closed under it cancels the run, and a drained
-replica's writer carries on through another one. (Unauthenticated and forged calls: test_identity.py.
-The stream service SIGKILLed mid-turn: tests/cli/test_faults.py.)"""
+"""WriteStream, a writer's long-lived append call for one key, over real gRPC on the memory and Redis
+backends: each batch is answered with its offsets in order, the errors are AppendEvents' own, ending the
+call, and a service that stops between batches answers SHUTDOWN without taking another batch; a batch
+awaiting its turn's start. (Many writers on one call, and EventSink over them: test_writes.py.
+Unauthenticated and forged calls: test_identity.py.)"""
 
 from __future__ import annotations
 
@@ -18,13 +17,8 @@ import pytest
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from libs import events, identity
-from libs.clients import Clients
-from libs.errors import Cancelled, Shutdown, from_rpc_error
-from services.agent_runtime.sink import EventSink
+from libs.errors import Shutdown, from_rpc_error
 from services.stream import backend as stream_backend
-from services.stream.redis_backend import RedisBackend
-from services.stream.server import build
-from tests.conftest import service_settings
 from tests.mesh import wait_until
 from tests.stream.conftest import (
     StreamFactory,
@@ -231,147 +225,6 @@ async def test_a_stop_between_batches_answers_shutdown_promptly(
     assert (await h.backend.info(key)).length == 1  # the unanswered batch was not taken
 
 
-def clients_for(h: StreamHarness, signer: Any, target: str = "") -> Clients:
-    settings = h.settings.model_copy(deep=True)
-    settings.addresses.stream = target or h.server.target
-    return Clients(settings, signer)
-
-
-def count_answers(clients: Clients) -> list[int]:
-    """Counts the answers read off the WriteStream calls of `clients` (the real calls, read through)."""
-    counted = [0]
-    write = clients.stream.WriteStream
-
-    def counting(requests: Any, **kw: Any) -> Any:
-        call = write(requests, **kw)
-        read = call.read
-
-        async def read_counted() -> Any:
-            resp = await read()
-            counted[0] += resp is not grpc.aio.EOF
-            return resp
-
-        call.read = read_counted
-        return call
-
-    clients.stream.WriteStream = counting  # type: ignore[method-assign]
-    return counted
-
-
-async def test_an_event_sink_writes_on_one_call(stream: StreamHarness, signer: Any, unique: str) -> None:
-    """Deltas nobody waits for go without answers, in order; store() asks for the one answer."""
-    key = f"session:{unique}"
-    await create(stream, key)
-    clients = clients_for(stream, signer)
-    answers = count_answers(clients)
-    try:
-        with identity.acting_as("alice"):  # the runtime's writer acts for the turn's user
-            sink = EventSink(clients, key)
-        for i in range(50):
-            sink.emit(events.reasoning_delta(f"{i} "))
-            await asyncio.sleep(0)  # let the writer go: a delta per batch, or what queued meanwhile
-        stored = await sink.store(events.reasoning_delta("end"))
-        assert answers == [1]  # the batches before it were answered with it
-        await sink.aclose()
-        batches = [b async for b in sink.committed()]
-    finally:
-        await clients.close()
-    offsets = [e.offset for b in batches for e in b]
-    assert offsets[-1] == stored and len(offsets) == 51
-    assert [as_int(o) for o in offsets] == sorted({as_int(o) for o in offsets})
-    got = await collect(stream, key, reader="alice", idle_timeout_ms=200)
-    assert [e.offset for e in got if events.kind(e) != "error"] == offsets  # no terminal yet: idles out
-    assert "".join(texts([e for b in batches for e in b])) == "".join(f"{i} " for i in range(50)) + "end"
-    assert (started(stream, "WriteStream", "bidi_stream"), started(stream, "AppendEvents", "unary")) == (1, 0)
-
-
-async def test_an_event_sink_on_a_closed_buffer_is_cancelled(
-    stream: StreamHarness, signer: Any, unique: str
-) -> None:
-    key = f"session:{unique}"
-    await create(stream, key)
-    clients = clients_for(stream, signer)
-    try:
-        sink = EventSink(clients, key)
-        await sink.store(events.text_delta("a"))
-        await close(stream, key)  # the turn was cancelled: its buffer closed under the writer
-        sink.emit(events.text_delta("b"))
-        with pytest.raises(Cancelled):
-            await sink.flush()
-        assert isinstance(sink.failure, Cancelled)
-        assert [len(b) async for b in sink.committed()] == [1]
-    finally:
-        await clients.close()
-
-
-@pytest.mark.redis
-@pytest.mark.parametrize("mode", ["answered", "deferred", "held"])
-async def test_an_event_sink_moves_on_from_a_drained_replica(
-    redis_url: str, signer: Any, unique: str, stream_factory: StreamFactory, mode: str
-) -> None:
-    """Two replicas on one Redis: the replica the sink writes through stops (SIGTERM's drain) between
-    batches; the next batch goes through the other one, and the buffer holds every event once: also
-    when the batches before the stop went without answers (the stop answers them: none is resent),
-    and when the stop came while the replica held a batch awaiting the turn's start (SHUTDOWN says it
-    was not taken: it is sent again, through the other one, and lands right after the start)."""
-    first = await stream_factory()
-    if not isinstance(first.backend, RedisBackend):
-        pytest.skip("replicas share buffers on Redis only")
-    settings = service_settings(stream=first.settings.stream, shutdown_grace_s=2.0)
-    backend = RedisBackend(redis_url, settings.stream, prefix=first.backend.prefix)
-    second = await build(settings, "127.0.0.1:0", backend, signer)
-    await second.start()
-    key = f"session:{unique}"
-    await create(first, key)
-    clients = clients_for(first, signer, f"ipv4:{first.server.target},{second.target}")
-    try:
-        sink = EventSink(clients, key, await_start=mode == "held")
-        holding = lambda: first.backend.subscribers + backend.subscribers == 1  # noqa: E731
-        if mode == "deferred":  # the batches go unanswered: the stopping replica answers what it took
-            for i in range(4):
-                sink.emit(events.text_delta(f"{i} "))
-                await wait_until(lambda i=i: _length(first, key, i + 1), what=f"batch {i} stored")
-            offsets = [(await first.backend.info(key)).last_offset]
-        elif mode == "held":  # one batch, held by a replica until the turn's start
-            for i in range(4):
-                sink.emit(events.text_delta(f"{i} "))
-            await wait_until(holding, what="a replica holds the first batch")
-            offsets = []
-        else:
-            offsets = [await sink.store(events.text_delta(f"{i} ")) for i in range(4)]
-        writing = [
-            s
-            for s in (first.server, second)
-            if s.registry.get_sample_value(
-                "agentmesh_grpc_server_in_flight",
-                {"grpc_service": SERVICE, "grpc_method": "WriteStream", "grpc_type": "bidi_stream"},
-            )
-        ]
-        assert len(writing) == 1
-        await writing[0].stop(30.0)
-        live = backend if writing[0] is first.server else first.backend  # the replica still serving
-        if mode == "held":
-            await wait_until(holding, what="the other replica holds the batch sent again")
-            assert (await live.info(key)).length == 0
-            await live.append(key, [_start(unique)])
-            assert (await asyncio.wait_for(sink.start(), 10)).assistant_message_id == 7
-        offsets += [await sink.store(events.text_delta(f"{i} ")) for i in range(4, 8)]
-        await sink.aclose()
-        assert sink.failure is None
-        found = await first.backend.info(key)  # a stopped server's backend still reads Redis
-        held = mode == "held"
-        assert (found.length, found.last_offset) == (8 + held, offsets[-1])  # every event once
-        if held:
-            got = [e async for e in live.subscribe(key, idle_timeout_ms=200)]
-            assert events.kind(got[0]) == "start"
-            assert "".join(e.text_delta.text_delta for e in got[1:9]) == "".join(f"{i} " for i in range(8))
-        assert [as_int(o) for o in offsets] == sorted({as_int(o) for o in offsets})
-    finally:
-        await clients.close()
-        await second.stop(1.0)
-        await backend.aclose()
-
-
 def _start(unique: str) -> ev.Event:
     return ev.Event(start=ev.TurnStart(session_id=unique, assistant_message_id=7))
 
@@ -480,59 +333,3 @@ async def test_a_batch_awaiting_start_is_refused_when_the_buffer_shows_anything_
     assert err.value.code() == code, err.value
     writer.requests.put_nowait(None)
     assert "never" not in texts(await collect(stream, key, idle_timeout_ms=200))
-
-
-async def test_an_event_sink_awaiting_start_writes_after_it(
-    stream: StreamHarness, signer: Any, unique: str
-) -> None:
-    """EventSink(await_start=True): its first delta is held by the stream service until the turn's
-    `start`, then everything follows it; `start()` gives the placeholder; one write call in all."""
-    key = f"session:{unique}"
-    await create(stream, key)
-    clients = clients_for(stream, signer)
-    try:
-        sink = EventSink(clients, key, await_start=True)
-        sink.emit(events.reasoning_delta("first "))
-        await wait_until(lambda: stream.backend.subscribers == 1, what="the first batch held")
-        sink.emit(events.reasoning_delta("second"))
-        assert (await info(stream, key)).length == 0
-        await append(stream, key, [_start(unique)])
-        assert (await asyncio.wait_for(sink.start(), 10)).assistant_message_id == 7
-        await sink.aclose()
-        assert sink.failure is None
-    finally:
-        await clients.close()
-    got = await collect(stream, key, idle_timeout_ms=200)
-    assert [events.kind(e) for e in got[:3]] == ["start", "reasoning_delta", "reasoning_delta"]
-    assert "".join(texts(got)) == "first second"
-    assert started(stream, "WriteStream", "bidi_stream") == 1
-
-
-async def test_an_event_sink_asks_for_start_with_nothing_written(
-    stream: StreamHarness, signer: Any, unique: str
-) -> None:
-    """A run whose first step wrote nothing (a tool call straight away) still learns its anchor; a
-    buffer that ends before its start fails the sink with Cancelled, storing nothing."""
-    ok, failed = f"session:{unique}", f"session:{unique}-failed"
-    await create(stream, ok)
-    await create(stream, failed)
-    clients = clients_for(stream, signer)
-    try:
-        sink = EventSink(clients, ok, await_start=True)
-        asked = asyncio.ensure_future(sink.start())
-        await wait_until(lambda: stream.backend.subscribers == 1, what="the empty batch held")
-        await append(stream, ok, [_start(unique)])
-        assert (await asyncio.wait_for(asked, 10)).assistant_message_id == 7
-        await sink.aclose()
-        doomed = EventSink(clients, failed, await_start=True)
-        doomed.emit(events.reasoning_delta("lost"))
-        await wait_until(lambda: stream.backend.subscribers == 1, what="the doomed batch held")
-        await close(stream, failed)
-        with pytest.raises(Cancelled):
-            await asyncio.wait_for(doomed.start(), 10)
-        assert isinstance(doomed.failure, Cancelled)
-        doomed.cancel()
-    finally:
-        await clients.close()
-    assert [events.kind(e) for e in await collect(stream, ok, idle_timeout_ms=200)] == ["start", "error"]
-    assert [events.kind(e) for e in await collect(stream, failed)] == ["done"]
