@@ -167,28 +167,19 @@ class ChatOrchestrator:
             agent = agent or session.agent
             found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
             _refuse_copies(session)
-        elif session_id:  # the agent and the session, in one round trip (the agent's error first)
-            got_agent: ag.GetAgentResponse | BaseException
-            got_trace: ts.GetTraceResponse | BaseException
-            got_agent, got_trace = await asyncio.gather(
-                rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent))),
-                rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id))),
-                return_exceptions=True,  # both read (no error left unretrieved), the agent's raised first
-            )
-            if isinstance(got_agent, BaseException):
-                raise got_agent
-            if isinstance(got_trace, BaseException):
-                raise got_trace
-            found, session = got_agent.agent, got_trace.trace
+        elif session_id:  # the session; its agent is read by the turn's BeginTurn (resolve_agent)
+            session = (await rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))).trace
             if session.kind != tp.TRACE_KIND_CHAT:
                 raise InvalidArgument("only chat sessions take chat turns")
             _refuse_copies(session)
+            found = None
         else:  # a new session: created with the turn's first messages, in the same call (BeginTurn)
             opened = await self._open_session(agent, message, events_from_stream)
             session, found, new_trace, buffer, early, begun = opened
+        slug = found.slug if found is not None else agent
         if buffer is None:  # the session's lock against a second turn: awaited before BeginTurn
-            buffer = self.turns.create_buffer(session_key(session.id), _stream_metadata(found.slug))
-        spec = _spec(session.id, found.slug, message)
+            buffer = self.turns.create_buffer(session_key(session.id), _stream_metadata(slug))
+        spec = _spec(session.id, slug, message)
         queue: asyncio.Queue[ev.Event | _End | _Created] = asyncio.Queue()
         # The turn outlives this generator when the caller leaves; self.running keeps it.
         task = asyncio.create_task(
@@ -232,13 +223,17 @@ class ChatOrchestrator:
         key = session_key(session.id)
         buffer = self.turns.create_buffer(key, _stream_metadata(agent))
         user = identity.current_user()
-        reading = asyncio.ensure_future(rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent))))
         last = self.last_agents.get(user, agent)
         early = begun = None
-        if last is not None:  # its run and its BeginTurn go while the agent is read again (asked first)
+        reading: asyncio.Future[ag.GetAgentResponse] | asyncio.Future[ts.BeginTurnResponse]
+        if last is not None:  # its run, and its BeginTurn, which reads the agent again (resolve_agent)
             spec = _spec(session.id, last.slug, message)
             early = self.turns.start_early(spec, not from_stream, last)
-            begun = self.turns.begin_early(spec, _new_trace(last.slug, message))
+            reading = begun = self.turns.begin_early(
+                spec, _new_trace(last.slug, message), resolve_agent=agent
+            )
+        else:
+            reading = asyncio.ensure_future(rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent))))
 
         async def unused(why: BaseException) -> None:
             """Nobody will read this session: its run stops, its trace goes, its buffer ends."""
@@ -251,7 +246,8 @@ class ChatOrchestrator:
         try:
             found = (await reading).agent
         except BaseException as exc:  # no turn: the buffer nobody will read ends with the refusal
-            reading.cancel()
+            if reading is not begun:
+                reading.cancel()  # (a BeginTurn goes on: whatever it stored is undone below)
             self.last_agents.forget(user, agent)
             await unused(exc)
             raise
@@ -277,7 +273,7 @@ class ChatOrchestrator:
         queue: asyncio.Queue[ev.Event | _End | _Created],
         from_stream: bool,
         new_trace: tp.Trace | None,
-        agent: ap.Agent,
+        agent: ap.Agent | None,
         buffer: asyncio.Future[Any],
         early: grpc.aio.UnaryStreamCall | None = None,
         begun: asyncio.Future[ts.BeginTurnResponse] | None = None,

@@ -270,11 +270,15 @@ class TurnEngine:
             # A child's new hidden trace, its buffer made by the caller: the run starts at once, as a
             # new trace's does, and calls the model while BeginTurn stores the messages.
             early.append(self._call_early(spec, begin.user_message, run_events, agent))
+        if agent is None and begun is None:  # the agent is read by BeginTurn, in the same call
+            begin.resolve_agent = spec.agent
         try:
             stored = await self._begin(
                 spec, begun or rpc(self.clients.trace.BeginTurn(begin)), create, out, partial
             )
             user, placeholder = stored.user_message, stored.assistant_message
+            if agent is None and stored.HasField("agent"):
+                agent = stored.agent
             out.user_message, out.assistant_message = user, placeholder
             try:
                 with self.leases.hold(message=placeholder.id):
@@ -319,11 +323,13 @@ class TurnEngine:
         return begin
 
     def begin_early(
-        self, spec: orc.RunTurnRequest, new_trace: tp.Trace
+        self, spec: orc.RunTurnRequest, new_trace: tp.Trace, resolve_agent: str = ""
     ) -> asyncio.Future[ts.BeginTurnResponse]:
-        """The BeginTurn of a new trace, sent now (what `run(..., begun=)` takes); one no turn takes is
-        the caller's to undo (`drop_begun`)."""
-        return asyncio.ensure_future(rpc(self.clients.trace.BeginTurn(self.begin_request(spec, new_trace))))
+        """The BeginTurn of a new trace, sent now (what `run(..., begun=)` takes), reading the agent
+        `resolve_agent` too; one no turn takes is the caller's to undo (`drop_begun`)."""
+        request = self.begin_request(spec, new_trace)
+        request.resolve_agent = resolve_agent
+        return asyncio.ensure_future(rpc(self.clients.trace.BeginTurn(request)))
 
     async def drop_begun(self, begun: Awaitable[ts.BeginTurnResponse], trace_id: str) -> None:
         """Undoes a `begin_early` no turn takes: the trace it stored, if it did, is deleted."""

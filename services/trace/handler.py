@@ -9,16 +9,53 @@ from google.protobuf import json_format
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
+from libs.errors import InvalidArgument
 from libs.ids import TraceRef
-from services.trace.store.base import MessagePage, MessageQuery, SubagentStore, TaskStore, TraceStore
+from services.trace.store.base import (
+    AgentStore,
+    MessagePage,
+    MessageQuery,
+    SubagentStore,
+    TaskStore,
+    TraceStore,
+)
 from services.trace.store.hybrid import HybridTraceStore
 
 
 class TraceHandler:
-    def __init__(self, traces: TraceStore, tasks: TaskStore, subagents: SubagentStore) -> None:
+    def __init__(
+        self,
+        traces: TraceStore,
+        tasks: TaskStore,
+        subagents: SubagentStore,
+        agents: AgentStore | None = None,
+    ) -> None:
         self.traces = traces
         self.tasks = tasks
         self.subagents = subagents
+        self.agents = agents
+
+    async def begin_turn(self, owner: str, request: ts.BeginTurnRequest) -> ts.BeginTurnResponse:
+        """The turn's user message and placeholder (and its new trace), stored together; with
+        `resolve_agent`, the turn's agent read first, as the owner reads it (NotFound stores nothing)."""
+        out = ts.BeginTurnResponse()
+        if request.resolve_agent:
+            assert self.agents is not None, "a trace handler that resolves agents needs the agent store"
+            out.agent.CopyFrom(await self.agents.get_agent(owner, request.resolve_agent))
+        messages = [request.user_message, request.assistant_message]
+        if request.HasField("new_trace"):
+            if request.HasField("parent_sequence"):
+                raise InvalidArgument("a new trace has no message to follow")
+            trace, (user, placeholder) = await self.traces.create_trace_with_messages(
+                owner, request.new_trace, request.trace_id, messages
+            )
+            out.trace.CopyFrom(trace)
+        else:
+            parent = request.parent_sequence if request.HasField("parent_sequence") else None
+            user, placeholder = await self.traces.append_messages(owner, request.trace_id, messages, parent)
+        out.user_message.CopyFrom(user)
+        out.assistant_message.CopyFrom(placeholder)
+        return out
 
     async def create_task(self, owner: str, task: tp.A2ATask, continue_trace_id: str) -> tp.A2ATask:
         """An agent-invoke task; continuing a peer's trace (continueFrom @alias/id) runs the callee on

@@ -45,7 +45,7 @@ async def build(
         traces = HybridTraceStore(
             stores.traces, stores.copies, peer_registry, peers, page_size=settings.federation.page_size
         )
-        handler = TraceHandler(traces, stores.tasks, stores.subagents)
+        handler = TraceHandler(traces, stores.tasks, stores.subagents, stores.agents)
         signer = signer or signer_for(settings)
         server = ServiceServer(
             [

@@ -157,18 +157,7 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
 
     @grpc_errors
     async def BeginTurn(self, request: ts.BeginTurnRequest, context: Ctx) -> ts.BeginTurnResponse:
-        owner = current_user()
-        messages = [request.user_message, request.assistant_message]
-        if request.HasField("new_trace"):
-            if request.HasField("parent_sequence"):
-                raise InvalidArgument("a new trace has no message to follow")
-            trace, (user, placeholder) = await self.h.traces.create_trace_with_messages(
-                owner, request.new_trace, request.trace_id, messages
-            )
-            return ts.BeginTurnResponse(trace=trace, user_message=user, assistant_message=placeholder)
-        parent = request.parent_sequence if request.HasField("parent_sequence") else None
-        user, placeholder = await self.h.traces.append_messages(owner, request.trace_id, messages, parent)
-        return ts.BeginTurnResponse(user_message=user, assistant_message=placeholder)
+        return await self.h.begin_turn(current_user(), request)
 
     @grpc_errors
     async def UpdateMessage(self, request: ts.UpdateMessageRequest, context: Ctx) -> ts.UpdateMessageResponse:
