@@ -10,18 +10,22 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import event, text
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+
+from services.trace.store.sql import sqlite_inline
 
 _OPERATIONS = frozenset({"select", "insert", "update", "delete", "with", "begin", "commit", "rollback"})
 HERE = Path(__file__).resolve().parents[2]  # services/trace: alembic.ini and migrations/
 _MIGRATION_LOCK = 0x6167_6D65  # pg advisory lock key: replicas starting together migrate one at a time
 POOL_RECYCLE_S = 1800  # PostgreSQL connections older than this are replaced at their next checkout
+BUSY_TIMEOUT_S = 10.0  # how long a SQLite statement waits for a lock another connection holds
 
 
 def create_engine(url: str) -> AsyncEngine:
-    """An async engine; SQLite connections get foreign keys, WAL and a busy timeout.
+    """An async engine; SQLite connections run in the event loop (sqlite_inline: no thread hand-off per
+    call), with foreign keys, WAL and a busy timeout.
 
     PostgreSQL connections are not pinged at every checkout (a round trip per unit of work, which
     PostgreSQL counts as a rollback): a connection the server has closed is known closed to asyncpg
@@ -31,7 +35,8 @@ def create_engine(url: str) -> AsyncEngine:
     if url.startswith(("postgres://", "postgresql://")):
         url = "postgresql+asyncpg://" + url.split("://", 1)[1]
     if url.startswith("sqlite"):
-        engine = create_async_engine(url)
+        path = make_url(url).database or ":memory:"
+        engine = create_async_engine(url, async_creator=sqlite_inline.connector(path, BUSY_TIMEOUT_S))
 
         @event.listens_for(engine.sync_engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -39,8 +44,7 @@ def create_engine(url: str) -> AsyncEngine:
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, never corrupt
-            cur.execute("PRAGMA busy_timeout=10000")
-            cur.close()
+            cur.close()  # (a lock another connection holds is waited for by sqlite_inline, BUSY_TIMEOUT_S)
 
         return engine
     engine = create_async_engine(url, pool_size=10, max_overflow=20, pool_recycle=POOL_RECYCLE_S)
