@@ -39,6 +39,7 @@ from libs.errors import (
 )
 from libs.identity import current_user
 from libs.ids import TraceRef, a2a_key, shown
+from libs.turns import turn_messages, turn_start
 from services.agent_runtime.a2a_client import RemoteAgent
 from services.agent_runtime.children import (
     close_buffer,
@@ -200,18 +201,6 @@ class RemoteCallee:
         with ctx.leases.hold(task=task.id, stream=a2a_key(task.id)):
             return await self._run(ctx, remote, card.name, task, text, context_id, depth)
 
-    def _message(self, ctx: ToolContext, task: tp.A2ATask, role: int, text: str, status: int) -> tp.Message:
-        return tp.Message(
-            trace_id=task.trace_id,
-            role=role,  # type: ignore[arg-type]
-            content=text,
-            source=tp.MESSAGE_SOURCE_A2A,
-            a2a_task_id=task.id,
-            caller_agent=ctx.agent.slug,
-            caller_session_id=ctx.trace_id,
-            status=status,  # type: ignore[arg-type]
-        )
-
     async def _run(
         self,
         ctx: ToolContext,
@@ -242,31 +231,22 @@ class RemoteCallee:
                 )
             )
             await set_task_state(ctx, task.id, tp.TASK_STATE_WORKING)
+            user, pending = turn_messages(
+                task.trace_id,
+                text,
+                source=tp.MESSAGE_SOURCE_A2A,
+                a2a_task_id=task.id,
+                caller_agent=ctx.agent.slug,
+                caller_session_id=ctx.trace_id,
+            )
             begun = await rpc(
                 ctx.clients.trace.BeginTurn(
-                    ts.BeginTurnRequest(
-                        trace_id=task.trace_id,
-                        user_message=self._message(
-                            ctx, task, tp.MESSAGE_ROLE_USER, text, tp.MESSAGE_STATUS_COMPLETED
-                        ),
-                        assistant_message=self._message(
-                            ctx, task, tp.MESSAGE_ROLE_ASSISTANT, "", tp.MESSAGE_STATUS_PENDING
-                        ),
-                    )
+                    ts.BeginTurnRequest(trace_id=task.trace_id, user_message=user, assistant_message=pending)
                 )
             )
             placeholder = begun.assistant_message
             callee = EventSink(ctx.clients, key)
-            callee.emit(
-                ev.Event(
-                    start=ev.TurnStart(
-                        session_id=task.trace_id,
-                        user_message_id=begun.user_message.id,
-                        assistant_message_id=placeholder.id,
-                        agent=slug,
-                    )
-                )
-            )
+            callee.emit(turn_start(task.trace_id, begun.user_message.id, placeholder.id, slug))
 
             def on_text(chunk: str) -> None:
                 streamed.append(chunk)

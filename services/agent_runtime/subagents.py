@@ -20,6 +20,7 @@ from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
@@ -29,7 +30,8 @@ from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, rpc
 from libs.ids import subagent_key
 from libs.protojson import enum_to_str, to_json
 from libs.tools import MAX_DELEGATE_TASKS
-from services.agent_runtime.children import ChildOutcome, close_buffer, create_buffer, run_child
+from libs.turns import turn_messages, turn_start
+from services.agent_runtime.children import ChildOutcome, close_buffer, run_child
 from services.agent_runtime.tools import SUBAGENT, ToolContext, ToolOutcome, names
 
 MAX_TASKS = MAX_DELEGATE_TASKS
@@ -164,9 +166,11 @@ class SubagentBatch:
         self.title = title
         self.cfg = ctx.agent.effective_subagent_config
         self.rows: list[tp.SubagentSession] = []
+        self.turns: list[ts.TurnMessages] = []  # each row's turn, stored with it
         self.outputs: list[dict[str, Any]] = []
         self.writer = RowWriter(ctx.clients)
         self._opened: set[int] = set()  # rows whose buffer may exist
+        self._started: set[int] = set()  # rows whose turn went to the turn engine (it settles them)
 
     async def _update(self, i: int, paths: list[str], **values: Any) -> None:
         row = tp.SubagentSession(id=self.rows[i].id)
@@ -182,11 +186,18 @@ class SubagentBatch:
         )
         self._emit_update(i)
 
-    async def _create_buffer(self, i: int) -> None:
-        self._opened.add(i)
+    async def _create_buffers(self) -> None:
+        """Every row's buffer, born with its turn's `start`, in one call (before anyone learns the
+        rows: a reader of a card always finds its buffer)."""
         parent = str(self.ctx.anchor_message_id)
-        meta = {"agent": self.plans[i].agent.slug, "kind": "subagent", "parentMessageId": parent}
-        await create_buffer(self.ctx, subagent_key(self.rows[i].id), meta)
+        requests = []
+        for i, (row, turn) in enumerate(zip(self.rows, self.turns, strict=True)):
+            self._opened.add(i)
+            slug = self.plans[i].agent.slug
+            start = turn_start(row.child_trace_id, turn.user_message.id, turn.assistant_message.id, slug)
+            meta = {"agent": slug, "kind": "subagent", "parentMessageId": parent}
+            requests.append(ss.CreateStreamRequest(key=subagent_key(row.id), metadata=meta, events=[start]))
+        await rpc(self.ctx.clients.stream.BatchCreateStreams(ss.BatchCreateStreamsRequest(requests=requests)))
 
     def _emit_update(self, i: int) -> None:
         self.ctx.sink.emit(
@@ -231,11 +242,13 @@ class SubagentBatch:
                             batch_title=self.title,
                         )
                         for i, plan in enumerate(self.plans)
-                    ]
+                    ],
+                    turns=[self._turn(plan) for plan in self.plans],
                 )
             )
         )
-        self.rows = list(resp.subagents)
+        self.rows, self.turns = list(resp.subagents), list(resp.turns)
+        await self._create_buffers()
         for i in range(len(self.rows)):
             self._emit_update(i)
         slots = asyncio.Semaphore(self.cfg.max_concurrent)
@@ -273,13 +286,28 @@ class SubagentBatch:
         ok = summary.completed > 0
         return ToolOutcome({"ok": ok, "results": self.outputs, "summary": counts}, ok=ok, metadata=meta)
 
+    def _turn(self, plan: _Plan) -> ts.TurnMessages:
+        """A subagent's turn, stored with its row: the goal (and context) as the user message."""
+        text = plan.goal if not plan.context else f"{plan.goal}\n\nContext:\n{plan.context}"
+        user, placeholder = turn_messages(
+            "",
+            text,
+            source=tp.MESSAGE_SOURCE_SUBAGENT,
+            caller_agent=self.ctx.agent.slug,
+            caller_session_id=self.ctx.trace_id,
+            model=plan.agent.model,
+        )
+        return ts.TurnMessages(user_message=user, assistant_message=placeholder)
+
     async def _one(self, i: int, slots: asyncio.Semaphore) -> None:
         plan = self.plans[i]
         sub_id = self.rows[i].id
         out: dict[str, Any] = {"id": sub_id, "name": plan.name, "goal": plan.goal}
         self.outputs.append(out)
+        placeholder = self.turns[i].assistant_message.id
         try:
-            with self.ctx.leases.hold(subagent=sub_id, stream=subagent_key(sub_id)):  # queued or running
+            # queued or running: the row, its buffer and its placeholder
+            with self.ctx.leases.hold(subagent=sub_id, stream=subagent_key(sub_id), message=placeholder):
                 async with slots:
                     await self._execute(i, plan, out)
         except asyncio.CancelledError:
@@ -291,19 +319,34 @@ class SubagentBatch:
                             i, ["status", "error"], status=ev.SUBAGENT_STATUS_CANCELLED, error="cancelled"
                         )
                     )
-            if i in self._opened:  # a turn that never started leaves its buffer open: end it
-                await to_the_end(close_buffer(self.ctx, subagent_key(sub_id), Cancelled("cancelled")))
+            if i not in self._started:  # a turn that never started: its placeholder and buffer end here
+                await to_the_end(self._settle_unstarted(i, placeholder))
             raise
+
+    async def _settle_unstarted(self, i: int, placeholder: int) -> None:
+        """The turn of a row cancelled before it ran: its placeholder cancelled, its buffer ended."""
+        message = tp.Message(id=placeholder, status=tp.MESSAGE_STATUS_CANCELLED)
+        message.metadata.update({"error": {"code": "cancelled", "message": "cancelled before it ran"}})
+        with contextlib.suppress(MeshError):
+            await rpc(
+                self.ctx.clients.trace.UpdateMessage(
+                    ts.UpdateMessageRequest(
+                        message=message, update_mask=field_mask_pb2.FieldMask(paths=["status", "metadata"])
+                    )
+                )
+            )
+        if i in self._opened:
+            await close_buffer(self.ctx, subagent_key(self.rows[i].id), Cancelled("cancelled"))
 
     async def _execute(self, i: int, plan: _Plan, out: dict[str, Any]) -> None:
         row = self.rows[i]
         key = subagent_key(row.id)
-        await self._create_buffer(i)
         # The row turns running while the child's turn starts: its model request waits on no write
-        # of the batch's bookkeeping (the buffer exists, so a reader who sees `running` finds it).
+        # of the batch's bookkeeping.
         running = asyncio.create_task(self._update(i, ["status"], status=ev.SUBAGENT_STATUS_RUNNING))
+        self._started.add(i)
         try:
-            outcome = await self._run(plan, row, key)
+            outcome = await self._run(plan, row, key, self.turns[i])
         except BaseException:
             with contextlib.suppress(MeshError):
                 await to_the_end(running)  # settled before the caller marks the row cancelled
@@ -333,10 +376,11 @@ class SubagentBatch:
             await self._update(i, ["status", "error"], status=status, error=message)
             out.update(status="cancelled" if cancelled else "failed", error=message)
 
-    async def _run(self, plan: _Plan, row: tp.SubagentSession, key: str) -> ChildOutcome:
+    async def _run(
+        self, plan: _Plan, row: tp.SubagentSession, key: str, turn: ts.TurnMessages
+    ) -> ChildOutcome:
         ctx = self.ctx
         prompt = plan.agent.system_prompt + GUIDANCE.format(parent=ctx.agent.name, goal=plan.goal)
-        text = plan.goal if not plan.context else f"{plan.goal}\n\nContext:\n{plan.context}"
         overrides = rt.RunOverrides(system_prompt=prompt, model=plan.agent.model, max_steps=plan.max_steps)
         if plan.tool_names is not None:
             overrides.tool_names.names.extend(plan.tool_names)
@@ -345,7 +389,7 @@ class SubagentBatch:
             orc.RunTurnRequest(
                 trace_id=row.child_trace_id,
                 agent=plan.agent.slug,
-                user_text=text,
+                user_text=turn.user_message.content,
                 stream_key=key,
                 stream_created=True,
                 role=SUBAGENT,
@@ -357,6 +401,7 @@ class SubagentBatch:
                 overrides=overrides,
                 resolved_agent=plan.agent,  # read once for the batch
                 empty_trace=True,  # the row's new hidden trace
+                begun=turn,  # stored with the row, its `start` in the buffer
             ),
         )
 

@@ -47,6 +47,7 @@ from libs.errors import (
 from libs.leases import LeaseKeeper
 from libs.metrics import OrchestratorMetrics
 from libs.protojson import to_json
+from libs.turns import turn_messages, turn_start
 
 log = logging.getLogger(__name__)
 OnEvent = Callable[[ev.Event], Awaitable[None] | None]
@@ -168,23 +169,18 @@ class TurnEngine:
         if resp.closed:  # else someone ended it between the two (a cancel): theirs is the end
             await _deliver(on_event, ev.Event(done=ev.StreamDone(), offset=resp.offset))
 
-    @classmethod
-    def _user_message(cls, spec: orc.RunTurnRequest) -> tp.Message:
-        """The turn's user message, as BeginTurn stores it (and an early run's whole history)."""
-        return cls._message(spec, tp.MESSAGE_ROLE_USER, spec.user_text, tp.MESSAGE_STATUS_COMPLETED)
-
     @staticmethod
-    def _message(spec: orc.RunTurnRequest, role: int, content: str, status: int) -> tp.Message:
-        return tp.Message(
-            trace_id=spec.trace_id,
-            role=role,  # type: ignore[arg-type]
-            content=content,
-            status=status,  # type: ignore[arg-type]
-            source=spec.source or tp.MESSAGE_SOURCE_USER,
+    def _messages(spec: orc.RunTurnRequest) -> tuple[tp.Message, tp.Message]:
+        """The turn's user message and placeholder, as BeginTurn stores them (the user message: an
+        early run's whole history)."""
+        return turn_messages(
+            spec.trace_id,
+            spec.user_text,
+            source=spec.source,
             a2a_task_id=spec.a2a_task_id,
             caller_agent=spec.caller_agent,
             caller_session_id=spec.caller_session_id,
-            model=spec.overrides.model if role == tp.MESSAGE_ROLE_ASSISTANT else "",
+            model=spec.overrides.model,
         )
 
     async def run(
@@ -253,6 +249,13 @@ class TurnEngine:
         out = TurnOutcome()
         partial = Partial()
         begin = self.begin_request(spec, new_trace)
+        if spec.HasField("begun"):  # stored by the caller, with `start` in its buffer already
+            begun = asyncio.get_running_loop().create_future()
+            begun.set_result(
+                ts.BeginTurnResponse(
+                    user_message=spec.begun.user_message, assistant_message=spec.begun.assistant_message
+                )
+            )
         create: Awaitable[Any] | None = None
         early: list[grpc.aio.UnaryStreamCall] = []  # the run of a new trace, started before BeginTurn ends
         if buffer is None and not spec.stream_created:
@@ -285,7 +288,9 @@ class TurnEngine:
                     empty = new_trace is not None or spec.empty_trace
                     request = self._run_request(spec, user, placeholder, run_events, agent, empty)
                     call = early[0] if early else None
-                    await self._stream_turn(spec, user, placeholder, on_event, partial, out, request, call)
+                    await self._stream_turn(
+                        spec, user, placeholder, on_event, partial, out, request, call, spec.HasField("begun")
+                    )
             except asyncio.CancelledError as exc:
                 await to_the_end(self._fail(spec, out, cancel_reason(exc), on_event, partial))
                 raise
@@ -313,11 +318,8 @@ class TurnEngine:
 
     def begin_request(self, spec: orc.RunTurnRequest, new_trace: tp.Trace | None) -> ts.BeginTurnRequest:
         """The user message and the placeholder (and a new trace): one call, all stored or none."""
-        begin = ts.BeginTurnRequest(
-            trace_id=spec.trace_id,
-            user_message=self._user_message(spec),
-            assistant_message=self._message(spec, tp.MESSAGE_ROLE_ASSISTANT, "", tp.MESSAGE_STATUS_PENDING),
-        )
+        user, placeholder = self._messages(spec)
+        begin = ts.BeginTurnRequest(trace_id=spec.trace_id, user_message=user, assistant_message=placeholder)
         if new_trace is not None:
             begin.new_trace.CopyFrom(new_trace)
         return begin
@@ -379,7 +381,7 @@ class TurnEngine:
         """The run of a new trace `spec.trace_id`, started now (beside its buffer's creation: the stream
         service waits for the buffer): what `run(..., early=)` takes. A run no turn takes is the
         caller's to cancel."""
-        return self._call_early(spec, self._user_message(spec), run_events, agent)
+        return self._call_early(spec, self._messages(spec)[0], run_events, agent)
 
     def _call_early(
         self, spec: orc.RunTurnRequest, user: tp.Message, run_events: bool, agent: ap.Agent
@@ -401,19 +403,15 @@ class TurnEngine:
         out: TurnOutcome,
         request: rt.RunAgentRequest,
         call: grpc.aio.UnaryStreamCall | None = None,
+        started: bool = False,
     ) -> None:
-        """start -> the run (`call`: already started, awaiting `start`) -> the write-back -> finish and
-        done in one call (a reader that sees the end finds the reply stored)."""
-        start = ev.Event(
-            start=ev.TurnStart(
-                session_id=spec.trace_id,
-                user_message_id=user.id,
-                assistant_message_id=placeholder.id,
-                agent=spec.agent,
-            )
-        )
-        await self._append(spec.stream_key, start, on_event)
-        out.start_offset = start.offset
+        """start (unless the buffer has it: `started`) -> the run (`call`: already started, awaiting
+        `start`) -> the write-back -> finish and done in one call (a reader that sees the end finds the
+        reply stored)."""
+        if not started:
+            start = turn_start(spec.trace_id, user.id, placeholder.id, spec.agent)
+            await self._append(spec.stream_key, start, on_event)
+            out.start_offset = start.offset
         out.result = await self._run_agent(spec, request, on_event, partial, call)
         await self._write_back(out)
         finish = ev.Event(
@@ -571,6 +569,8 @@ class TurnEngine:
 
 
 READ_BACK_IDLE_MS = 200
+
+
 SHUTDOWN = "shutdown"  # the cancel message of a turn its process stops before it ends
 
 

@@ -18,6 +18,7 @@ from services.stream.backend import StreamBackend
 from services.stream.mux import FollowCall, UserOf, WriteCall
 
 MAX_DELETE = 10_000  # keys per DeleteStreams / RenewStreams
+MAX_BATCH_CREATE = 100  # buffers per BatchCreateStreams
 
 
 def _reader() -> str:
@@ -39,12 +40,27 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
         caller = _reader()
         return lambda token: self.signer.verify(token).user if token else caller
 
+    async def _create(self, request: pb.CreateStreamRequest) -> pb.CreateStreamResponse:
+        if any(is_terminal(event) for event in request.events):
+            raise InvalidArgument("a buffer is not born ended: CreateStream's events are none terminal")
+        owner = identity.current_user()
+        await self.backend.create(request.key, owner, dict(request.metadata))
+        offsets = await self.backend.append(request.key, request.events, owner) if request.events else []
+        return pb.CreateStreamResponse(offsets=offsets)
+
     @grpc_errors
     async def CreateStream(
         self, request: pb.CreateStreamRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateStreamResponse:
-        await self.backend.create(request.key, identity.current_user(), dict(request.metadata))
-        return pb.CreateStreamResponse()
+        return await self._create(request)
+
+    @grpc_errors
+    async def BatchCreateStreams(
+        self, request: pb.BatchCreateStreamsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.BatchCreateStreamsResponse:
+        if len(request.requests) > MAX_BATCH_CREATE:
+            raise InvalidArgument(f"at most {MAX_BATCH_CREATE} buffers at once")
+        return pb.BatchCreateStreamsResponse(responses=[await self._create(r) for r in request.requests])
 
     @grpc_errors
     async def AppendEvents(

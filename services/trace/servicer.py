@@ -223,8 +223,12 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
     async def CreateSubagentSessions(
         self, request: ts.CreateSubagentSessionsRequest, context: Ctx
     ) -> ts.CreateSubagentSessionsResponse:
-        rows = await self.h.subagents.create_subagents(current_user(), request.subagents)
-        return ts.CreateSubagentSessionsResponse(subagents=rows)
+        turns = [(t.user_message, t.assistant_message) for t in request.turns]
+        rows, begun = await self.h.subagents.create_subagents(current_user(), request.subagents, turns)
+        return ts.CreateSubagentSessionsResponse(
+            subagents=rows,
+            turns=[ts.TurnMessages(user_message=u, assistant_message=a) for u, a in begun],
+        )
 
     @grpc_errors
     async def UpdateSubagentSession(

@@ -19,7 +19,6 @@ from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events as events_of
 from libs import identity
 from libs.config import SubagentDefaults
-from libs.errors import Unavailable
 from libs.ids import subagent_key
 from services.trace.store.sql.db import create_engine
 from services.trace.store.sql.traces import SqlTraceStore
@@ -420,6 +419,21 @@ async def test_cancel_mid_batch_cancels_every_subagent(mesh: Mesh) -> None:
 
     await wait_until(all_cancelled, 10, "every subagent cancelled")
     await mesh.mock.wait_idle(timeout=10)
+    # The one still queued never ran: its placeholder is settled cancelled and its buffer ended too.
+    with identity.acting_as(mesh.user):
+        rows = await mesh.clients.trace.ListSubagentSessions(
+            ts.ListSubagentSessionsRequest(trace_id=got[0]["sessionId"])
+        )
+        for row in rows.subagents:
+            child = await mesh.clients.trace.ListMessages(
+                ts.ListMessagesRequest(trace_id=row.child_trace_id, mode=ts.PATH_MODE_ALL)
+            )
+            assert [m.status for m in child.messages] == [
+                tp.MESSAGE_STATUS_COMPLETED,
+                tp.MESSAGE_STATUS_CANCELLED,
+            ], row.id
+            last = (await read_buffer(mesh, subagent_key(row.id)))[-1]
+            assert last.error.code == ev_pb.ERROR_CODE_CANCELLED, row.id
 
 
 async def test_agents_route_shows_effective_config(mesh: Mesh) -> None:
@@ -447,28 +461,31 @@ def is_subagent_turn(messages: Any) -> bool:
     return bool(messages) and messages[0].source == tp.MESSAGE_SOURCE_SUBAGENT
 
 
-async def test_a_subagent_calls_its_model_while_its_turn_begins(
+async def test_a_subagent_turn_is_stored_with_its_row_and_runs_at_once(
     mesh: Mesh, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A subagent's hidden trace is empty and its agent was read by the batch: its run calls the model
-    while BeginTurn stores its messages (BeginTurn here waits for that request: a run started after
-    BeginTurn would never come), its reply still follows `start` and lands on the placeholder."""
+    """A subagent's user message and placeholder are stored with its row (CreateSubagentSessions) and
+    its buffer is born with its `start`: the child turn stores nothing more before its run (no
+    BeginTurn), its reply lands on that placeholder, and `start` names both messages."""
     mesh.mock.set_rules(rules(*fan_out([{"goal": "early part", "agentSlug": "helper"}], "early child")))
-    asked = len(mesh.mock.requests())
-    waited: list[int] = []
-    stored = SqlTraceStore.append_messages
+    begun: list[Any] = []
+    stored, created = SqlTraceStore.append_messages, SqlTraceStore.create_trace_with_messages
 
-    async def after_the_model(self: SqlTraceStore, owner: str, trace_id: str, msgs: Any, parent: Any) -> Any:
+    async def appending(self: SqlTraceStore, owner: str, trace_id: str, msgs: Any, parent: Any) -> Any:
         if is_subagent_turn(msgs):
-            # the supervisor's first call, then the child's
-            got = await mesh.mock.wait_requests(asked + 2, timeout=10)
-            waited.append(len(got))
+            begun.append(trace_id)
         return await stored(self, owner, trace_id, msgs, parent)
 
-    monkeypatch.setattr(SqlTraceStore, "append_messages", after_the_model)
+    async def creating(self: SqlTraceStore, owner: str, trace: Any, trace_id: str, msgs: Any) -> Any:
+        if is_subagent_turn(msgs):
+            begun.append(trace_id)
+        return await created(self, owner, trace, trace_id, msgs)
+
+    monkeypatch.setattr(SqlTraceStore, "append_messages", appending)
+    monkeypatch.setattr(SqlTraceStore, "create_trace_with_messages", creating)
     events = await chat(mesh, "general", "early child", timeout=30)
     monkeypatch.undo()
-    assert len(waited) == 1, waited
+    assert begun == [], "the child's turn was stored with its row"
     assert events[-1]["type"] == "done"
     out = next(e for e in events if e["type"] == "tool-output-available")["output"]
     assert [r["status"] for r in out["results"]] == ["completed"], out
@@ -479,38 +496,28 @@ async def test_a_subagent_calls_its_model_while_its_turn_begins(
         child = await mesh.clients.trace.ListMessages(
             ts.ListMessagesRequest(trace_id=row.child_trace_id, mode=ts.PATH_MODE_MAIN_PATH)
         )
-    assert [(m.role, m.status, m.content) for m in child.messages] == [
-        (tp.MESSAGE_ROLE_USER, tp.MESSAGE_STATUS_COMPLETED, "early part"),
-        (tp.MESSAGE_ROLE_ASSISTANT, tp.MESSAGE_STATUS_COMPLETED, "helped with early part"),
+    assert [(m.role, m.status, m.content, m.source, m.caller_agent) for m in child.messages] == [
+        (
+            tp.MESSAGE_ROLE_USER,
+            tp.MESSAGE_STATUS_COMPLETED,
+            "early part",
+            tp.MESSAGE_SOURCE_SUBAGENT,
+            "general",
+        ),
+        (
+            tp.MESSAGE_ROLE_ASSISTANT,
+            tp.MESSAGE_STATUS_COMPLETED,
+            "helped with early part",
+            tp.MESSAGE_SOURCE_SUBAGENT,
+            "general",
+        ),
     ]
-    kinds = [events_of.kind(e) for e in await read_buffer(mesh, subagent_key(row.id))]
-    assert kinds[0] == "start" and kinds[-2:] == ["finish", "done"], kinds
-
-
-async def test_a_subagent_whose_turn_fails_to_begin_after_its_run_started(
-    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """BeginTurn of a subagent fails once its run has called the model: the run stores nothing, the
-    buffer ends with the error, the row ends failed (none left pending), and the supervisor goes on."""
-    mesh.mock.set_rules(rules(*fan_out([{"goal": "doomed part", "agentSlug": "helper"}], "doomed child")))
-    asked = len(mesh.mock.requests())
-
-    async def down(self: SqlTraceStore, owner: str, trace_id: str, msgs: Any, parent: Any) -> Any:
-        if is_subagent_turn(msgs):
-            await mesh.mock.wait_requests(asked + 2, timeout=10)  # the child's run is under way
-            raise Unavailable("the database went away")
-        return await stored(self, owner, trace_id, msgs, parent)
-
-    stored = SqlTraceStore.append_messages
-    monkeypatch.setattr(SqlTraceStore, "append_messages", down)
-    events = await chat(mesh, "general", "doomed child", timeout=30)
-    monkeypatch.undo()
-    assert events[-1]["type"] == "done", "the supervisor's turn goes on"
-    out = next(e for e in events if e["type"] == "tool-output-available")["output"]
-    (result,) = out["results"]
-    assert result["status"] == "failed" and result["error"] == "unavailable: the database went away", result
-    row = await only_row(mesh, events[0]["sessionId"])
-    assert row.status == ev_pb.SUBAGENT_STATUS_FAILED
     buffered = await read_buffer(mesh, subagent_key(row.id))
-    assert [events_of.kind(e) for e in buffered] == ["error"], buffered
-    assert buffered[0].error.code == ev_pb.ERROR_CODE_UNAVAILABLE
+    kinds = [events_of.kind(e) for e in buffered]
+    assert kinds[0] == "start" and kinds[-2:] == ["finish", "done"], kinds
+    start = buffered[0].start
+    assert (start.session_id, start.user_message_id, start.assistant_message_id) == (
+        row.child_trace_id,
+        child.messages[0].id,
+        child.messages[1].id,
+    )

@@ -443,3 +443,45 @@ async def test_stop_ends_subscriptions_promptly(stream_factory: StreamFactory, u
         await call.read()
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert h.backend.subscribers == 0
+
+
+async def test_a_buffer_born_with_its_first_events_and_several_created_at_once(
+    stream: StreamHarness, unique: str
+) -> None:
+    """CreateStream's events are appended at creation (their offsets answered); a terminal one is
+    refused with nothing created. BatchCreateStreams creates in order; the first that fails fails the
+    call with its status, and those created before it stay."""
+    born = f"session:{unique}-born"
+    start = ev.Event(start=ev.TurnStart(session_id=unique, assistant_message_id=7))
+    with identity.acting_as("alice"):
+        resp = await stream.stub.CreateStream(pb.CreateStreamRequest(key=born, events=[start]))
+        assert len(resp.offsets) == 1
+        ending = pb.CreateStreamRequest(key=f"session:{unique}-ending", events=[events.done()])
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stream.stub.CreateStream(ending)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert not (await info(stream, f"session:{unique}-ending")).exists
+    got = await collect(stream, born, reader="alice", idle_timeout_ms=200)
+    assert got[0].start.assistant_message_id == 7 and got[0].offset == resp.offsets[0]
+
+    keys = [f"subagent:{unique}-{i}" for i in range(3)]
+    with identity.acting_as("alice"):
+        batch = await stream.stub.BatchCreateStreams(
+            pb.BatchCreateStreamsRequest(
+                requests=[pb.CreateStreamRequest(key=k, events=[start], metadata={"n": k}) for k in keys]
+            )
+        )
+        assert [len(r.offsets) for r in batch.responses] == [1, 1, 1]
+        again = [pb.CreateStreamRequest(key=f"subagent:{unique}-new"), pb.CreateStreamRequest(key=keys[1])]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stream.stub.BatchCreateStreams(pb.BatchCreateStreamsRequest(requests=again))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # keys[1] is open
+        many = [pb.CreateStreamRequest(key=f"subagent:{unique}-m{i}") for i in range(101)]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stream.stub.BatchCreateStreams(pb.BatchCreateStreamsRequest(requests=many))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (await info(stream, f"subagent:{unique}-new")).exists  # created before the failure: it stays
+    assert not (await info(stream, f"subagent:{unique}-m0")).exists
+    for k in keys:
+        found = await info(stream, k, reader="alice")
+        assert (found.length, found.metadata["n"]) == (1, k)

@@ -408,3 +408,60 @@ async def test_the_runtimes_row_writer_coalesces_and_keeps_failures_apart(trace_
         ev.SUBAGENT_STATUS_COMPLETED,
         ev.SUBAGENT_STATUS_CANCELLED,
     ]
+
+
+async def test_a_batch_stores_each_subagents_turn_with_its_row(trace_stub, unique):
+    """CreateSubagentSessions with turns: each hidden trace begins with its turn's user message and
+    placeholder, stored in the same transaction (sequences 1 and 2, the head at the placeholder, the
+    provenance kept); a count of turns other than one per row is refused and nothing is stored."""
+    owner = f"u-{unique}"
+    s = await new_trace(trace_stub, owner)
+    await append(trace_stub, owner, s.id, "split this")
+    anchor = await append(trace_stub, owner, s.id, "", ASSISTANT)
+    rows = [
+        tp.SubagentSession(
+            trace_id=s.id,
+            parent_message_id=anchor.id,
+            parent_agent="general",
+            name=f"n{i}",
+            goal=f"g{i}",
+            sort_order=i,
+        )
+        for i in range(2)
+    ]
+
+    def turn(i: int) -> ts.TurnMessages:
+        def message(role: int, text: str, status: int) -> tp.Message:
+            return tp.Message(
+                role=role, content=text, status=status, source=tp.MESSAGE_SOURCE_SUBAGENT,
+                caller_agent="general", caller_session_id=s.id, model="mock-gpt" if text == "" else "",
+            )  # fmt: skip
+
+        return ts.TurnMessages(
+            user_message=message(tp.MESSAGE_ROLE_USER, f"g{i}", tp.MESSAGE_STATUS_COMPLETED),
+            assistant_message=message(ASSISTANT, "", tp.MESSAGE_STATUS_PENDING),
+        )
+
+    with identity.acting_as(owner):
+        refused = ts.CreateSubagentSessionsRequest(subagents=rows, turns=[turn(0)])
+        assert await code_of(trace_stub.CreateSubagentSessions(refused)) == BAD
+        listed = await trace_stub.ListSubagentSessions(ts.ListSubagentSessionsRequest(trace_id=s.id))
+        assert list(listed.subagents) == []
+        resp = await trace_stub.CreateSubagentSessions(
+            ts.CreateSubagentSessionsRequest(subagents=rows, turns=[turn(0), turn(1)])
+        )
+        assert len(resp.turns) == 2
+        for i, (row, begun) in enumerate(zip(resp.subagents, resp.turns, strict=True)):
+            user, placeholder = begun.user_message, begun.assistant_message
+            assert (user.trace_id, user.sequence, user.content, user.caller_agent) == (
+                row.child_trace_id, 1, f"g{i}", "general"
+            )  # fmt: skip
+            assert (placeholder.sequence, placeholder.parent_sequence, placeholder.status) == (
+                2, 1, tp.MESSAGE_STATUS_PENDING
+            )  # fmt: skip
+            path = await trace_stub.ListMessages(
+                ts.ListMessagesRequest(trace_id=row.child_trace_id, mode=ts.PATH_MODE_MAIN_PATH)
+            )
+            assert list(path.messages) == [user, placeholder] and path.head_sequence == 2
+            following = await append(trace_stub, owner, row.child_trace_id, "next")
+            assert (following.sequence, following.parent_sequence) == (3, 2)

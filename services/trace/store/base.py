@@ -247,9 +247,14 @@ class SubagentStore(abc.ABC):
 
     @abc.abstractmethod
     async def create_subagents(
-        self, owner: str, rows: Sequence[tp.SubagentSession]
-    ) -> list[tp.SubagentSession]:
-        """The rows of one batch, each with its hidden trace, in one transaction."""
+        self,
+        owner: str,
+        rows: Sequence[tp.SubagentSession],
+        turns: Sequence[tuple[tp.Message, tp.Message]] = (),
+    ) -> tuple[list[tp.SubagentSession], list[tuple[tp.Message, tp.Message]]]:
+        """The rows of one batch, each with its hidden trace, in one transaction; with `turns` (one per
+        row: a user message and a placeholder), each hidden trace begins with its turn's two messages
+        (returned as stored)."""
 
     @abc.abstractmethod
     async def update_subagent(

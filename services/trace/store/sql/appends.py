@@ -301,10 +301,12 @@ async def pg_write(conn: AsyncConnection, items: Sequence[Item], stamp: datetime
 
 # ---- SQLite: the same steps under its single writer -------------------------------------------------
 
-_INSERT = insert(_M).returning(_M.c.id, sort_by_parameter_order=True)
+INSERT_MESSAGES = insert(_M).returning(_M.c.id, sort_by_parameter_order=True)
 
 
-def _row(it: Item, sequence: int, parent: int | None, agent: int | None, stamp: datetime) -> dict[str, Any]:
+def message_row(
+    it: Item, sequence: int, parent: int | None, agent: int | None, stamp: datetime
+) -> dict[str, Any]:
     """The messages row of an item placed at `sequence` after `parent`."""
     m = it.message
     return {
@@ -391,11 +393,11 @@ async def sqlite_write(
         parent = (head[sid] or None) if it.parent is None else (it.parent or None)
         last[sid] = head[sid] = sequence
         agent = agent_of(it)
-        rows.append(_row(it, sequence, parent, agent, stamp))
+        rows.append(message_row(it, sequence, parent, agent, stamp))
         placed.append((index, sequence, parent, agent))
     if not rows:
         return {}
-    ids = (await conn.execute(_INSERT, rows)).scalars().all()
+    ids = (await conn.execute(INSERT_MESSAGES, rows)).scalars().all()
     bumps = [
         {"b_id": sid, "b_last": last[sid], "b_now": stamp}
         for sid in sids
@@ -417,8 +419,8 @@ async def write_first(conn: AsyncConnection, items: Sequence[Item], stamp: datet
     = len(items) (both backends): sequences 1..n, each after the one before, in one INSERT (nothing to
     read: no counter, no head, no parent to check). Items naming a caller agent are not for this."""
     assert not any(it.message.caller_agent for it in items), "a caller agent needs write()"
-    rows = [_row(it, k + 1, k or None, None, stamp) for k, it in enumerate(items)]
-    ids = (await conn.execute(_INSERT, rows)).scalars().all()
+    rows = [message_row(it, k + 1, k or None, None, stamp) for k, it in enumerate(items)]
+    ids = (await conn.execute(INSERT_MESSAGES, rows)).scalars().all()
     created = ts(stamp)
     return {k: stored(it, ids[k], k + 1, k or None, None, created) for k, it in enumerate(items)}
 

@@ -16,6 +16,7 @@ from libs.protojson import enum_to_str
 from services.trace import domain
 from services.trace.domain import need_owner
 from services.trace.store.base import SubagentStore
+from services.trace.store.sql.appends import INSERT_MESSAGES, make_item, message_row, stored
 from services.trace.store.sql.common import (
     SUB_SOURCE,
     SUB_STATUS,
@@ -25,6 +26,7 @@ from services.trace.store.sql.common import (
     now,
     number_of,
     subagent_pb,
+    ts,
     usage_json,
 )
 from services.trace.store.sql.models import AgentRow, MessageRow, SessionRow, SubagentRow
@@ -35,10 +37,15 @@ class SqlSubagentStore(SubagentStore):
         self.db = db
 
     async def create_subagents(
-        self, owner: str, rows: Sequence[tp.SubagentSession]
-    ) -> list[tp.SubagentSession]:
+        self,
+        owner: str,
+        rows: Sequence[tp.SubagentSession],
+        turns: Sequence[tuple[tp.Message, tp.Message]] = (),
+    ) -> tuple[list[tp.SubagentSession], list[tuple[tp.Message, tp.Message]]]:
         if not rows:
-            return []
+            return [], []
+        if turns and len(turns) != len(rows):
+            raise InvalidArgument("give one turn per subagent, or none")
         async with self.db.tx() as db:
             traces: dict[str, SessionRow] = {}
             anchors: set[tuple[str, int]] = set()
@@ -84,6 +91,8 @@ class SqlSubagentStore(SubagentStore):
                     title=sub.name,
                     created_at=stamp,
                     updated_at=stamp,
+                    last_sequence=2 if turns else 0,
+                    head_sequence=2 if turns else 0,
                 )
                 db.add(child)
                 row = SubagentRow(
@@ -111,7 +120,23 @@ class SqlSubagentStore(SubagentStore):
                 db.add(row)
                 created.append(row)
             await db.flush()
-            return [subagent_pb(r) for r in created]
+            begun: list[tuple[tp.Message, tp.Message]] = []
+            if turns:  # each hidden trace's first two messages, in one INSERT
+                items, values = [], []
+                for row, (user, placeholder) in zip(created, turns, strict=True):
+                    for k, message in enumerate((user, placeholder)):
+                        item = make_item(owner, message, None, row.child_session_id or "")
+                        caller = await agent(message.caller_agent, required=False)
+                        caller_id = caller.id if caller is not None else None
+                        items.append((item, k + 1, k or None, caller_id))
+                        values.append(message_row(item, k + 1, k or None, caller_id, stamp))
+                ids = (await db.execute(INSERT_MESSAGES, values)).scalars().all()
+                out = [
+                    stored(item, message_id, sequence, parent, caller_id, ts(stamp))
+                    for (item, sequence, parent, caller_id), message_id in zip(items, ids, strict=True)
+                ]
+                begun = list(zip(out[::2], out[1::2], strict=True))
+            return [subagent_pb(r) for r in created], begun
 
     async def update_subagent(
         self, owner: str, row: tp.SubagentSession, paths: Sequence[str]
