@@ -135,7 +135,9 @@ async def test_a_turn_moves_the_series_of_every_service(mesh: Mesh) -> None:
 async def test_child_turns_are_handed_their_agent_and_history(mesh: Mesh) -> None:
     """The callee and the two subagents run in new hidden traces: each is handed the agent its caller
     read and its history (its user message), so no run reads a history back, and each agent of the
-    tree is read once (the supervisor by the orchestrator, the callee and the preset by the tools)."""
+    tree is read once (the supervisor by the orchestrator, in its BeginTurn once it read it before;
+    the callee and the preset by the tools). The subagents' turns are stored with their rows."""
+    await chat(mesh, "general", "a first turn: this user has read the agent before")
     before = await scrape_all(mesh)
     events = await chat(mesh, "general", "tree of reads")
     assert events[-1]["type"] == "done", events[-3:]
@@ -147,9 +149,10 @@ async def test_child_turns_are_handed_their_agent_and_history(mesh: Mesh) -> Non
             before["trace"], handled, grpc_method=method
         )
 
-    assert moved("BeginTurn") == 4  # the supervisor's turn and three children
+    assert moved("BeginTurn") == 2  # the supervisor's turn and the callee's
+    assert moved("CreateSubagentSessions") == 1  # the two subagents, their hidden traces and turns
     assert moved("ListMessages") == 0
-    assert moved("GetAgent") == 3, moved("GetAgent")
+    assert moved("GetAgent") == 2, moved("GetAgent")  # the callee and the preset
 
 
 async def test_the_metrics_server_answers_only_metrics(mesh: Mesh) -> None:
