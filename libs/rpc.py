@@ -35,8 +35,11 @@ KEEPALIVE_MS = 30_000
 _CHANNEL_OPTIONS = [
     *_SIZES,
     # A restarted service is found again within a second, not after gRPC's default 1-120 s backoff.
+    # (Not grpc.min_reconnect_backoff_ms: gRPC core takes it as the shortest time a connection attempt
+    # is given to complete, 20 s unless set. At 100 ms, a busy server that answered a new connection's
+    # handshake a little later failed every call of the channel UNAVAILABLE, "connection attempt timed
+    # out before receiving SETTINGS frame": 34 of 1,000 turns in one run of scenario C.)
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.keepalive_time_ms", KEEPALIVE_MS),
     ("grpc.keepalive_timeout_ms", 10_000),

@@ -121,6 +121,7 @@ async def mesh(http: httpx.AsyncClient, out: Stream, agent: str) -> Stream:
             out.error = "eof_before_done"
     except (httpx.HTTPError, OSError) as exc:
         out.error = error_code(exc)
+        out.end = time.time()  # when it failed: the error table says after how long
     return out
 
 
@@ -173,6 +174,7 @@ async def langgraph(http: httpx.AsyncClient, out: Stream) -> Stream:
             out.end = time.time()
     except (httpx.HTTPError, OSError) as exc:
         out.error = error_code(exc)
+        out.end = time.time()  # when it failed: the error table says after how long
     return out
 
 
@@ -206,6 +208,7 @@ async def direct_raw(http: httpx.AsyncClient, out: Stream) -> Stream:
             out.error = "eof_before_done"
     except (httpx.HTTPError, OSError) as exc:
         out.error = error_code(exc)
+        out.end = time.time()  # when it failed: the error table says after how long
     return out
 
 

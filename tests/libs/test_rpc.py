@@ -173,3 +173,41 @@ async def test_a_call_queued_behind_a_busy_loop_waits_as_long_as_a_deadline_allo
         assert "CANCELLED" in result, result
     else:
         assert result == ["OK"] * 5
+
+
+async def test_a_server_slow_to_answer_a_new_connection_is_waited_for(mesh: Mesh) -> None:
+    """A busy server answers a new connection's handshake late: the mesh's channels give a connection
+    attempt the time gRPC's default gives it (their short reconnect backoff is not a connect timeout),
+    so the call goes through instead of failing UNAVAILABLE ("connection attempt timed out before
+    receiving SETTINGS frame", what a 100 ms grpc.min_reconnect_backoff_ms did)."""
+    target = mesh.settings.addresses.stream
+    host, _, port = target.rpartition(":")
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, delay_s: float) -> None:
+            first = True
+            while data := await src.read(65536):
+                if first:
+                    await asyncio.sleep(delay_s)  # the server's handshake, late
+                    first = False
+                dst.write(data)
+                await dst.drain()
+            dst.close()
+
+        await asyncio.gather(
+            pipe(reader, up_writer, 0.0), pipe(up_reader, writer, 0.6), return_exceptions=True
+        )
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    relayed = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with channel(relayed, mesh.signer) as ch:
+            stub = stream_service_pb2_grpc.StreamServiceStub(ch)
+            with identity.acting_as(mesh.user):
+                info = await stub.GetStreamInfo(ss.GetStreamInfoRequest(key="session:slow-hello"), timeout=10)
+        assert not info.exists
+    finally:
+        server.close()
+        await server.wait_closed()
