@@ -41,6 +41,7 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     app.state.settings = settings
     app.state.drain = Drain()
     app.state.auth_cache = {}
+    app.state.auth_pending = {}  # AuthService look-ups under way, by key
     app.state.metrics = Metrics()
     app.state.undocumented_paths = a2a_routes.PATHS
     app.add_middleware(BodyLimitMiddleware)

@@ -6,6 +6,7 @@ request's work (libs.identity), and every gRPC call it makes carries that identi
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Annotated, Any
 
@@ -51,20 +52,37 @@ async def authenticate(app_state: Any, header: str | None) -> str:
         raise Unauthenticated("missing or malformed bearer token: send Authorization: Bearer KEY")
     cache: dict[str, tuple[str, float]] = app_state.auth_cache
     hit = cache.get(key)
-    now = time.monotonic()
-    if hit and hit[1] > now:
+    if hit and hit[1] > time.monotonic():
         user = hit[0]
     else:
-        with identity.acting_as(""):  # the mesh itself asks who the key belongs to
-            resp = await rpc(
-                app_state.clients.auth.AuthenticateApiKey(au.AuthenticateApiKeyRequest(api_key=key))
-            )
-        if len(cache) > 10_000:
-            cache.clear()
-        cache[key] = (resp.user, now + _AUTH_CACHE_S)
-        user = resp.user
+        user = await _look_up(app_state, key)
     identity.set_principal(identity.Principal(user))
     return user
+
+
+async def _look_up(app_state: Any, key: str) -> str:
+    """The user of `key` from AuthService, one call for every request that asks meanwhile (a burst of
+    requests with one key, its cache entry just expired, makes one call, not one each)."""
+    pending: dict[str, asyncio.Future[str]] = app_state.auth_pending
+    asking = pending.get(key)
+    if asking is None:
+
+        async def ask() -> str:
+            try:
+                with identity.acting_as(""):  # the mesh itself asks who the key belongs to
+                    resp = await rpc(
+                        app_state.clients.auth.AuthenticateApiKey(au.AuthenticateApiKeyRequest(api_key=key))
+                    )
+            finally:
+                del pending[key]
+            cache: dict[str, tuple[str, float]] = app_state.auth_cache
+            if len(cache) > 10_000:
+                cache.clear()
+            cache[key] = (resp.user, time.monotonic() + _AUTH_CACHE_S)
+            return resp.user
+
+        asking = pending[key] = asyncio.ensure_future(ask())
+    return await asyncio.shield(asking)
 
 
 async def current_user(

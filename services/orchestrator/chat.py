@@ -168,7 +168,10 @@ class ChatOrchestrator:
             found = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent)))).agent
             _refuse_copies(session)
         elif session_id:  # the session; its agent is read by the turn's BeginTurn (resolve_agent)
-            session = (await rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))).trace
+            request = ts.GetTraceRequest(trace_id=session_id)
+            session = (
+                await rpc(self.clients.trace.GetTrace(request, timeout=self.turns.write_timeout_s))
+            ).trace
             if session.kind != tp.TRACE_KIND_CHAT:
                 raise InvalidArgument("only chat sessions take chat turns")
             _refuse_copies(session)
@@ -233,7 +236,10 @@ class ChatOrchestrator:
                 spec, _new_trace(last.slug, message), resolve_agent=agent
             )
         else:
-            reading = asyncio.ensure_future(rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=agent))))
+            read = self.clients.agents.GetAgent(
+                ag.GetAgentRequest(slug=agent), timeout=self.turns.write_timeout_s
+            )
+            reading = asyncio.ensure_future(rpc(read))
 
         async def unused(why: BaseException) -> None:
             """Nobody will read this session: its run stops, its trace goes, its buffer ends."""

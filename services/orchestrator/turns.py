@@ -133,8 +133,16 @@ class TurnEngine:
         self.grace_s = grace_s
         self.metrics = metrics or OrchestratorMetrics()
 
+    @property
+    def write_timeout_s(self) -> float:
+        """The deadline of a turn's own writes (its set-up, its write-back and its close): as long as
+        the turn may take, so that a mesh saturated by a burst of turns starts them late, not never
+        (a service that is gone fails them at once all the same)."""
+        return float(self.clients.settings.turn_timeout_s)
+
     async def _append(self, key: str, event: ev.Event, on_event: OnEvent | None) -> None:
-        resp = await rpc(self.clients.stream.AppendEvents(ss.AppendEventsRequest(key=key, events=[event])))
+        request = ss.AppendEventsRequest(key=key, events=[event])
+        resp = await rpc(self.clients.stream.AppendEvents(request, timeout=self.write_timeout_s))
         event.offset = resp.offsets[0]
         await _deliver(on_event, event)
 
@@ -163,7 +171,7 @@ class TurnEngine:
         """`finish`, then `done`: one CloseStream. Raises as an append does (a buffer closed meanwhile:
         FailedPrecondition), so that the turn's failure path ends the buffer with the error."""
         request = ss.CloseStreamRequest(key=key, events=[finish], done=ev.StreamDone())
-        resp = await rpc(self.clients.stream.CloseStream(request, timeout=self.grace_s))
+        resp = await rpc(self.clients.stream.CloseStream(request, timeout=self.write_timeout_s))
         finish.offset = resp.offsets[0]
         await _deliver(on_event, finish)
         if resp.closed:  # else someone ended it between the two (a cancel): theirs is the end
@@ -277,7 +285,11 @@ class TurnEngine:
             begin.resolve_agent = spec.agent
         try:
             stored = await self._begin(
-                spec, begun or rpc(self.clients.trace.BeginTurn(begin)), create, out, partial
+                spec,
+                begun or rpc(self.clients.trace.BeginTurn(begin, timeout=self.write_timeout_s)),
+                create,
+                out,
+                partial,
             )
             user, placeholder = stored.user_message, stored.assistant_message
             if agent is None and stored.HasField("agent"):
@@ -304,7 +316,9 @@ class TurnEngine:
     def create_buffer(self, key: str, metadata: Mapping[str, str]) -> asyncio.Future[Any]:
         """The CreateStream of a turn's buffer, under way from now."""
         request = ss.CreateStreamRequest(key=key, metadata=dict(metadata))
-        return asyncio.ensure_future(rpc(self.clients.stream.CreateStream(request)))
+        return asyncio.ensure_future(
+            rpc(self.clients.stream.CreateStream(request, timeout=self.write_timeout_s))
+        )
 
     async def end_unused(self, created: Awaitable[Any], key: str, why: BaseException) -> None:
         """The buffer of a turn that never began (`created`: its CreateStream) ends with `why`; nobody
@@ -331,7 +345,7 @@ class TurnEngine:
         `resolve_agent` too; one no turn takes is the caller's to undo (`drop_begun`)."""
         request = self.begin_request(spec, new_trace)
         request.resolve_agent = resolve_agent
-        return asyncio.ensure_future(rpc(self.clients.trace.BeginTurn(request)))
+        return asyncio.ensure_future(rpc(self.clients.trace.BeginTurn(request, timeout=self.write_timeout_s)))
 
     async def drop_begun(self, begun: Awaitable[ts.BeginTurnResponse], trace_id: str) -> None:
         """Undoes a `begin_early` no turn takes: the trace it stored, if it did, is deleted."""
@@ -506,7 +520,8 @@ class TurnEngine:
             self.clients.trace.UpdateMessage(
                 ts.UpdateMessageRequest(
                     message=msg, update_mask=field_mask_pb2.FieldMask(paths=RESULT_FIELDS)
-                )
+                ),
+                timeout=self.write_timeout_s,
             )
         )
         out.assistant_message = resp.message

@@ -212,3 +212,27 @@ async def test_routes_need_auth_and_hide_other_owners(gateway_http, trace_stub, 
     assert still.status_code == 200
     body = still.json()
     assert (body["session"]["title"], body["messageCount"], body["mainPathCount"]) == ("private", 1, 1)
+
+
+async def test_a_burst_of_requests_with_one_key_checks_it_once(gateway_http, trace_server, auth_stub, unique):
+    """The gateway's key cache misses for a burst of requests at once (a new key, or its entry just
+    expired): they share one AuthService call; a refused key is refused to each of them."""
+    import asyncio
+
+    def checks() -> float:
+        labels = {
+            "grpc_service": "agentmesh.auth.v1.AuthService",
+            "grpc_method": "AuthenticateApiKey",
+            "grpc_type": "unary",
+        }
+        return trace_server.registry.get_sample_value("agentmesh_grpc_server_started_total", labels) or 0.0
+
+    headers = await _auth(auth_stub, f"burst-{unique}")
+    before = checks()
+    answers = await asyncio.gather(*(gateway_http.get("/api/sessions", headers=headers) for _ in range(20)))
+    assert [r.status_code for r in answers] == [200] * 20
+    assert checks() - before == 1
+    refused = await asyncio.gather(
+        *(gateway_http.get("/api/sessions", headers={"Authorization": "Bearer am_wrong"}) for _ in range(5))
+    )
+    assert [r.status_code for r in refused] == [401] * 5
