@@ -16,7 +16,10 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import struct
+import termios
 from typing import Any
 
 import h11
@@ -155,7 +158,9 @@ class HeadTimeoutProtocol(H11Protocol):
     connects and sends nothing, or sends a head a byte at a time, holds its socket for ever (its
     keep-alive timer runs only after a response, and any byte stops it). Here, whenever the client owes
     a request head (h11's IDLE), a timer of `head_timeout_s` runs that no partial data resets; when it
-    fires the connection closes, after a 408 JSON answer if part of a head had come."""
+    fires the connection closes, after a 408 JSON answer if part of a head had come. Bytes the client
+    sent that the gateway has not read yet (a loop saturated by a burst of connections) are the
+    gateway's delay, not the client's: then the timer runs again."""
 
     head_timeout_s: float = HEAD_TIMEOUT_S
 
@@ -174,6 +179,9 @@ class HeadTimeoutProtocol(H11Protocol):
     def _head_timeout(self) -> None:
         self._head_timer = None
         if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if _unread_bytes(self.transport):  # it came, the loop has not read it yet: ours to wait for
+            self._watch_head()
             return
         if self.conn.trailing_data[0]:  # part of a head came: say why the connection ends
             err = HttpError(
@@ -206,6 +214,15 @@ class HeadTimeoutProtocol(H11Protocol):
             self._head_timer.cancel()
             self._head_timer = None
         super().connection_lost(exc)
+
+
+def _unread_bytes(transport: asyncio.BaseTransport) -> int:
+    """How many bytes the peer sent that the socket holds unread (0 when that cannot be told)."""
+    sock = transport.get_extra_info("socket")
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+    except (AttributeError, OSError, ValueError):
+        return 0
 
 
 class TraceGZipMiddleware:

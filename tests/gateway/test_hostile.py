@@ -193,6 +193,30 @@ async def test_a_socket_that_never_sends_a_whole_head_is_closed(mesh: Mesh) -> N
         await server.stop()
 
 
+async def test_a_head_the_gateway_has_not_read_yet_is_not_the_clients_delay(mesh: Mesh) -> None:
+    """The client sent its whole head, but the gateway did not read it before the head deadline (its
+    loop saturated by a burst of connections: here, reading paused for a second): the deadline runs
+    again instead of closing the connection, and the request is served."""
+    from gateway.limits import HeadTimeoutProtocol
+
+    class Busy(HeadTimeoutProtocol):
+        head_timeout_s = 0.3
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            transport.pause_reading()
+            self.loop.call_later(1.0, transport.resume_reading)
+
+    server = await embedded_http.serve(create_app(mesh.settings), **{**http_limits(), "http": Busy})
+    try:
+        conn = await Raw.open(server.port)
+        await conn.send(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n")
+        status, _, body = parse(await conn.until_closed(5))
+        assert (status, body) == (200, b'{"status":"ok"}')
+    finally:
+        await server.stop()
+
+
 async def test_a_body_that_never_completes_is_408_and_closed(mesh: Mesh) -> None:
     """The gateway again, with a body deadline of 0.5 s (60 s in production) around it."""
     app = BodyLimitMiddleware(create_app(mesh.settings), timeout_s=0.5)
