@@ -224,14 +224,15 @@ class ChatOrchestrator:
         otherwise."""
         session = tp.Trace(id=new_id())
         key = session_key(session.id)
-        buffer = self.turns.create_buffer(key, _stream_metadata(agent))
         user = identity.current_user()
         last = self.last_agents.get(user, agent)
         early = begun = None
-        reading: asyncio.Future[ag.GetAgentResponse] | asyncio.Future[ts.BeginTurnResponse]
-        if last is not None:  # its run, and its BeginTurn, which reads the agent again (resolve_agent)
-            spec = _spec(session.id, last.slug, message)
+        spec = _spec(session.id, agent, message)
+        if last is not None:  # its run first (the first delta's path), then its buffer and BeginTurn
             early = self.turns.start_early(spec, not from_stream, last)
+        buffer = self.turns.create_buffer(key, _stream_metadata(agent))
+        reading: asyncio.Future[ag.GetAgentResponse] | asyncio.Future[ts.BeginTurnResponse]
+        if last is not None:  # BeginTurn reads the agent again (resolve_agent)
             reading = begun = self.turns.begin_early(
                 spec, _new_trace(last.slug, message), resolve_agent=agent
             )

@@ -326,8 +326,8 @@ async def test_a_buffer_ended_between_the_write_back_and_the_close(
 
     async def ended_first(self: TurnEngine, key: str, event: ev.Event, on_event: Any) -> None:
         cut = ev.StreamError(code=ev.ERROR_CODE_CANCELLED, message="ended elsewhere")
+        ended.append(key)  # (the turn's watcher may cancel it as soon as the close is out)
         await self.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=cut))
-        ended.append(key)
         await finish(self, key, event, on_event)
 
     monkeypatch.setattr(TurnEngine, "_finish", ended_first)
