@@ -57,6 +57,7 @@ ROOT = HERE.parents[1]
 RESULTS = HERE / "results"
 WORK = ROOT / ".agentmesh" / "bench"
 ALL = ("A", "B", "C", "D", "E", "F", "G")
+PEER_SCENARIOS = ("A", "B", "C")  # the scenarios that run the peers beside the mesh
 
 
 def machine() -> dict[str, Any]:
@@ -176,7 +177,14 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
 async def run_scenarios(bench: Bench, selected: list[str], args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     steps = {"A": scenario_a, "B": scenario_b, "C": scenario_c, "D": scenario_d, "F": scenario_f}
-    for name in selected:
+    last_with_peers = max((i for i, name in enumerate(selected) if name in PEER_SCENARIOS), default=-1)
+    for i, name in enumerate(selected):
+        if i > last_with_peers and bench.peers:
+            # The peers are in A, B and C only: a peer still working through runs its clients gave up
+            # on (C at N = 1,000) must not burn the cores the mesh's later scenarios are measured on.
+            for proc in bench.peers.values():
+                proc.stop()
+            bench.peers = {}
         started = time.time()
         print(f"scenario {name} ...", flush=True)
         if await bench.wait_quiet() is None:
