@@ -82,6 +82,8 @@ async def _look_up(app_state: Any, key: str) -> str:
             return resp.user
 
         asking = pending[key] = asyncio.ensure_future(ask())
+        # Its failure is each waiter's; when every waiter left first, nobody is left to retrieve it.
+        asking.add_done_callback(lambda done: done.cancelled() or done.exception())
     return await asyncio.shield(asking)
 
 

@@ -236,3 +236,37 @@ async def test_a_burst_of_requests_with_one_key_checks_it_once(gateway_http, tra
         *(gateway_http.get("/api/sessions", headers={"Authorization": "Bearer am_wrong"}) for _ in range(5))
     )
     assert [r.status_code for r in refused] == [401] * 5
+
+
+async def test_a_key_check_its_requests_left_ends_without_an_unretrieved_error(gateway_http, unique):
+    """The one AuthService call of a burst outlives requests that leave meanwhile; when every one of
+    them left before a refusal came, the refusal is nobody's to read, and asyncio must not report it as
+    a task exception that was never retrieved."""
+    import asyncio
+    import gc
+
+    from gateway import deps
+
+    app = gateway_http._transport.app  # type: ignore[attr-defined]
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        key = f"am_gone-{unique}"
+        request = asyncio.ensure_future(deps.authenticate(app.state, f"Bearer {key}"))
+        for _ in range(100):  # a few passes of the loop: its first step starts the check
+            if key in app.state.auth_pending:
+                break
+            await asyncio.sleep(0)
+        asking = app.state.auth_pending[key]
+        request.cancel()  # its only request leaves
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        await asyncio.wait({asking}, timeout=10)
+        assert asking.done()  # (refused: reading its exception here would be the retrieval itself)
+        del asking
+        gc.collect()
+        assert not [c for c in reported if "never retrieved" in str(c.get("message"))]
+    finally:
+        loop.set_exception_handler(previous)
