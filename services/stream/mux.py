@@ -16,14 +16,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from agentmesh.stream.v1 import stream_service_pb2 as pb
-from libs.errors import InvalidArgument, MeshError, Shutdown
+from libs.errors import InvalidArgument, MeshError, Shutdown, as_mesh_error
 from libs.ids import shown
 from services.stream.backend import StreamBackend
+
+log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 256  # events a follow is sent beyond what its reader granted back
 MAX_FOLLOWS = 10_000  # follows at once on one call
@@ -204,6 +207,9 @@ class FollowCall:
                 await found.aclose()
         except MeshError as err:
             self._end(follow, err)
+        except Exception as exc:  # the backend's own failure (Redis gone): the follow ends with it
+            log.warning("a follow of %s failed", shown(item.subscription.key, 80), exc_info=True)
+            self._end(follow, as_mesh_error(exc))
         else:
             self._end(follow)
 
@@ -214,9 +220,9 @@ class FollowCall:
         return follow.slot
 
     def _end(self, follow: _Follow, err: MeshError | None = None) -> None:
+        slot = self._slot(follow)  # while it is a follow of the call: a new response resets its slot
         if self.follows.get(follow.id) is follow:
             del self.follows[follow.id]
-        slot = self._slot(follow)
         slot.ended = True
         if err is not None:
             slot.error_reason, slot.error_message = err.reason, err.message
@@ -322,6 +328,10 @@ class WriteCall:
                 return
             except MeshError as err:
                 self._fail(writer, err)
+                return
+            except Exception as exc:  # the backend's own failure (Redis gone): the writer fails with it
+                log.warning("a write to %s failed", shown(writer.key, 80), exc_info=True)
+                self._fail(writer, as_mesh_error(exc))
                 return
             if batch.defer_answer and start is None:
                 writer.deferred += offsets

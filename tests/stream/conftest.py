@@ -7,7 +7,10 @@ calls outside `acting_as` carry the mesh's own principal, which reads any buffer
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -95,14 +98,15 @@ async def stream_factory(
     redis_url = request.getfixturevalue("redis_url") if backend_kind == "redis" else ""
     started: list[StreamHarness] = []
 
-    async def make(**stream: Any) -> StreamHarness:
+    async def make(via: str = "", **stream: Any) -> StreamHarness:
+        """`via`: the Redis URL the backend reaches Redis by (a RedisRelay's), instead of Redis's own."""
         settings = service_settings(
             stream=StreamSettings(backend=backend_kind, **stream), shutdown_grace_s=2.0
         )
         backend: StreamBackend
         clock = None
         if backend_kind == "redis":
-            backend = RedisBackend(redis_url, settings.stream, prefix=f"test:{unique}:{len(started)}:")
+            backend = RedisBackend(via or redis_url, settings.stream, prefix=f"test:{unique}:{len(started)}:")
         else:
             clock = ManualClock()
             backend = MemoryBackend(settings.stream, clock=clock)
@@ -128,6 +132,50 @@ async def stream_factory(
         if keys:
             await client.delete(*keys)
         await client.aclose()
+
+
+class RedisRelay:
+    """A loopback TCP relay in front of Redis: a stream service whose backend reaches Redis through it
+    loses Redis when `cut()` drops every connection and refuses new ones (Redis itself stays up for
+    everything else)."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.target = urllib.parse.urlsplit(redis_url)
+        self.url = ""
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> RedisRelay:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = self.target._replace(netloc=f"127.0.0.1:{port}").geturl()
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.target.hostname, self.target.port or 6379)
+        self._writers += [writer, up_writer]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def cut(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._writers:
+            writer.transport.abort()
+
+
+@pytest.fixture
+async def redis_relay(redis_url: str) -> AsyncIterator[RedisRelay]:
+    relay = await RedisRelay(redis_url).start()
+    yield relay
+    relay.cut()
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from libs.identity import Signer
 from libs.streams import FollowCancelled
 from services.stream.memory import MemoryBackend
 from tests.mesh import wait_until
-from tests.stream.conftest import StreamFactory, StreamHarness, append, close, create
+from tests.stream.conftest import RedisRelay, StreamFactory, StreamHarness, append, close, create
 
 
 def reasoning(*texts: str) -> list[ev.Event]:
@@ -335,3 +335,21 @@ async def test_a_follow_of_a_forged_identity_is_refused(
             await anext(refused)
     finally:
         await clients.close()
+
+
+@pytest.mark.parametrize("backend_kind", [pytest.param("redis", marks=pytest.mark.redis)], indirect=True)
+async def test_a_follow_whose_backend_loses_redis_ends_with_an_error(
+    stream_factory: StreamFactory, redis_relay: RedisRelay, unique: str
+) -> None:
+    """Redis goes away under a live follow (the backend's own ConnectionError, not a MeshError): the
+    follow ends, with a reason, and the call stays usable; it never waits for ever."""
+    h = await stream_factory(via=redis_relay.url)
+    key = f"session:{unique}"
+    await create(h, key)
+    follows = Follows(h)
+    follows.send(follows=[follow(1, key)])
+    await wait_until(lambda: h.backend.subscribers == 1, what="the follow")
+    redis_relay.cut()
+    await wait_until(lambda: 1 in follows.ended, timeout=30, what="the follow's end")
+    assert follows.ended[1].error_reason and follows.ended[1].error_message
+    assert await follows.end() == grpc.StatusCode.OK  # the call ends once it has no follow left

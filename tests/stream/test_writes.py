@@ -30,6 +30,7 @@ from services.stream.server import build
 from tests.conftest import service_settings
 from tests.mesh import wait_until
 from tests.stream.conftest import (
+    RedisRelay,
     StreamFactory,
     StreamHarness,
     append,
@@ -648,3 +649,29 @@ async def test_an_event_sink_asks_for_start_with_nothing_written(
         await clients.close()
     assert [events.kind(e) for e in await collect(stream, ok, idle_timeout_ms=200)] == ["start", "error"]
     assert [events.kind(e) for e in await collect(stream, failed)] == ["done"]
+
+
+@pytest.mark.parametrize("backend_kind", [pytest.param("redis", marks=pytest.mark.redis)], indirect=True)
+async def test_a_writer_whose_backend_loses_redis_fails_and_is_answered_so(
+    stream_factory: StreamFactory, redis_relay: RedisRelay, signer: Signer, unique: str
+) -> None:
+    """Redis goes away under a writer (the backend's own ConnectionError, not a MeshError): the writer
+    is answered with the failure, nothing of it is answered as written, and the call ends when asked."""
+    h = await stream_factory(via=redis_relay.url)
+    key = f"session:{unique}"
+    await create(h, key, owner="alice")
+    writes = Writes(h)
+    writes.send(batch(1, "w1", key=key, identity=signer.mint("alice")))
+    assert len((await writes.answer(1)).answer.offsets) == 1
+    redis_relay.cut()
+    writes.send(batch(1, "w2", defer=True), batch(1, "w3"))
+    failed = await asyncio.wait_for(_answer_or_failure(writes, 1, 2), 30)
+    assert failed.error_reason and failed.error_message and not failed.answer.offsets
+    assert await writes.end() == grpc.StatusCode.OK
+
+
+async def _answer_or_failure(writes: Writes, writer: int, n: int) -> pb.StreamBatchAnswer:
+    while len(writes.answers.get(writer, [])) < n:
+        writes.changed.clear()
+        await writes.changed.wait()
+    return writes.answers[writer][n - 1]
