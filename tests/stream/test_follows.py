@@ -342,13 +342,15 @@ async def test_a_follow_whose_backend_loses_redis_ends_with_an_error(
     stream_factory: StreamFactory, redis_relay: RedisRelay, unique: str
 ) -> None:
     """Redis goes away under a live follow (the backend's own ConnectionError, not a MeshError): the
-    follow ends, with a reason, and the call stays usable; it never waits for ever."""
+    follow ends, with a reason, in a response after the one that carried its last event; the call stays
+    usable; nothing waits for ever."""
     h = await stream_factory(via=redis_relay.url)
     key = f"session:{unique}"
     await create(h, key)
     follows = Follows(h)
     follows.send(follows=[follow(1, key)])
-    await wait_until(lambda: h.backend.subscribers == 1, what="the follow")
+    await append(h, key, reasoning("before"))
+    await wait_until(lambda: follows.texts(1) == ["before"], what="the event before")
     redis_relay.cut()
     await wait_until(lambda: 1 in follows.ended, timeout=30, what="the follow's end")
     assert follows.ended[1].error_reason and follows.ended[1].error_message
