@@ -32,8 +32,16 @@ from agentmesh.stream.v1 import stream_service_pb2_grpc
 from libs import identity
 from libs.errors import Cancelled, MeshError, Unavailable, from_reason, from_rpc_error
 from libs.identity import Signer
+from libs.rpc import MAX_MESSAGE_BYTES
 
 WINDOW = 256  # events the service may send a follow beyond what its reader consumed
+# A WriteStreams request carries the batches of many writers. One that grew past REQUEST_BYTES takes no
+# more batches: the next ones go in another request. A batch stops at BATCH_BYTES (services/agent_runtime/
+# sink.py) unless its first event alone is bigger, and one event may be up to EVENT_BYTES. So a request
+# stays under gRPC's message limit, which would fail the whole call and every writer bound to it.
+REQUEST_BYTES = 2 << 20
+BATCH_BYTES = 1 << 20
+EVENT_BYTES = MAX_MESSAGE_BYTES * 3 // 4
 
 
 class FollowCancelled(Cancelled):
@@ -330,6 +338,33 @@ class Ticket:
         self.seq = 0
 
 
+class _Request:
+    """A WriteStreams request being filled, its size counted batch by batch (each is filled after
+    `add` hands it out, so it is counted at the next `add` or `full`)."""
+
+    __slots__ = ("_bytes", "_last", "request", "ticket")
+
+    def __init__(self) -> None:
+        self.request = pb.WriteStreamsRequest()
+        self.ticket = Ticket()
+        self._bytes = 0
+        self._last: pb.StreamBatch | None = None
+
+    def add(self) -> tuple[pb.StreamBatch, Ticket]:
+        self._count()
+        self._last = self.request.batches.add()
+        return self._last, self.ticket
+
+    def full(self) -> bool:
+        self._count()
+        return self._bytes >= REQUEST_BYTES
+
+    def _count(self) -> None:
+        if self._last is not None:
+            self._bytes += self._last.ByteSize()
+            self._last = None
+
+
 class Batches(Protocol):
     """What `Writer` asks of each writer it carries (services/agent_runtime/sink.py's EventSink)."""
 
@@ -421,20 +456,23 @@ class Writer:
 
     def _flush(self, current: WritesCall) -> None:
         ready, self._ready = self._ready, {}
-        requests: dict[WritesCall, tuple[pb.WriteStreamsRequest, Ticket]] = {}
+        requests: dict[WritesCall, list[_Request]] = {}
 
         def slot(call: WritesCall) -> tuple[pb.StreamBatch, Ticket]:
-            if call not in requests:
-                requests[call] = (pb.WriteStreamsRequest(), Ticket())
-            request, ticket = requests[call]
-            return request.batches.add(), ticket
+            queued = requests.setdefault(call, [])
+            if not queued or queued[-1].full():
+                queued.append(_Request())
+            return queued[-1].add()
 
-        for writer in ready:
-            writer.take(current, slot)
-        for call, (request, ticket) in requests.items():
-            ticket.seq = call.send(request)
-        if requests:
-            self._last = asyncio.get_running_loop().time()
+        try:
+            for writer in ready:
+                writer.take(current, slot)
+        finally:  # what was taken goes, whatever a writer's take raised
+            for call, queued in requests.items():
+                for request in queued:
+                    request.ticket.seq = call.send(request.request)
+            if requests:
+                self._last = asyncio.get_running_loop().time()
 
     async def aclose(self) -> None:
         if self._task is not None:

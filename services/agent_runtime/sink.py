@@ -45,12 +45,13 @@ from libs.errors import (
     FailedPrecondition,
     Internal,
     MeshError,
+    ResourceExhausted,
     Shutdown,
     from_reason,
     from_rpc_error,
     is_lost_send,
 )
-from libs.streams import Ticket, Writer, WritesCall
+from libs.streams import BATCH_BYTES, EVENT_BYTES, Ticket, Writer, WritesCall
 
 _MAX_BATCH = 256
 _MAX_UNANSWERED = 64  # batches without an answer: then one asks (it bounds what is held)
@@ -144,6 +145,9 @@ class EventSink:
         starting = start and self._start_wanted and not self._unanswered
         if not (self._pending or closing or flushing or starting):
             return
+        count = self._batch_length()
+        if count < 0:
+            return  # failed: its next event is more than a request may carry
         call = self._call
         moving = call is not None and call is not current
         if call is None or (moving and not self._unanswered):
@@ -155,7 +159,7 @@ class EventSink:
             announce = True
         else:
             announce = False
-        entries, self._pending = self._pending[:_MAX_BATCH], self._pending[_MAX_BATCH:]
+        entries, self._pending = self._pending[:count], self._pending[count:]
         last = self._closed and not self._pending
         asked = (
             start
@@ -180,6 +184,23 @@ class EventSink:
         self._sent_any = True
         if self._pending and not asked:
             self.writer.ready(self)
+
+    def _batch_length(self) -> int:
+        """How many pending events the next batch takes: up to _MAX_BATCH and BATCH_BYTES, at least
+        one; -1 (the sink failed) when that one alone is over EVENT_BYTES: no request could carry it."""
+        size = count = 0
+        for event, _ in self._pending[:_MAX_BATCH]:
+            size += event.ByteSize()
+            if count and size > BATCH_BYTES:
+                break
+            if size > EVENT_BYTES:
+                kind = event.WhichOneof("payload") or "empty"
+                self._fail(
+                    ResourceExhausted(f"a {kind} event of {size} bytes is over the {EVENT_BYTES}-byte limit")
+                )
+                return -1
+            count += 1
+        return count
 
     def answered(self, call: WritesCall, answer: StreamBatchAnswer) -> None:
         if call is not self._call or self._failure is not None:

@@ -22,7 +22,7 @@ from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from libs import events, identity
 from libs.clients import Clients
-from libs.errors import Cancelled, Shutdown, Unavailable, from_rpc_error
+from libs.errors import Cancelled, ResourceExhausted, Shutdown, Unavailable, from_rpc_error
 from libs.identity import Signer
 from services.agent_runtime.sink import EventSink
 from services.stream.redis_backend import RedisBackend
@@ -675,3 +675,37 @@ async def _answer_or_failure(writes: Writes, writer: int, n: int) -> pb.StreamBa
         writes.changed.clear()
         await writes.changed.wait()
     return writes.answers[writer][n - 1]
+
+
+async def test_big_events_of_several_sinks_go_in_requests_apart_and_one_too_big_fails_alone(
+    stream: StreamHarness, signer: Signer, unique: str
+) -> None:
+    """The sinks ready at once share a request, which must stay under gRPC's message limit: past it the
+    call fails, and with it every sink on it. Two sinks with a 9 MB event each and a third with a small
+    one, emitted together: all stored, the big ones in requests of their own. An event no request could
+    carry (13 MB) fails its own sink with ResourceExhausted; the others go on."""
+    keys = [f"session:{unique}-{i}" for i in range(4)]
+    for key in keys:
+        await create(stream, key)
+    clients = clients_for(stream, signer)
+    tap = tapped(clients)
+    big = ["a" * 9_000_000, "b" * 9_000_000]
+    try:
+        sinks = [EventSink(clients, key) for key in keys]
+        for sink, text in zip(sinks, [*big, "small"], strict=False):
+            sink.emit(events.text_delta(text))  # one pass of the loop: the three are ready together
+        for sink in sinks[:3]:
+            await asyncio.wait_for(sink.flush(), 30)
+        assert [len(r.batches) for r in tap.requests[:2]] == [1, 1]  # each big batch alone
+        sinks[3].emit(events.text_delta("c" * 13_000_000))
+        with pytest.raises(ResourceExhausted, match="over the"):
+            await asyncio.wait_for(sinks[3].flush(), 30)
+        sinks[0].emit(events.text_delta(" more"))
+        for sink in sinks[:3]:
+            await asyncio.wait_for(sink.aclose(), 30)
+    finally:
+        await clients.close()
+    stored = [await collect(stream, key, idle_timeout_ms=200) for key in keys[:3]]
+    assert [
+        "".join(e.text_delta.text_delta for e in got if events.kind(e) == "text_delta") for got in stored
+    ] == [big[0] + " more", big[1], "small"]
