@@ -421,7 +421,19 @@ class Writer:
             with identity.acting_as(""):  # the call is the mesh's; each writer carries its user
                 call = self._call = WritesCall(self._stub().WriteStreams, self._calls.discard)
             self._calls.add(call)
+            timer = loop.call_at(call.opened + self._life_s, self._retire, call)
+            call.reader.add_done_callback(lambda _: timer.cancel())
         return call
+
+    def _retire(self, call: WritesCall) -> None:
+        """`call`'s life is over, even if nothing is sent: the writers that owe it answers ask for
+        them there (a writer quiet since then would otherwise meet the call's deadline with its batches
+        unanswered, and fail), then move on to a new call; the call half-closes once they left."""
+        if call is self._call:
+            self._call = None
+        call.retire()
+        for writer in list(call.writers.values()):
+            self.ready(writer, urgent=True)
 
     async def _wait(self, what: str, timeout_s: float | None = None) -> None:
         self._waiting_for = what

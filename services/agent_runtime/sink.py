@@ -143,7 +143,9 @@ class EventSink:
         closing = self._closed and self._call is not None and not self._last_sent  # a last batch is owed
         flushing = self._flush_wanted and bool(self._unanswered)
         starting = start and self._start_wanted and not self._unanswered
-        if not (self._pending or closing or flushing or starting):
+        # its call retired: what it owes answers for is asked for there, even with nothing to send
+        settling = self._call is not None and self._call.retired and bool(self._unanswered)
+        if not (self._pending or closing or flushing or starting or settling):
             return
         count = self._batch_length()
         if count < 0:

@@ -445,10 +445,9 @@ async def test_a_write_call_is_replaced_before_its_deadline(
         sink.emit(events.text_delta("a"))
         await wait_until(lambda: len(tap.batches) == 1, what="the first batch")
         first = clients.writes.current()
-        clients.writes._life_s = 0.0  # the call's life is over
+        clients.writes._retire(first)  # the call's life is over (its timer: half its deadline)
         sink.emit(events.text_delta("b"))
         await wait_until(lambda: len(tap.batches) == 2, what="the second batch")
-        clients.writes._life_s = 3600.0
         assert not tap.batches[1].batch.defer_answer  # asked: "a" and "b" answered on the old call
         await wait_until(first.done, what="the old call ended")
         sink.emit(events.text_delta("c"))
@@ -709,3 +708,35 @@ async def test_big_events_of_several_sinks_go_in_requests_apart_and_one_too_big_
     assert [
         "".join(e.text_delta.text_delta for e in got if events.kind(e) == "text_delta") for got in stored
     ] == [big[0] + " more", big[1], "small"]
+
+
+async def test_a_quiet_sink_settles_its_batches_on_a_call_retired_in_its_silence(
+    stream: StreamHarness, signer: Signer, unique: str
+) -> None:
+    """A write call retires at half its deadline even when nothing is sent then: a sink quiet since its
+    last batch, which nobody asked an answer for, asks for it on that call, so the call's deadline finds
+    nothing in doubt (a run quiet for a long tool failed DEADLINE_EXCEEDED, its events all stored)."""
+    key = f"session:{unique}"
+    await create(stream, key)
+    settings = stream.settings.model_copy(deep=True)
+    settings.addresses.stream = stream.server.target
+    settings.stream_rpc_timeout_s = 2.0  # a call lives 1 s, and dies at 2 s
+    clients = Clients(settings, signer)
+    tap = tapped(clients)
+    try:
+        sink = EventSink(clients, key)
+        sink.emit(events.text_delta("a"))
+        await wait_until(lambda: len(tap.batches) == 1, what="the first batch")
+        assert tap.batches[0].batch.defer_answer  # nobody waits for it: unanswered
+        first = clients.writes._call
+        assert first is not None
+        await wait_until(first.done, timeout=10, what="the first call's end")
+        assert sink.failure is None and not sink._unanswered
+        assert not tap.batches[1].batch.defer_answer and not tap.batches[1].batch.events  # it asked
+        sink.emit(events.text_delta("b"))
+        await sink.aclose()
+        assert sink.failure is None
+    finally:
+        await clients.close()
+    got = await collect(stream, key, idle_timeout_ms=200)
+    assert [e.text_delta.text_delta for e in got if events.kind(e) == "text_delta"] == ["ab"]
