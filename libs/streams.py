@@ -461,7 +461,7 @@ class Writer:
                 continue
             current = self.current()
             await current.room()  # gRPC took the last request: what queued meanwhile goes in this one
-            if current.done():
+            if current.done() or current.retired:  # (retired meanwhile: new writers go to a new call)
                 continue
             self._urgent = False
             self._flush(current)

@@ -146,6 +146,7 @@ class EventSink:
         # its call retired: what it owes answers for is asked for there, even with nothing to send
         settling = self._call is not None and self._call.retired and bool(self._unanswered)
         if not (self._pending or closing or flushing or starting or settling):
+            self._leave_retired()
             return
         count = self._batch_length()
         if count < 0:
@@ -255,9 +256,7 @@ class EventSink:
         """After an answer or a call's end: the next batch is due, or the sink is idle (or done)."""
         if self._unanswered:
             return
-        if self._call is not None and self._call.retired and not self._last_sent:
-            self._call.unbind(self._id)  # nothing owed on a call taking no new writers: leave it
-            self._call = None
+        self._leave_retired()
         if self._pending or (self._closed and self._call is not None and not self._last_sent):
             self.writer.ready(self, urgent=self._closed or self._flush_wanted)
             return
@@ -268,6 +267,12 @@ class EventSink:
         self._idle.set()
         if self._closed:
             self._finish()
+
+    def _leave_retired(self) -> None:
+        """Nothing owed on a call that takes no new writers: leave it (it half-closes once all left)."""
+        if self._call is not None and self._call.retired and not self._unanswered and not self._last_sent:
+            self._call.unbind(self._id)
+            self._call = None
 
     def _finish(self) -> None:
         if not self._finished:

@@ -740,3 +740,28 @@ async def test_a_quiet_sink_settles_its_batches_on_a_call_retired_in_its_silence
         await clients.close()
     got = await collect(stream, key, idle_timeout_ms=200)
     assert [e.text_delta.text_delta for e in got if events.kind(e) == "text_delta"] == ["ab"]
+
+
+async def test_an_idle_sink_leaves_a_retired_call_which_then_ends(
+    stream: StreamHarness, signer: Signer, unique: str
+) -> None:
+    """A sink that owes nothing on a call when the call retires leaves it at once, so the call
+    half-closes and ends, instead of staying open to its deadline for a sink with nothing to say."""
+    key = f"session:{unique}"
+    await create(stream, key)
+    clients = clients_for(stream, signer)
+    try:
+        sink = EventSink(clients, key)
+        await sink.store(events.text_delta("a"))  # answered: nothing owed
+        first = clients.writes._call
+        assert first is not None
+        clients.writes._retire(first)
+        await wait_until(first.done, what="the retired call's end")
+        assert sink.failure is None
+        await sink.store(events.text_delta("b"))  # on a new call
+        assert clients.writes._call is not first
+        await sink.aclose()
+    finally:
+        await clients.close()
+    got = await collect(stream, key, idle_timeout_ms=200)
+    assert [e.text_delta.text_delta for e in got if events.kind(e) == "text_delta"] == ["ab"]
