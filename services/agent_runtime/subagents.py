@@ -312,16 +312,21 @@ class SubagentBatch:
                     await self._execute(i, plan, out)
         except asyncio.CancelledError:
             out.update(status="cancelled", error="cancelled")
-            if self.rows[i].status in (ev.SUBAGENT_STATUS_QUEUED, ev.SUBAGENT_STATUS_RUNNING):
-                with contextlib.suppress(MeshError):
-                    await to_the_end(
-                        self._update(
-                            i, ["status", "error"], status=ev.SUBAGENT_STATUS_CANCELLED, error="cancelled"
-                        )
-                    )
-            if i not in self._started:  # a turn that never started: its placeholder and buffer end here
-                await to_the_end(self._settle_unstarted(i, placeholder))
+            # All of it, also when a second cancel comes meanwhile (the batch's gather cancels its
+            # tasks, then the batch does, as the supervisor's turn is cancelled).
+            await to_the_end(self._settle_cancelled(i, placeholder))
             raise
+
+    async def _settle_cancelled(self, i: int, placeholder: int) -> None:
+        """A row cancelled: a turn that never started ends here (its placeholder and buffer), before
+        its row says so; a started one is settled by the turn engine, its RunTurn call cancelled."""
+        if i not in self._started:
+            await self._settle_unstarted(i, placeholder)
+        if self.rows[i].status in (ev.SUBAGENT_STATUS_QUEUED, ev.SUBAGENT_STATUS_RUNNING):
+            with contextlib.suppress(MeshError):
+                await self._update(
+                    i, ["status", "error"], status=ev.SUBAGENT_STATUS_CANCELLED, error="cancelled"
+                )
 
     async def _settle_unstarted(self, i: int, placeholder: int) -> None:
         """The turn of a row cancelled before it ran: its placeholder cancelled, its buffer ended."""
