@@ -26,7 +26,7 @@ from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
 from libs.aio import to_the_end
 from libs.clients import Clients
-from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, rpc
+from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, as_mesh_error, rpc
 from libs.ids import subagent_key
 from libs.protojson import enum_to_str, to_json
 from libs.tools import MAX_DELEGATE_TASKS
@@ -248,7 +248,13 @@ class SubagentBatch:
             )
         )
         self.rows, self.turns = list(resp.subagents), list(resp.turns)
-        await self._create_buffers()
+        try:
+            await self._create_buffers()
+        except BaseException as exc:  # no row ran, and none will: each ends here (nothing leases them)
+            cancelled = isinstance(exc, asyncio.CancelledError)
+            err = Cancelled("cancelled before it ran") if cancelled else as_mesh_error(exc)
+            await to_the_end(asyncio.gather(*(self._settle_unbegun(i, err) for i in range(len(self.rows)))))
+            raise
         for i in range(len(self.rows)):
             self._emit_update(i)
         slots = asyncio.Semaphore(self.cfg.max_concurrent)
@@ -314,24 +320,29 @@ class SubagentBatch:
             out.update(status="cancelled", error="cancelled")
             # All of it, also when a second cancel comes meanwhile (the batch's gather cancels its
             # tasks, then the batch does, as the supervisor's turn is cancelled).
-            await to_the_end(self._settle_cancelled(i, placeholder))
+            await to_the_end(self._settle_cancelled(i))
             raise
 
-    async def _settle_cancelled(self, i: int, placeholder: int) -> None:
-        """A row cancelled: a turn that never started ends here (its placeholder and buffer), before
-        its row says so; a started one is settled by the turn engine, its RunTurn call cancelled."""
+    async def _settle_cancelled(self, i: int) -> None:
+        """A row cancelled: a turn that never started ends here; a started one is settled by the turn
+        engine, its RunTurn call cancelled."""
         if i not in self._started:
-            await self._settle_unstarted(i, placeholder)
-        if self.rows[i].status in (ev.SUBAGENT_STATUS_QUEUED, ev.SUBAGENT_STATUS_RUNNING):
+            await self._settle_unbegun(i, Cancelled("cancelled before it ran"))
+        elif self.rows[i].status in (ev.SUBAGENT_STATUS_QUEUED, ev.SUBAGENT_STATUS_RUNNING):
             with contextlib.suppress(MeshError):
                 await self._update(
                     i, ["status", "error"], status=ev.SUBAGENT_STATUS_CANCELLED, error="cancelled"
                 )
 
-    async def _settle_unstarted(self, i: int, placeholder: int) -> None:
-        """The turn of a row cancelled before it ran: its placeholder cancelled, its buffer ended."""
-        message = tp.Message(id=placeholder, status=tp.MESSAGE_STATUS_CANCELLED)
-        message.metadata.update({"error": {"code": "cancelled", "message": "cancelled before it ran"}})
+    async def _settle_unbegun(self, i: int, err: MeshError) -> None:
+        """A row whose turn never went to the turn engine ends with `err`: its placeholder and its
+        buffer first, then the row (whoever reads the row ended finds them settled)."""
+        cancelled = isinstance(err, Cancelled)
+        message = tp.Message(
+            id=self.turns[i].assistant_message.id,
+            status=tp.MESSAGE_STATUS_CANCELLED if cancelled else tp.MESSAGE_STATUS_FAILED,
+        )
+        message.metadata.update({"error": {"code": err.code_name, "message": err.message}})
         with contextlib.suppress(MeshError):
             await rpc(
                 self.ctx.clients.trace.UpdateMessage(
@@ -341,7 +352,12 @@ class SubagentBatch:
                 )
             )
         if i in self._opened:
-            await close_buffer(self.ctx, subagent_key(self.rows[i].id), Cancelled("cancelled"))
+            await close_buffer(self.ctx, subagent_key(self.rows[i].id), err)
+        if self.rows[i].status in (ev.SUBAGENT_STATUS_QUEUED, ev.SUBAGENT_STATUS_RUNNING):
+            status = ev.SUBAGENT_STATUS_CANCELLED if cancelled else ev.SUBAGENT_STATUS_FAILED
+            error = "cancelled" if cancelled else f"{err.code_name}: {err.message}"
+            with contextlib.suppress(MeshError):
+                await self._update(i, ["status", "error"], status=status, error=error)
 
     async def _execute(self, i: int, plan: _Plan, out: dict[str, Any]) -> None:
         row = self.rows[i]
