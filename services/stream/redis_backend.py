@@ -13,18 +13,21 @@ deadline in Redis server time); every replica sweeps it and ends the buffers who
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agentmesh.events.v1 import events_pb2 as ev
 from libs.config import StreamSettings
-from libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from libs.ids import shown
 from services.stream.backend import BackendStats, Cursor, StreamBackend, StreamInfo, interrupted, validate_key
 
@@ -33,6 +36,17 @@ DEFAULT_PREFIX = "agentmesh:"
 BLOCK_MAX_S = 2.0  # one XREAD BLOCK stays below the client's socket timeout (redis-py: 5 s)
 _OFFSET = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 _U64 = 2**64 - 1
+
+
+@contextlib.contextmanager
+def _reachable() -> Iterator[None]:
+    """Redis gone, refusing or too slow (redis-py's own errors) is UNAVAILABLE, the caller may try again
+    later, never INTERNAL."""
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        raise Unavailable(f"Redis is unreachable: {exc}") from exc
+
 
 _NOW = """
 local function now_ms()
@@ -202,6 +216,10 @@ class _RedisCursor(Cursor):
         self.replaced = False
 
     async def read(self, limit: int, timeout_s: float) -> list[ev.Event]:
+        with _reachable():
+            return await self._read(limit, timeout_s)
+
+    async def _read(self, limit: int, timeout_s: float) -> list[ev.Event]:
         if self.replaced:
             await asyncio.sleep(timeout_s)
             return []
@@ -301,17 +319,11 @@ class RedisBackend(StreamBackend):
         await self.client.aclose()
 
     async def create(self, key: str, owner: str, metadata: dict[str, str] | None = None) -> None:
-        result = await self._create(
-            keys=self._keys(validate_key(key)),
-            args=[
-                owner,
-                json.dumps(metadata or {}),
-                self._ttl_ms(),
-                secrets.token_hex(8),
-                self._lease_ms(),
-                key,
-            ],
-        )
+        keys = self._keys(validate_key(key))
+        gen = secrets.token_hex(8)
+        args: list[Any] = [owner, json.dumps(metadata or {}), self._ttl_ms(), gen, self._lease_ms(), key]
+        with _reachable():
+            result = await self._create(keys=keys, args=args)
         if _s(result) == "open":
             raise FailedPrecondition(f"a run is already streaming to {key}")
         if _s(result) == "foreign":
@@ -321,7 +333,8 @@ class RedisBackend(StreamBackend):
         keys = self._keys(validate_key(key))
         payloads = [e.SerializeToString() for e in batch]
         args = [self.settings.max_events, self._open_ttl_ms(), writer, self._lease_ms(), key, *payloads]
-        reply = [_s(x) for x in await self._append(keys=keys, args=args)]
+        with _reachable():
+            reply = [_s(x) for x in await self._append(keys=keys, args=args)]
         status = reply[0]
         if status == "missing":
             raise NotFound(f"no stream buffer {key}")
@@ -337,7 +350,9 @@ class RedisBackend(StreamBackend):
 
     async def close(self, key: str, terminal: ev.Event, writer: str = "") -> tuple[str, bool]:
         args = [terminal.SerializeToString(), self._ttl_ms(), writer, key]
-        reply = [_s(x) for x in await self._close(keys=self._keys(validate_key(key)), args=args)]
+        keys = self._keys(validate_key(key))
+        with _reachable():
+            reply = [_s(x) for x in await self._close(keys=keys, args=args)]
         if reply[0] == "missing":
             raise NotFound(f"no stream buffer {key}")
         return reply[1], reply[0] == "ok"
@@ -345,7 +360,8 @@ class RedisBackend(StreamBackend):
     async def delete(self, key: str, terminal: ev.Event, requester: str = "") -> bool:
         keys = self._keys(validate_key(key))
         args = [requester, terminal.SerializeToString(), DRAIN_MS, key]
-        return bool(await self._delete(keys=keys, args=args))
+        with _reachable():
+            return bool(await self._delete(keys=keys, args=args))
 
     async def renew(self, keys: Sequence[str]) -> int:
         for key in keys:
@@ -353,15 +369,17 @@ class RedisBackend(StreamBackend):
         if not keys:
             return 0
         args: list[Any] = [self.prefix, self._lease_ms(), self._open_ttl_ms(), *keys]
-        return int(await self._renew(keys=[self._leases], args=args))
+        with _reachable():
+            return int(await self._renew(keys=[self._leases], args=args))
 
     async def info(self, key: str) -> StreamInfo:
         meta_key, stream_key, _ = self._keys(validate_key(key))
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hgetall(meta_key)
-            pipe.xlen(stream_key)
-            pipe.xrevrange(stream_key, count=1)
-            meta, length, last = await pipe.execute()
+        with _reachable():
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hgetall(meta_key)
+                pipe.xlen(stream_key)
+                pipe.xrevrange(stream_key, count=1)
+                meta, length, last = await pipe.execute()
         if not meta or meta.get(b"deleted") == b"1":
             return StreamInfo(key=key)
         return StreamInfo(
@@ -377,9 +395,10 @@ class RedisBackend(StreamBackend):
     async def _cursor(self, key: str, after: str, terminal_only: bool = False) -> Cursor | None:
         check_offset(after)
         meta_key, stream_key, _ = self._keys(key)
-        closed, close_offset, gen, deleted = await self.client.hmget(
-            meta_key, ["closed", "close_offset", "gen", "deleted"]
-        )
+        with _reachable():
+            closed, close_offset, gen, deleted = await self.client.hmget(
+                meta_key, ["closed", "close_offset", "gen", "deleted"]
+            )
         if closed is None or deleted == b"1":
             raise NotFound(f"no stream buffer {key}")
         if _s(closed) == "1" and after and _id_tuple(after) >= _id_tuple(_s(close_offset)):
@@ -387,7 +406,8 @@ class RedisBackend(StreamBackend):
         return _RedisCursor(self.client, stream_key, after, meta_key, gen)
 
     async def open_buffers(self) -> int:
-        return int(await self.client.zcard(self._leases))
+        with _reachable():
+            return int(await self.client.zcard(self._leases))
 
     def stats(self) -> BackendStats:
         """Subscribers and batch sizes of this process; buffers live in Redis and are not counted here."""

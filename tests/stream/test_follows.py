@@ -353,5 +353,5 @@ async def test_a_follow_whose_backend_loses_redis_ends_with_an_error(
     await wait_until(lambda: follows.texts(1) == ["before"], what="the event before")
     redis_relay.cut()
     await wait_until(lambda: 1 in follows.ended, timeout=30, what="the follow's end")
-    assert follows.ended[1].error_reason and follows.ended[1].error_message
+    assert follows.ended[1].error_reason == "UNAVAILABLE" and "Redis" in follows.ended[1].error_message
     assert await follows.end() == grpc.StatusCode.OK  # the call ends once it has no follow left

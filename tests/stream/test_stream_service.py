@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 import pytest
@@ -20,6 +22,7 @@ from services.stream.backend import BATCH
 from services.stream.memory import MemoryBackend
 from tests.mesh import wait_until
 from tests.stream.conftest import (
+    RedisRelay,
     StreamFactory,
     StreamHarness,
     append,
@@ -485,3 +488,29 @@ async def test_a_buffer_born_with_its_first_events_and_several_created_at_once(
     for k in keys:
         found = await info(stream, k, reader="alice")
         assert (found.length, found.metadata["n"]) == (1, k)
+
+
+@pytest.mark.parametrize("backend_kind", [pytest.param("redis", marks=pytest.mark.redis)], indirect=True)
+async def test_calls_of_a_service_that_lost_redis_fail_unavailable(
+    stream_factory: StreamFactory, redis_relay: RedisRelay, unique: str
+) -> None:
+    """Redis gone (redis-py's ConnectionError under the backend): every kind of call fails UNAVAILABLE
+    with a message that names Redis, so a caller knows to try again later; never INTERNAL, never a
+    hang."""
+    h = await stream_factory(via=redis_relay.url)
+    key = f"session:{unique}"
+    await create(h, key)
+    await append(h, key, deltas("before"))
+    redis_relay.cut()
+    calls: dict[str, Callable[[], Awaitable[Any]]] = {
+        "create": lambda: create(h, f"session:{unique}-new"),
+        "append": lambda: append(h, key, deltas("after")),
+        "close": lambda: close(h, key),
+        "info": lambda: info(h, key),
+        "subscribe": lambda: collect(h, key),
+    }
+    for what, call in calls.items():
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await asyncio.wait_for(call(), 30)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE, what
+        assert "Redis" in (err.value.details() or ""), what

@@ -655,7 +655,8 @@ async def test_a_writer_whose_backend_loses_redis_fails_and_is_answered_so(
     stream_factory: StreamFactory, redis_relay: RedisRelay, signer: Signer, unique: str
 ) -> None:
     """Redis goes away under a writer (the backend's own ConnectionError, not a MeshError): the writer
-    is answered with the failure, nothing of it is answered as written, and the call ends when asked."""
+    is answered with the failure, UNAVAILABLE (the caller may try again later, it is no bug of ours),
+    nothing of it is answered as written, and the call ends when asked."""
     h = await stream_factory(via=redis_relay.url)
     key = f"session:{unique}"
     await create(h, key, owner="alice")
@@ -665,7 +666,8 @@ async def test_a_writer_whose_backend_loses_redis_fails_and_is_answered_so(
     redis_relay.cut()
     writes.send(batch(1, "w2", defer=True), batch(1, "w3"))
     failed = await asyncio.wait_for(_answer_or_failure(writes, 1, 2), 30)
-    assert failed.error_reason and failed.error_message and not failed.answer.offsets
+    assert failed.error_reason == "UNAVAILABLE" and "Redis" in failed.error_message
+    assert not failed.answer.offsets
     assert await writes.end() == grpc.StatusCode.OK
 
 
