@@ -349,10 +349,15 @@ class EventSink:
         await self._idle.wait()
 
     def cancel(self) -> None:
-        """Gives up: nothing more is sent (what was is not waited for)."""
+        """Gives up: nothing more is sent (what was is not waited for). Whoever waits for an event to be
+        stored (`store`) learns that it may never be: Cancelled, not a wait for ever."""
         self._closed = True
         if self.started is not None and not self.started.done():
             self.started.cancel()
+        gone = Cancelled(f"the writer of {self.key} gave up before this event was stored")
+        for _, fut in [entry for sent in self._unanswered for entry in sent.entries] + self._pending:
+            if fut is not None and not fut.done():
+                fut.set_exception(gone)
         self._pending.clear()
         self._unanswered.clear()
         self._idle.set()

@@ -620,6 +620,30 @@ async def test_an_event_sink_awaiting_start_writes_after_it(
     assert "".join(texts(got)) == "first second"
 
 
+async def test_a_cancelled_sink_fails_whoever_waits_for_a_store(
+    stream: StreamHarness, signer: Signer, unique: str
+) -> None:
+    """`store()` waits for its event's offset: a sink given up (its run gone) ends that wait with
+    Cancelled, for an event sent and not answered (held for a `start` that never comes) and for one
+    still queued behind it; nothing is appended."""
+    key = f"session:{unique}"
+    await create(stream, key)
+    clients = clients_for(stream, signer)
+    try:
+        sink = EventSink(clients, key, await_start=True)
+        sent = asyncio.ensure_future(sink.store(events.reasoning_delta("held")))
+        await wait_until(lambda: stream.backend.subscribers == 1, what="the first batch held")
+        queued = asyncio.ensure_future(sink.store(events.reasoning_delta("queued")))
+        await wait_until(lambda: len(sink._pending) == 1, what="the second event queued")
+        sink.cancel()
+        for waiting in (sent, queued):
+            with pytest.raises(Cancelled, match="gave up"):
+                await asyncio.wait_for(waiting, 10)
+    finally:
+        await clients.close()
+    assert (await info(stream, key)).length == 0
+
+
 async def test_an_event_sink_asks_for_start_with_nothing_written(
     stream: StreamHarness, signer: Signer, unique: str
 ) -> None:
