@@ -102,6 +102,7 @@ class Tally:
     end_messages: dict[str, str] = field(default_factory=dict)  # one message for each terminal code
     refused: Counter[str] = field(default_factory=Counter)  # POSTs answered without a turn (retried)
     locked_sessions: int = 0  # a session that kept answering 409 past the bound
+    locked: list[str] = field(default_factory=list)  # when, and which (to look for in the logs)
     followed: list[Followed] = field(default_factory=list)
     kills: Counter[str] = field(default_factory=Counter)
     sessions: set[str] = field(default_factory=set)
@@ -151,6 +152,7 @@ class Chaos:
             if time.monotonic() > deadline or self.stop.is_set():
                 if resp is not None and resp.status_code == 409:
                     self.tally.locked_sessions += 1
+                    self.tally.locked.append(f"{time.strftime('%H:%M:%S')} {session}")
                 return ""
             await asyncio.sleep(0.3)
         self.tally.turns_started += 1
@@ -213,7 +215,7 @@ class Chaos:
                 await asyncio.wait_for(self.stop.wait(), self.rng.uniform(every * 0.5, every * 1.5))
             if self.stop.is_set():
                 return
-            victim = self.rng.choice(SERVICE_ORDER)
+            victim = self.rng.choice(self.args.victims.split(",") if self.args.victims else SERVICE_ORDER)
             await self.mesh.kill(victim)
             self.tally.kills[victim] += 1
             print(f"  {time.strftime('%H:%M:%S')} killed {victim}", flush=True)
@@ -292,12 +294,15 @@ def report(
     tally: Tally, backend: str, args: argparse.Namespace, left: list[str], settle_s: float
 ) -> dict[str, Any]:
     gaps = dups = 0
+    flawed: list[dict[str, Any]] = []  # the readers with a gap or a duplicate, to tell why
     ends: dict[str, Counter[str]] = {}
     silences: list[float] = []
     unended = 0
     for f in tally.followed:
         g, d = check_text(f)
         gaps, dups = gaps + g, dups + d
+        if g or d:
+            flawed.append(_flawed(f))
         end = f.reader.end.get("code") or f.reader.end.get("type", "none") if f.reader.ended else "unended"
         ends.setdefault(f.key, Counter())[end] += 1
         if f.reader.ended:
@@ -317,6 +322,7 @@ def report(
         "end_messages": tally.end_messages,
         "refused_and_retried": dict(tally.refused),
         "locked_sessions": tally.locked_sessions,
+        "locked": tally.locked[:20],
         "readers": len(tally.followed),
         "reader_ends": {k: dict(v) for k, v in ends.items()},
         "readers_without_terminal": unended,
@@ -326,7 +332,19 @@ def report(
         "gaps": gaps,
         "duplicates": dups,
         "longest_wait_for_terminal_s": round(max(silences, default=0.0), 2),
+        "flawed_readers": flawed[:10],
     }
+
+
+def _flawed(f: Followed) -> dict[str, Any]:
+    """What a reader with a gap or a duplicate saw: per connection, the ids and texts of its events."""
+    seen: list[str] = []
+    for e in f.reader.events:
+        if e["type"] == "text-delta":
+            seen.append(f"{e.get('_id', '')}:{e['textDelta'].strip()}")
+        elif e["type"] not in ("text-delta",):
+            seen.append(f"{e.get('_id', '')}:<{e.get('code') or e['type']}>")
+    return {"key": f.key, "path": f.reader.path, "connections": f.reader.connections, "events": seen[:200]}
 
 
 async def create_database(admin_url: str) -> str:
@@ -376,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease-s", type=float, default=2.0)
     p.add_argument("--backends", default="postgres-redis,sqlite-memory")
     p.add_argument("--seed", type=int, default=11)
+    p.add_argument("--victims", default="", help="the services to kill, comma-separated (default: any)")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument(
         "--database-url",
