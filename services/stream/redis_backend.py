@@ -2,7 +2,8 @@
 
 Per buffer two keys: `<prefix>stream:<key>` (a Redis Stream; field `e` = the serialized Event; the
 entry id IS the offset) and `<prefix>meta:<key>` (a hash: owner, metadata as JSON, closed, close_offset,
-and gen: a random token per create, so a subscriber tells its buffer from a later one under the key).
+gen: a random token per create, so a subscriber tells its buffer from a later one under the key, and
+begin: the server's time at the create as an entry id, below which no offset is this buffer's).
 Create, append, close, renew and delete are Lua scripts, so the checks and the writes are atomic across
 replicas. Replacing a closed buffer trims its stream to zero entries instead of deleting it: Redis keeps
 the last id, so new offsets stay above every old one. Both keys always carry a TTL of `ttl_s`,
@@ -68,7 +69,9 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('XTRIM', KEYS[2], 'MAXLEN', 0)
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'metadata', ARGV[2], 'closed', '0', 'gen', ARGV[4])
+local begin = tostring(now_ms()) .. '-0'
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'metadata', ARGV[2], 'closed', '0', 'gen', ARGV[4],
+  'begin', begin)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('ZADD', KEYS[3], now_ms() + tonumber(ARGV[5]), ARGV[6])
 return 'ok'
@@ -396,11 +399,15 @@ class RedisBackend(StreamBackend):
         check_offset(after)
         meta_key, stream_key, _ = self._keys(key)
         with _reachable():
-            closed, close_offset, gen, deleted = await self.client.hmget(
-                meta_key, ["closed", "close_offset", "gen", "deleted"]
+            closed, close_offset, gen, deleted, begin = await self.client.hmget(
+                meta_key, ["closed", "close_offset", "gen", "deleted", "begin"]
             )
         if closed is None or deleted == b"1":
             raise NotFound(f"no stream buffer {key}")
+        if after and begin and (0, 0) < _id_tuple(after) < _id_tuple(_s(begin)):  # (0: from the start)
+            # An earlier buffer's offset (the next turn replaced the one the reader followed): its
+            # events are not this buffer's continuation.
+            raise NotFound(f"offset {shown(after, 40)} is from an earlier buffer of {key}, which is gone")
         if _s(closed) == "1" and after and _id_tuple(after) >= _id_tuple(_s(close_offset)):
             return None
         return _RedisCursor(self.client, stream_key, after, meta_key, gen)
