@@ -406,7 +406,9 @@ class RedisBackend(StreamBackend):
             raise NotFound(f"no stream buffer {key}")
         if after and begin and (0, 0) < _id_tuple(after) < _id_tuple(_s(begin)):  # (0: from the start)
             # An earlier buffer's offset (the next turn replaced the one the reader followed): its
-            # events are not this buffer's continuation.
+            # events are not this buffer's continuation. (Should Redis's clock step back between a
+            # create and its first append, the buffer's own offsets would be refused too: its readers
+            # end `interrupted` on a resume, and the stored reply is unharmed.)
             raise NotFound(f"offset {shown(after, 40)} is from an earlier buffer of {key}, which is gone")
         if _s(closed) == "1" and after and _id_tuple(after) >= _id_tuple(_s(close_offset)):
             return None
