@@ -313,17 +313,21 @@ class EventSink:
         self._failure = err
         if self.started is not None and not self.started.done():
             self.started.set_exception(err)
-        unanswered = [e for sent in self._unanswered for e in sent.entries]
-        for _, fut in unanswered + self._pending:
+        self._drop_all(err)
+        self._out.put_nowait(None)
+        if self._call is not None:
+            self._call.unbind(self._id)
+            self._call = None
+
+    def _drop_all(self, err: MeshError) -> None:
+        """Nothing queued or unanswered is waited for any more: whoever awaits one of them (`store`)
+        gets `err`."""
+        for _, fut in [e for sent in self._unanswered for e in sent.entries] + self._pending:
             if fut is not None and not fut.done():
                 fut.set_exception(err)
         self._pending.clear()
         self._unanswered.clear()
         self._idle.set()
-        self._out.put_nowait(None)
-        if self._call is not None:
-            self._call.unbind(self._id)
-            self._call = None
 
     async def flush(self) -> None:
         """Waits until everything emitted so far is stored (raises the append error, if any)."""
@@ -354,13 +358,7 @@ class EventSink:
         self._closed = True
         if self.started is not None and not self.started.done():
             self.started.cancel()
-        gone = Cancelled(f"the writer of {self.key} gave up before this event was stored")
-        for _, fut in [entry for sent in self._unanswered for entry in sent.entries] + self._pending:
-            if fut is not None and not fut.done():
-                fut.set_exception(gone)
-        self._pending.clear()
-        self._unanswered.clear()
-        self._idle.set()
+        self._drop_all(Cancelled(f"the writer of {self.key} gave up before this event was stored"))
         if self._call is not None:
             self._call.abandon(self._id)
             self._call = None
