@@ -101,8 +101,7 @@ class Tally:
     turn_ends: Counter[str] = field(default_factory=Counter)
     end_messages: dict[str, str] = field(default_factory=dict)  # one message for each terminal code
     refused: Counter[str] = field(default_factory=Counter)  # POSTs answered without a turn (retried)
-    locked_sessions: int = 0  # a session that kept answering 409 past the bound
-    locked: list[str] = field(default_factory=list)  # when, and which (to look for in the logs)
+    locked: list[str] = field(default_factory=list)  # sessions that kept answering 409 past the bound: when
     followed: list[Followed] = field(default_factory=list)
     kills: Counter[str] = field(default_factory=Counter)
     sessions: set[str] = field(default_factory=set)
@@ -151,7 +150,6 @@ class Chaos:
                 await http.aclose()
             if time.monotonic() > deadline or self.stop.is_set():
                 if resp is not None and resp.status_code == 409:
-                    self.tally.locked_sessions += 1
                     self.tally.locked.append(f"{time.strftime('%H:%M:%S')} {session}")
                 return ""
             await asyncio.sleep(0.3)
@@ -215,7 +213,7 @@ class Chaos:
                 await asyncio.wait_for(self.stop.wait(), self.rng.uniform(every * 0.5, every * 1.5))
             if self.stop.is_set():
                 return
-            victim = self.rng.choice(self.args.victims.split(",") if self.args.victims else SERVICE_ORDER)
+            victim = self.rng.choice(self.args.victims)
             await self.mesh.kill(victim)
             self.tally.kills[victim] += 1
             print(f"  {time.strftime('%H:%M:%S')} killed {victim}", flush=True)
@@ -321,7 +319,7 @@ def report(
         "turn_ends": dict(tally.turn_ends),
         "end_messages": tally.end_messages,
         "refused_and_retried": dict(tally.refused),
-        "locked_sessions": tally.locked_sessions,
+        "locked_sessions": len(tally.locked),
         "locked": tally.locked[:20],
         "readers": len(tally.followed),
         "reader_ends": {k: dict(v) for k, v in ends.items()},
@@ -337,14 +335,25 @@ def report(
 
 
 def _flawed(f: Followed) -> dict[str, Any]:
-    """What a reader with a gap or a duplicate saw: per connection, the ids and texts of its events."""
-    seen: list[str] = []
-    for e in f.reader.events:
-        if e["type"] == "text-delta":
-            seen.append(f"{e.get('_id', '')}:{e['textDelta'].strip()}")
-        elif e["type"] not in ("text-delta",):
-            seen.append(f"{e.get('_id', '')}:<{e.get('code') or e['type']}>")
+    """What a reader with a gap or a duplicate saw, in order across its reconnections: each event's id
+    and its words (another event: its code or type in angle brackets)."""
+    seen = [
+        f"{e.get('_id', '')}:{e['textDelta'].strip()}"
+        if e["type"] == "text-delta"
+        else f"{e.get('_id', '')}:<{e.get('code') or e['type']}>"
+        for e in f.reader.events
+    ]
     return {"key": f.key, "path": f.reader.path, "connections": f.reader.connections, "events": seen[:200]}
+
+
+def _services(names: str) -> list[str]:
+    """--victims: service names of the mesh, comma-separated."""
+    picked = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in picked if n not in SERVICE_ORDER]
+    if unknown or not picked:
+        wrong = f" (not {', '.join(unknown)})" if unknown else ""
+        raise argparse.ArgumentTypeError(f"name services of {', '.join(SERVICE_ORDER)}{wrong}")
+    return picked
 
 
 async def create_database(admin_url: str) -> str:
@@ -394,7 +403,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease-s", type=float, default=2.0)
     p.add_argument("--backends", default="postgres-redis,sqlite-memory")
     p.add_argument("--seed", type=int, default=11)
-    p.add_argument("--victims", default="", help="the services to kill, comma-separated (default: any)")
+    p.add_argument(
+        "--victims",
+        type=_services,
+        default=list(SERVICE_ORDER),
+        help=f"the services to kill, comma-separated (default: all of {','.join(SERVICE_ORDER)})",
+    )
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument(
         "--database-url",
