@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import delete, or_, select
+from sqlalchemy import bindparam, delete, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -18,6 +18,13 @@ from services.trace.store.base import AgentStore
 from services.trace.store.sql.common import Database, now, ts
 from services.trace.store.sql.models import AgentRow, User
 
+_A, _U = AgentRow.__table__.c, User.__table__.c
+# The agent `slug` as `owner` reads it: a built-in's row and the owner's own, if any.
+_GET_AGENT = (
+    select(_A.id, _A.slug, _A.config, _A.version, _A.created_at, _A.updated_at, _U.name)
+    .select_from(AgentRow.__table__.outerjoin(User.__table__, _U.id == _A.owner_user_id))
+    .where(_A.slug == bindparam("slug"), or_(_A.owner_user_id.is_(None), _U.name == bindparam("owner")))
+)
 _IMPORT_ATTEMPTS = 3  # after one replica commits, every catalog slug exists: no insert is left to race
 _PARSED_MAX = 10_000
 
@@ -82,16 +89,10 @@ class SqlAgentStore(AgentStore):
                     row.updated_at = stamp
 
     async def get_agent(self, owner: str, slug: str) -> ap.Agent:
-        """Core, not ORM: every turn and run reads its agent."""
-        a, u = AgentRow.__table__.c, User.__table__.c
+        """Core, not ORM, and one statement built once: every turn and run reads its agent."""
 
         async def work(conn: AsyncConnection) -> list[Any]:
-            query = (
-                select(a.id, a.slug, a.config, a.version, a.created_at, a.updated_at, u.name)
-                .select_from(AgentRow.__table__.outerjoin(User.__table__, u.id == a.owner_user_id))
-                .where(a.slug == slug, or_(a.owner_user_id.is_(None), u.name == owner))
-            )
-            return list((await conn.execute(query)).all())
+            return list((await conn.execute(_GET_AGENT, {"slug": slug, "owner": owner})).all())
 
         rows = await self.db.run(work)
         if not rows:

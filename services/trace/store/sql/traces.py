@@ -287,7 +287,7 @@ class SqlTraceStore(TraceStore):
             )
             values = {c.key: getattr(row, c.key) for c in SESSIONS.columns if getattr(row, c.key) is not None}
             try:
-                await conn.execute(SESSIONS.insert().values(values))
+                await conn.execute(SESSIONS.insert(), values)  # not .values(): a cache key per call
             except IntegrityError as exc:
                 raise AlreadyExists("trace already exists") from exc
             written = await write(conn, items, stamp)
