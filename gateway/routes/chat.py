@@ -76,18 +76,27 @@ def _execute(c: Clients, body: ChatRequest) -> grpc.aio.UnaryStreamCall:
 async def _begin(c: Clients, mesh: MeshSettings, call: grpc.aio.UnaryStreamCall) -> _Turn:
     """The turn's `start`, read from its buffer: ExecuteChat says as soon as session:<id> exists (while
     the turn is being stored), the subscription opens from the buffer's beginning then, so `start` and
-    the run's first events come straight from the stream service. A turn that does not begin (its
-    refusal, the buffer's first event, or the call's error) raises: an HTTP error, not a broken stream."""
+    the run's first events come straight from the stream service. A buffer that ends before its
+    `start` may have been given up for another session (the agent changed while the turn began): the
+    call says that one next, and it is read instead. A turn that does not begin (its refusal, the
+    buffer's first event, or the call's error) raises: an HTTP error, not a broken stream."""
     turn = _Turn(call, idle_ms=int(mesh.turn_timeout_s * 1000))
     try:
         session_id = await turn.created
-        turn.key = session_key(session_id)
-        turn.subscription = subscribe(c, turn.key, "", turn.idle_ms)
-        first = await turn.first_event()
-        if not first.HasField("start"):
-            raise from_event(first.error) if first.HasField("error") else Internal("the turn did not start")
-        turn.start = first
-        return turn
+        while True:
+            turn.key = session_key(session_id)
+            turn.subscription = subscribe(c, turn.key, "", turn.idle_ms)
+            first = await turn.first_event()
+            if first.HasField("start"):
+                turn.start = first
+                return turn
+            moved = await turn.moved_to() if first.offset else None
+            if moved is None:
+                raise (
+                    from_event(first.error) if first.HasField("error") else Internal("the turn did not start")
+                )
+            turn.subscription.cancel()
+            session_id = moved
     except BaseException:
         turn.close()
         raise
@@ -96,8 +105,8 @@ async def _begin(c: Clients, mesh: MeshSettings, call: grpc.aio.UnaryStreamCall)
 class _Turn:
     """A turn ExecuteChat started (events_from_stream), read from its buffer `key`. The call stays open
     while the turn runs, read by `watcher`: `created` is its first answer (the session whose buffer
-    exists), `outcome` an end the buffer could not store, or the call's failure (the orchestrator went
-    away)."""
+    exists), `moved` a second one (the session the turn runs in instead), `outcome` an end the buffer
+    could not store, or the call's failure (the orchestrator went away)."""
 
     def __init__(self, call: grpc.aio.UnaryStreamCall, idle_ms: int) -> None:
         loop = asyncio.get_running_loop()
@@ -106,6 +115,7 @@ class _Turn:
         self.start: ev.Event | None = None
         self.subscription: Follow | None = None
         self.created: asyncio.Future[str] = loop.create_future()
+        self.moved: asyncio.Future[str] = loop.create_future()
         self.outcome: asyncio.Future[ev.Event] = loop.create_future()
         self.watcher = asyncio.create_task(self._watch(), name="watch:turn")
 
@@ -114,6 +124,8 @@ class _Turn:
             async for response in self.call:
                 if response.session_id and not self.created.done():
                     self.created.set_result(response.session_id)
+                elif response.session_id and not self.moved.done():
+                    self.moved.set_result(response.session_id)
                 for event in response.events:
                     if not events.is_terminal(event) or event.offset:
                         continue
@@ -145,6 +157,13 @@ class _Turn:
             return first.result()
         except StopAsyncIteration:
             return events.error(Internal("the turn's buffer ended before it started"))
+
+    async def moved_to(self) -> str | None:
+        """After a buffer that ended before its `start`: the session the turn moved to, or None once
+        the call has ended without saying one (the turn did not begin: the buffer's end says why)."""
+        either: set[asyncio.Future[Any]] = {self.moved, self.watcher}
+        await asyncio.wait(either, timeout=END_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+        return self.moved.result() if self.moved.done() else None
 
     def close(self) -> None:
         """Stops reading (a client that left): the turn itself goes on."""

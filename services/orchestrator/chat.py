@@ -53,6 +53,19 @@ class _End:
     error: BaseException | None = None
 
 
+class _Opening(NamedTuple):
+    """A new session's first turn, under way while its agent is read."""
+
+    session: tp.Trace
+    agent: str  # the slug asked for
+    message: str
+    last: ap.Agent | None  # the agent as this user last read it, if they did
+    buffer: asyncio.Future[Any]  # its CreateStream
+    early: grpc.aio.UnaryStreamCall | None  # its run, started with `last`
+    begun: asyncio.Future[ts.BeginTurnResponse] | None  # its BeginTurn with `last`, reading the agent
+    reading: asyncio.Future[Any]  # `begun`, or else a GetAgent
+
+
 class _Opened(NamedTuple):
     """A new session about to take its first turn."""
 
@@ -148,12 +161,15 @@ class ChatOrchestrator:
         the trace may be of any kind, and an empty `agent` is the trace's own. `events_from_stream`: the
         caller reads the events from the buffer: first the session id is yielded, as soon as the
         buffer exists (its first event will be `start`, or why the turn did not begin), then only what
-        the buffer could not take (no offset)."""
+        the buffer could not take (no offset). A new session's id may come before its agent is
+        confirmed: if the agent changed since this user last read it, that buffer ends `cancelled` and
+        the id of the session the turn runs in follows (read that one instead)."""
         if not message.strip():
             raise InvalidArgument("message must not be empty")
         if len(message) > MAX_MESSAGE_CHARS:
             raise InvalidArgument(f"message is longer than {MAX_MESSAGE_CHARS} characters")
         new_trace: tp.Trace | None = None
+        announced = ""  # the session said before its turn began
         buffer: asyncio.Future[Any] | None = None
         early: grpc.aio.UnaryStreamCall | None = None
         begun: asyncio.Future[ts.BeginTurnResponse] | None = None
@@ -177,8 +193,19 @@ class ChatOrchestrator:
             _refuse_copies(session)
             found = None
         else:  # a new session: created with the turn's first messages, in the same call (BeginTurn)
-            opened = await self._open_session(agent, message, events_from_stream)
-            session, found, new_trace, buffer, early, begun = opened
+            opening = self._open_session(agent, message, events_from_stream)
+            if events_from_stream and opening.last is not None:
+                # Said at once (its run started with the agent as last read), so that the caller
+                # subscribes while BeginTurn confirms the agent.
+                try:
+                    await asyncio.wait({opening.buffer})
+                    if not opening.buffer.cancelled() and opening.buffer.exception() is None:
+                        announced = opening.session.id
+                        yield announced
+                except BaseException as exc:  # the caller left: nobody reads this session
+                    await to_the_end(self._unused(opening, exc))
+                    raise
+            session, found, new_trace, buffer, early, begun = await self._confirm(opening)
         slug = found.slug if found is not None else agent
         if buffer is None:  # the session's lock against a second turn: awaited before BeginTurn
             buffer = self.turns.create_buffer(session_key(session.id), _stream_metadata(slug))
@@ -203,10 +230,11 @@ class ChatOrchestrator:
                         raise item.error
                     return
                 if isinstance(item, _Created):
-                    if batch:
-                        yield batch
-                        batch = []
-                    yield item.session_id
+                    if item.session_id != announced:  # (said already: once is enough)
+                        if batch:
+                            yield batch
+                            batch = []
+                        yield item.session_id
                 else:
                     batch.append(item)
                     if events.kind(item) in events.TERMINAL:
@@ -218,20 +246,18 @@ class ChatOrchestrator:
             if batch:
                 yield batch
 
-    async def _open_session(self, agent: str, message: str, from_stream: bool) -> _Opened:
-        """A new session's agent, read while its buffer is created; its run and its BeginTurn start
-        meanwhile with the agent as this user last read it, kept when the read confirms it and undone
-        otherwise."""
+    def _open_session(self, agent: str, message: str, from_stream: bool) -> _Opening:
+        """A new session: its buffer is created while its agent is read; its run and its BeginTurn
+        start meanwhile with the agent as this user last read it, kept when the read confirms it
+        (`_confirm`) and undone otherwise."""
         session = tp.Trace(id=new_id())
-        key = session_key(session.id)
-        user = identity.current_user()
-        last = self.last_agents.get(user, agent)
+        last = self.last_agents.get(identity.current_user(), agent)
         early = begun = None
         spec = _spec(session.id, agent, message)
         if last is not None:  # its run first (the first delta's path), then its buffer and BeginTurn
             early = self.turns.start_early(spec, not from_stream, last)
-        buffer = self.turns.create_buffer(key, _stream_metadata(agent))
-        reading: asyncio.Future[ag.GetAgentResponse] | asyncio.Future[ts.BeginTurnResponse]
+        buffer = self.turns.create_buffer(session_key(session.id), _stream_metadata(agent))
+        reading: asyncio.Future[Any]
         if last is not None:  # BeginTurn reads the agent again (resolve_agent)
             reading = begun = self.turns.begin_early(
                 spec, _new_trace(last.slug, message), resolve_agent=agent
@@ -241,32 +267,39 @@ class ChatOrchestrator:
                 ag.GetAgentRequest(slug=agent), timeout=self.turns.write_timeout_s
             )
             reading = asyncio.ensure_future(rpc(read))
+        return _Opening(session, agent, message, last, buffer, early, begun, reading)
 
-        async def unused(why: BaseException) -> None:
-            """Nobody will read this session: its run stops, its trace goes, its buffer ends."""
-            if early is not None:
-                early.cancel()
-            if begun is not None:
-                await to_the_end(self.turns.drop_begun(begun, session.id))
-            await to_the_end(self.turns.end_unused(buffer, key, why))
+    async def _unused(self, opening: _Opening, why: BaseException) -> None:
+        """Nobody will read this session: its run stops, its trace goes, its buffer ends with `why`."""
+        if opening.early is not None:
+            opening.early.cancel()
+        if opening.begun is not None:
+            await to_the_end(self.turns.drop_begun(opening.begun, opening.session.id))
+        else:
+            opening.reading.cancel()
+        key = session_key(opening.session.id)
+        await to_the_end(self.turns.end_unused(opening.buffer, key, why))
 
+    async def _confirm(self, opening: _Opening) -> _Opened:
+        """The session `_open_session` began, once its agent is read: as begun when the agent is as
+        last read, else a session of its own for the agent as read."""
+        user, agent = identity.current_user(), opening.agent
         try:
-            found = (await reading).agent
+            found = (await opening.reading).agent
         except BaseException as exc:  # no turn: the buffer nobody will read ends with the refusal
-            if reading is not begun:
-                reading.cancel()  # (a BeginTurn goes on: whatever it stored is undone below)
             self.last_agents.forget(user, agent)
-            await unused(exc)
+            await self._unused(opening, exc)
             raise
         self.last_agents.put(user, agent, found)
-        if last is not None and found != last:
+        session, buffer, early, begun = opening.session, opening.buffer, opening.early, opening.begun
+        if opening.last is not None and found != opening.last:
             # Changed since: that run may hold a reply for this buffer's `start`; the session is
             # left unused and the turn runs the agent as read, in a session of its own.
-            await unused(Cancelled("the agent changed"))
+            await self._unused(opening, Cancelled("the agent changed"))
             early = begun = None
             session = tp.Trace(id=new_id())
             buffer = self.turns.create_buffer(session_key(session.id), _stream_metadata(found.slug))
-        return _Opened(session, found, _new_trace(found.slug, message), buffer, early, begun)
+        return _Opened(session, found, _new_trace(found.slug, opening.message), buffer, early, begun)
 
     async def run_turn(self, spec: orc.RunTurnRequest) -> TurnOutcome:
         """A child turn (agent-invoke callee, subagent), run to its end for the calling runtime (its

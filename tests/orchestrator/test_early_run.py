@@ -298,3 +298,60 @@ async def test_a_deleted_agent_refuses_the_turn_and_drops_the_early_run(mesh: Me
         assert resp.status_code == 404, resp.text
         after = (await http.get("/api/sessions")).json()
     assert after == before, "no session was created"
+
+
+async def test_a_new_session_is_said_before_its_agent_is_confirmed(
+    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ExecuteChat (events_from_stream) says a new session as soon as its buffer exists, while
+    BeginTurn is still reading the agent, so that the caller subscribes meanwhile; when the agent
+    changed since, that buffer ends `cancelled` and the session the turn runs in is said next, whose
+    buffer holds the reply of the edited agent (the gateway reads that one: the edit test above)."""
+    from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
+
+    slug = f"said-{new_id()[:8]}"
+    mesh.mock.set_rules(ONE_OR_TWO)
+    await _own_agent(mesh, slug, "You are version one.")
+    assert _text(await chat(mesh, slug, "first")) == "reply one " * 5  # now this user's last read
+    gate = asyncio.Event()
+    original = SqlAgentStore.get_agent
+
+    async def held(self: SqlAgentStore, owner: str, s: str) -> Any:
+        await gate.wait()
+        return await original(self, owner, s)
+
+    monkeypatch.setattr(SqlAgentStore, "get_agent", held)
+    assert mesh.clients is not None
+    with identity.acting_as(mesh.user):
+        call = mesh.clients.orchestrator.ExecuteChat(
+            orc.ExecuteChatRequest(agent=slug, message="same", events_from_stream=True), timeout=30
+        )
+        async with asyncio.timeout(10):
+            said = await call.read()
+        assert said.session_id and not gate.is_set(), "said while the agent is being read"
+        gate.set()
+        assert [r async for r in call] == [], "the agent as last read: nothing else is said"
+    kinds = [events.kind(e) for e in await read_buffer(mesh, session_key(said.session_id))]
+    assert kinds[0] == "start" and kinds[-2:] == ["finish", "done"], kinds
+
+    async with mesh.http() as http:
+        resp = await http.patch(f"/api/agents/{slug}", json={"systemPrompt": "You are version two."})
+    assert resp.status_code == 200, resp.text
+    gate.clear()
+    with identity.acting_as(mesh.user):
+        call = mesh.clients.orchestrator.ExecuteChat(
+            orc.ExecuteChatRequest(agent=slug, message="edited", events_from_stream=True), timeout=30
+        )
+        async with asyncio.timeout(10):
+            said = await call.read()
+        gate.set()
+        moved = [r.session_id async for r in call if r.session_id]
+    monkeypatch.undo()
+    assert len(moved) == 1 and moved[0] != said.session_id, moved
+    given_up = await read_buffer(mesh, session_key(said.session_id))
+    assert [events.kind(e) for e in given_up] == ["error"], given_up
+    assert given_up[0].error.code == ev.ERROR_CODE_CANCELLED
+    taken = await read_buffer(mesh, session_key(moved[0]))
+    assert (
+        "".join(e.text_delta.text_delta for e in taken if events.kind(e) == "text_delta") == "reply two " * 5
+    )
