@@ -90,7 +90,7 @@ async def _begin(c: Clients, mesh: MeshSettings, call: grpc.aio.UnaryStreamCall)
             if first.HasField("start"):
                 turn.start = first
                 return turn
-            given_up = first.offset and first.error.code == ev.ERROR_CODE_CANCELLED  # (a move's mark)
+            given_up = bool(first.offset) and first.error.code == ev.ERROR_CODE_CANCELLED  # (a move's mark)
             moved = await turn.moved_to() if given_up else None
             if moved is None:
                 raise (

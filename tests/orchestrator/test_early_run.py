@@ -23,7 +23,7 @@ from libs.ids import new_id, session_key
 from services.agent_runtime.sink import EventSink
 from services.trace.store.sql.agents import SqlAgentStore
 from services.trace.store.sql.traces import SqlTraceStore
-from tests.mesh import BACKENDS, Mesh, chat, mesh_on, read_buffer, system_of
+from tests.mesh import BACKENDS, Mesh, chat, mesh_on, read_buffer, sse_events, system_of
 
 FAST = {"rules": [], "default": {"text": "early " * 30}}  # at top speed: ready before the turn begins
 
@@ -354,4 +354,66 @@ async def test_a_new_session_is_said_before_its_agent_is_confirmed(
     taken = await read_buffer(mesh, session_key(moved[0]))
     assert (
         "".join(e.text_delta.text_delta for e in taken if events.kind(e) == "text_delta") == "reply two " * 5
+    )
+
+
+async def _paced_chat(mesh: Mesh, agent: str, message: str) -> list[tuple[float, dict[str, Any]]]:
+    """One turn over POST /api/chat: each SSE event with its arrival time."""
+    got: list[tuple[float, dict[str, Any]]] = []
+    loop = asyncio.get_running_loop()
+    async with (
+        mesh.http() as http,
+        http.stream("POST", "/api/chat", json={"agent": agent, "message": message}) as resp,
+    ):
+        assert resp.status_code == 200, await resp.aread()
+        async with asyncio.timeout(20):
+            async for event in sse_events(resp):
+                got.append((loop.time(), event))
+    return got
+
+
+def _live(got: list[tuple[float, dict[str, Any]]], text: str) -> None:
+    """The reply `text` arrived whole, token by token, its first text long before the turn's end."""
+    kinds = [e["type"] for _, e in got]
+    assert kinds[0] == "start" and kinds[-2:] == ["finish", "done"], kinds
+    deltas = [t for t, e in got if e["type"] == "text-delta"]
+    assert len(deltas) >= 10, "paced tokens arrive one by one, not as one block"
+    assert got[-1][0] - deltas[0] > 0.3, "the first text came long before the turn's end"
+    assert "".join(e["textDelta"] for _, e in got if e["type"] == "text-delta") == text
+
+
+async def test_a_session_said_early_streams_live_at_a_model_pace(
+    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a realistic pace, over SSE: a new session said before its agent is confirmed streams its
+    reply as it comes, and so does the session a turn moved to when the agent had changed."""
+    slug = f"paced-{new_id()[:8]}"
+    paced = {
+        "rules": [
+            {"system": "version one", "text": "one " * 20, "tokens_per_second": 40},
+            {"system": "version two", "text": "two " * 20, "tokens_per_second": 40},
+        ],
+        "default": {"text": "early " * 30},
+    }
+    mesh.mock.set_rules(paced)
+    await _own_agent(mesh, slug, "You are version one.")
+    assert [e["type"] for e in await chat(mesh, slug, "first")][-1] == "done"  # this user's last read
+    _live(await _paced_chat(mesh, slug, "again"), "one " * 20)  # said before BeginTurn confirmed it
+
+    async with mesh.http() as http:
+        resp = await http.patch(f"/api/agents/{slug}", json={"systemPrompt": "You are version two."})
+    assert resp.status_code == 200, resp.text
+    asked = len(mesh.mock.requests())
+    original = SqlAgentStore.get_agent
+
+    async def late(self: SqlAgentStore, owner: str, s: str) -> Any:
+        await mesh.mock.wait_requests(asked + 1)  # the run with version one has asked the model
+        return await original(self, owner, s)
+
+    monkeypatch.setattr(SqlAgentStore, "get_agent", late)
+    got = await _paced_chat(mesh, slug, "edited")
+    monkeypatch.undo()
+    _live(got, "two " * 20)  # read from the session the turn moved to
+    assert any("version one" in system_of(b) for b in mesh.mock.requests()[asked:]), (
+        "the early run was dropped"
     )
