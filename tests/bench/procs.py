@@ -251,6 +251,26 @@ def start_langgraph(work: Path, venv: Path, mock_url: str, jobs: int) -> Proc:
     return proc
 
 
+def running_threads(pids: list[int]) -> int:
+    """Threads of these processes on a core or waiting for one right now (state R in /proc)."""
+    count = 0
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            end = stat.rfind(b")")  # the command name may hold spaces and parentheses
+            if stat[end + 2 : end + 3] == b"R":
+                count += 1
+    return count
+
+
 def system_busy_s() -> float:
     """CPU seconds the whole machine spent busy (all processes, all cores) since boot."""
     t = psutil.cpu_times()

@@ -48,11 +48,24 @@ def _skipped(s: dict[str, Any]) -> list[str]:
     return []
 
 
+def _settled(s: dict[str, Any]) -> str:
+    """How long turns waited for the turn before them to be over (runs before it was measured: none)."""
+    waits = s.get("settle_ms")
+    if not waits:
+        return ""
+    parts = ", ".join(
+        f"{t} p50 {num(w.get('p50'))} / max {num(w.get('max'))} ms" for t, w in waits.items() if w.get("n")
+    )
+    why = "no thread of its processes running"
+    return f", each turn once the one before it was over ({why}; waited after {parts})"
+
+
 def section_a(s: dict[str, Any]) -> list[str]:
     out = [f"## A: {s.get('what', '')}", "", *_skipped(s)]
     if "targets" not in s:
         return out
-    out.append(f"{s['turns']} turns after {s['warmup']} warm-up, targets interleaved turn by turn.")
+    turns = f"{s['turns']} turns after {s['warmup']} warm-up, targets interleaved turn by turn"
+    out.append(turns + _settled(s) + ".")
     out.append("")
     rows = []
     for target, t in s["targets"].items():
@@ -81,7 +94,8 @@ def section_b(s: dict[str, Any]) -> list[str]:
     out = [f"## B: {s.get('what', '')}", "", *_skipped(s)]
     if "targets" not in s:
         return out
-    out.append(f"{s['turns']} turns after {s['warmup']} warm-up, targets interleaved turn by turn.")
+    turns = f"{s['turns']} turns after {s['warmup']} warm-up, targets interleaved turn by turn"
+    out.append(turns + _settled(s) + ".")
     out.append("")
     rows = []
     for target, t in s["targets"].items():

@@ -30,7 +30,7 @@ from openai import AsyncOpenAI
 from tests.bench import clients
 from tests.bench.clients import Stream
 from tests.bench.loadgen import JobResult, LoadGenerator
-from tests.bench.procs import Proc, own_cpu_s, system_busy_s
+from tests.bench.procs import Proc, own_cpu_s, running_threads, system_busy_s
 
 
 @dataclass
@@ -188,6 +188,14 @@ class Bench:
     def procs(self) -> dict[str, Proc]:
         return {"mesh": self.mesh, **self.peers}
 
+    def turn_pids(self) -> dict[str, list[int]]:
+        """Per target, the processes a turn of it keeps busy: its own and the model server's."""
+        model = [p.pid for p in self.mock.processes()]
+        out = {"direct": model}
+        for name, proc in self.procs().items():
+            out[name] = model + [p.pid for p in proc.processes()]
+        return out
+
     async def mock_get(self, path: str) -> Any:
         async with httpx.AsyncClient(base_url=self.mock.url, timeout=60) as http:
             resp = await http.get(path)
@@ -301,14 +309,33 @@ def cpu_report(before: dict[str, Any], after: dict[str, Any], tokens: dict[str, 
 
 # --- A and B: one session at a time, targets interleaved turn by turn ----------------------------------
 
+SETTLE_S = 2.0  # the longest a turn waits for the one before it to be over
+SETTLE_READINGS = 3  # readings in a row, SETTLE_POLL_S apart, with no thread of it running
+SETTLE_POLL_S = 0.001
+
+
+async def settle(pids: list[int]) -> float:
+    """Waits until the processes of the turn just measured are done with it (none of their threads
+    running in SETTLE_READINGS readings in a row, at most SETTLE_S): work a target does after its
+    stream closed (a peer's checkpoints, a model server's log) is not billed to the next target's turn.
+    Returns the seconds waited."""
+    started = time.monotonic()
+    quiet = 0
+    while quiet < SETTLE_READINGS and time.monotonic() - started < SETTLE_S:
+        quiet = quiet + 1 if running_threads(pids) == 0 else 0
+        await asyncio.sleep(SETTLE_POLL_S)
+    return time.monotonic() - started
+
 
 async def _turns(bench: Bench, prefix: str, turns: int, warmup: int) -> tuple[dict[str, list[Stream]], dict]:
-    """Runs warmup + turns rounds, each one stream per target (rotating order); returns the measured
-    streams per target and the CPU readings around the measured rounds."""
+    """Runs warmup + turns rounds, each one stream per target (rotating order), each turn after the one
+    before it settled; returns the measured streams per target and the CPU readings around the measured
+    rounds (with `settle_s`: per target, how long the turn after each of its turns waited)."""
     targets = bench.targets
     https = {t: bench.http_for(t) for t in targets if t != "direct"}
     out: dict[str, list[Stream]] = {t: [] for t in targets}
-    cpu: dict[str, Any] = {}
+    cpu: dict[str, Any] = {"settle_s": {t: [] for t in targets}}
+    pids = bench.turn_pids()
     async with AsyncOpenAI(base_url=f"{bench.mock.url}/v1", api_key="bench", max_retries=0) as direct:
         try:
             for i in range(warmup + turns):
@@ -325,6 +352,7 @@ async def _turns(bench: Bench, prefix: str, turns: int, warmup: int) -> tuple[di
                         await clients.langgraph(https[target], s)
                     if i >= warmup:
                         out[target].append(s)
+                    cpu["settle_s"][target].append(await settle(pids[target]))
             cpu["after"] = bench.cpu()
         finally:
             for http in https.values():
@@ -407,13 +435,14 @@ async def scenario_a(bench: Bench) -> dict[str, Any]:
     result["cpu"]["note"] = (
         "over the measured turns of every target: a target's processes idle (a little) while the others run"
     )
+    result["settle_ms"] = {t: dist(waits, 1000) for t, waits in cpu["settle_s"].items()}
     return result
 
 
 async def scenario_b(bench: Bench) -> dict[str, Any]:
     """B: a paced reply; added first delta, inter-delta gaps and lateness against the schedule."""
     z = bench.sizes
-    runs, _ = await _turns(bench, "bench-b", z.b_turns, z.b_warmup)
+    runs, cpu = await _turns(bench, "bench-b", z.b_turns, z.b_warmup)
     received = await bench.received_at()
     result: dict[str, Any] = {
         "what": f"{z.b_tokens}-token reply at {z.b_tps:g} tokens/s, one session at a time",
@@ -452,6 +481,7 @@ async def scenario_b(bench: Bench) -> dict[str, Any]:
             "first_delta_ms": [round(1000 * (s.first - s.start), 3) for s in ok],
             "gap_ms": [round(1000 * g, 3) for g in gaps],
         }
+    result["settle_ms"] = {t: dist(waits, 1000) for t, waits in cpu["settle_s"].items()}
     return result
 
 
