@@ -37,10 +37,12 @@ from libs.clients import Clients
 from libs.errors import (
     Cancelled,
     DeadlineExceeded,
+    FailedPrecondition,
     Internal,
     Interrupted,
     MeshError,
     as_mesh_error,
+    from_event,
     from_rpc_error,
     rpc,
 )
@@ -424,7 +426,10 @@ class TurnEngine:
         reply stored)."""
         if not started:
             start = turn_start(spec.trace_id, user.id, placeholder.id, spec.agent)
-            await self._append(spec.stream_key, start, on_event)
+            try:
+                await self._append(spec.stream_key, start, on_event)
+            except FailedPrecondition as err:
+                raise await self._ended_by(spec.stream_key, err) from err
             out.start_offset = start.offset
         out.result = await self._run_agent(spec, request, on_event, partial, call)
         await self._write_back(out)
@@ -564,6 +569,20 @@ class TurnEngine:
                     extra={"trace": spec.trace_id, "message_id": out.assistant_message.id},
                 )
         await self._close(spec.stream_key, events.error(err), on_event)
+
+    async def _ended_by(self, key: str, refused: MeshError) -> MeshError:
+        """Why `key` took no `start`: the error someone else ended it with (a cancel, a lease that ran
+        out), read from the buffer; else `refused`, the append's own refusal."""
+        follow = self.clients.follows.follow(key, "", READ_BACK_IDLE_MS, terminal_only=True)
+        try:
+            async with asyncio.timeout(self.grace_s):
+                async for event in follow:
+                    return from_event(event.error) if event.HasField("error") else refused
+        except (MeshError, TimeoutError):
+            pass
+        finally:
+            follow.cancel()
+        return refused
 
     async def _read_back(self, key: str, after: str) -> Partial:
         """What the run streamed into `key` after `after`, read back from the buffer (replayed to its

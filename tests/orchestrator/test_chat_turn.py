@@ -344,3 +344,46 @@ async def test_a_buffer_ended_between_the_write_back_and_the_close(
             ts.GetMessageRequest(message_id=buffered[0].start.assistant_message_id)
         )
     assert (reply.message.status, reply.message.content) == (tp.MESSAGE_STATUS_COMPLETED, "ended " * 10)
+
+
+async def test_a_turn_cancelled_before_its_start_ends_cancelled(
+    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another replica cancels the turn while it is being stored, just before its `start` goes into the
+    buffer: the close fails the append of `start`, and the turn ends as the close said, whether or not
+    its watcher saw the close first (here it does not: it is held). The client is told `cancelled`
+    (499), the placeholder is marked cancelled, not failed."""
+    from agentmesh.events.v1 import events_pb2 as ev
+    from services.orchestrator.chat import ChatOrchestrator
+    from services.orchestrator.turns import TurnEngine
+
+    mesh.mock.set_rules(ECHO)
+    append = TurnEngine._append
+    cut: list[str] = []
+
+    async def held(self: ChatOrchestrator, spec: Any, turn: Any) -> None:
+        await asyncio.Event().wait()  # (cancelled with the turn's end)
+
+    async def cancelled_first(self: TurnEngine, key: str, event: ev.Event, on_event: Any) -> None:
+        if event.HasField("start") and not cut:
+            cut.append(key)
+            error = ev.StreamError(code=ev.ERROR_CODE_CANCELLED, message="cancelled elsewhere")
+            await self.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=error))
+        await append(self, key, event, on_event)
+
+    monkeypatch.setattr(TurnEngine, "_append", cancelled_first)
+    monkeypatch.setattr(ChatOrchestrator, "_watch", held)
+    async with mesh.http() as http:
+        resp = await http.post("/api/chat", json={"agent": "general", "message": "cut before start"})
+    monkeypatch.undo()
+    assert resp.status_code == 499, resp.text
+    assert resp.json()["error"]["reason"] == "CANCELLED", resp.json()
+    assert len(cut) == 1, cut
+    trace_id = cut[0].removeprefix("session:")
+    assert session_key(trace_id) == cut[0], cut
+    assert mesh.clients is not None
+    with identity.acting_as(mesh.user):
+        listed = await mesh.clients.trace.ListMessages(ts.ListMessagesRequest(trace_id=trace_id))
+    placeholder = [m for m in listed.messages if m.role == tp.MESSAGE_ROLE_ASSISTANT]
+    assert [m.status for m in placeholder] == [tp.MESSAGE_STATUS_CANCELLED], listed.messages
+    assert placeholder[0].metadata["error"]["code"] == "cancelled", placeholder[0].metadata
