@@ -429,7 +429,10 @@ class TurnEngine:
             try:
                 await self._append(spec.stream_key, start, on_event)
             except FailedPrecondition as err:
-                raise await self._ended_by(spec.stream_key, err) from err
+                ended = await self._ended_by(spec.stream_key)
+                if ended is None:
+                    raise
+                raise ended from err
             out.start_offset = start.offset
         out.result = await self._run_agent(spec, request, on_event, partial, call)
         await self._write_back(out)
@@ -570,19 +573,19 @@ class TurnEngine:
                 )
         await self._close(spec.stream_key, events.error(err), on_event)
 
-    async def _ended_by(self, key: str, refused: MeshError) -> MeshError:
+    async def _ended_by(self, key: str) -> MeshError | None:
         """Why `key` took no `start`: the error someone else ended it with (a cancel, a lease that ran
-        out), read from the buffer; else `refused`, the append's own refusal."""
+        out), read from the buffer; None when it did not end with one."""
         follow = self.clients.follows.follow(key, "", READ_BACK_IDLE_MS, terminal_only=True)
         try:
             async with asyncio.timeout(self.grace_s):
                 async for event in follow:
-                    return from_event(event.error) if event.HasField("error") else refused
+                    return from_event(event.error) if event.HasField("error") else None
         except (MeshError, TimeoutError):
             pass
         finally:
             follow.cancel()
-        return refused
+        return None
 
     async def _read_back(self, key: str, after: str) -> Partial:
         """What the run streamed into `key` after `after`, read back from the buffer (replayed to its
