@@ -253,12 +253,13 @@ async def run(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     for old in work.glob("*.log"):
         old.unlink()
-    kw: dict[str, str] = {}
-    database = ""
+    database = redis_url = ""
     if backend == "postgres-redis":
         database = await create_database(args.database_url)
-        kw = {"database_url": database, "redis_url": args.redis_url}
-    mesh = await start_process_mesh(work, RULES, lease_s=args.lease_s, **kw)
+        redis_url = args.redis_url
+    mesh = await start_process_mesh(
+        work, RULES, database_url=database, redis_url=redis_url, lease_s=args.lease_s
+    )
     try:
         chaos = Chaos(mesh, args, rng)
         print(f"chaos on {backend}: {args.minutes} min, {args.workers} workers", flush=True)

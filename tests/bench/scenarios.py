@@ -654,7 +654,7 @@ async def scenario_d(bench: Bench) -> dict[str, Any]:
         )
 
     def p50(key: str) -> float | None:
-        values = [t[key] for t in turns if t[key] is not None]
+        values = [v for t in turns if (v := t[key]) is not None]
         return statistics.median(values) if values else None
 
     return {

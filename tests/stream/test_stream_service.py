@@ -358,7 +358,8 @@ async def test_appends_and_renewals_keep_an_open_buffer_alive(
                 written += 1
             else:
                 assert (await h.stub.RenewStreams(pb.RenewStreamsRequest(keys=[key]))).renewed == 1
-            assert await h.redis.zscore(leases, key) > 1
+            score = await h.redis.zscore(leases, key)
+            assert score is not None and score > 1, score
             assert await h.backend.sweep() == []  # type: ignore[attr-defined]
     with identity.acting_as("alice"), pytest.raises(grpc.aio.AioRpcError) as denied:
         await h.stub.RenewStreams(pb.RenewStreamsRequest(keys=[key]))
