@@ -97,7 +97,7 @@ lint: setup $(NPM_STAMP) ## buf lint/format/breaking, ruff, mypy
 	  $(BUF) breaking --against '.git#branch=main'; fi
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy agentmesh/cli.py agentmesh/agents_cli.py agentmesh/mock_llm services gateway libs
+	$(BIN)/mypy agentmesh/cli.py agentmesh/agents_cli.py agentmesh/mock_llm services gateway libs tests
 
 .PHONY: deploy-check
 deploy-check: setup $(filter $(LOCAL_KUBECTL),$(KUBECTL)) ## Render the k8s overlays, validate them and compose.yaml

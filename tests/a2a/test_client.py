@@ -204,6 +204,7 @@ async def _start_chat(mesh: Mesh, message: str) -> tuple[asyncio.Task[list[dict[
     assert mesh.clients is not None
 
     async def started() -> tuple[str, str] | None:
+        assert mesh.clients is not None
         with identity.acting_as(mesh.user):
             traces = (await mesh.clients.trace.ListTraces(ts.ListTracesRequest())).traces
             for trace in traces:

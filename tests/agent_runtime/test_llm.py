@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any, cast
 from urllib.parse import urlparse
 
 import pytest
@@ -101,7 +102,8 @@ async def test_a_request_the_server_hung_up_on_is_sent_again(mock: MockLLM, hang
 def test_pooled_connections_go_before_a_five_second_server_keepalive() -> None:
     """uvicorn (the scripted server, and many OpenAI-compatible ones) closes a connection idle 5 s:
     the client lets it go before, instead of sending on it as it closes."""
-    assert KEEPALIVE_S < uvicorn.Config(app=None).timeout_keep_alive == 5
+    # (no app: only the default keep-alive is read)
+    assert KEEPALIVE_S < uvicorn.Config(app=cast(Any, None)).timeout_keep_alive == 5
 
 
 async def test_a_server_that_keeps_hanging_up_fails_the_call_clearly(mock: MockLLM) -> None:
@@ -136,7 +138,7 @@ def test_the_client_sets_up_its_chat_resources_at_start_not_in_the_first_turn() 
 async def test_the_model_server_gets_the_messages_and_tools_as_given(mock: MockLLM) -> None:
     """The body carries the run's messages and tools as they are (they skip the client's parameter
     transform), with the named parameters beside them."""
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "", "tool_calls": [

@@ -47,13 +47,13 @@ RULES: dict[str, Any] = {
 
 @pytest.fixture(params=BACKENDS)
 async def pmesh(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ProcessMesh]:
-    kw: dict[str, str] = {}
+    database_url = redis_url = ""  # start_process_mesh's defaults (sqlite-memory)
     if request.param == "postgres-redis":
-        kw = {
-            "database_url": request.getfixturevalue("pg_url"),
-            "redis_url": request.getfixturevalue("redis_url"),
-        }
-    m = await start_process_mesh(tmp_path, RULES, lease_s=LEASE_S, **kw)
+        database_url = request.getfixturevalue("pg_url")
+        redis_url = request.getfixturevalue("redis_url")
+    m = await start_process_mesh(
+        tmp_path, RULES, lease_s=LEASE_S, database_url=database_url, redis_url=redis_url
+    )
     yield m
     await m.stop()
 

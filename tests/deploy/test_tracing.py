@@ -91,19 +91,19 @@ async def traced(
     otlp_grpc.add_TraceServiceServicer_to_server(receiver, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    kw: dict[str, str] = {}
+    database_url = redis_url = ""  # start_process_mesh's defaults (sqlite-memory)
     if request.param == "postgres-redis":
-        kw = {
-            "database_url": request.getfixturevalue("pg_url"),
-            "redis_url": request.getfixturevalue("redis_url"),
-        }
+        database_url = request.getfixturevalue("pg_url")
+        redis_url = request.getfixturevalue("redis_url")
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
         "OTEL_BSP_SCHEDULE_DELAY": "100",  # export within a tenth of a second
         "AGENTMESH_LOG_JSON": "true",
     }
     try:
-        mesh = await start_process_mesh(tmp_path, RULES, extra_env=env, **kw)
+        mesh = await start_process_mesh(
+            tmp_path, RULES, extra_env=env, database_url=database_url, redis_url=redis_url
+        )
         try:
             yield mesh, receiver
         finally:

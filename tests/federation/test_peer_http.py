@@ -5,6 +5,7 @@ decompression; the key goes in the Authorization header."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -16,9 +17,14 @@ from tests.federation.conftest import Fed
 
 
 def client(url: str, **settings: float) -> PeerClient:
-    s = FederationSettings(
-        **{"read_retries": 2, "backoff_s": 0.05, "timeout_s": 2.0, "down_s": 0.0, **settings}
-    )
+    values: dict[str, Any] = {
+        "read_retries": 2,
+        "backoff_s": 0.05,
+        "timeout_s": 2.0,
+        "down_s": 0.0,
+        **settings,
+    }
+    s = FederationSettings(**values)
     return PeerClient(Peer(alias="p", url=url), s)
 
 

@@ -410,7 +410,7 @@ async def test_hostile_if_match_is_a_422(mesh: Mesh, if_match: bytes, shown: str
     """str.isdigit() took '²' and int() then refused it; 5,000 digits passed isdigit() and int() refused
     those too: both were 500s."""
     async with mesh.http() as http:
-        r = await http.patch("/api/agents/no-such-agent", json={}, headers={"If-Match": if_match})
+        r = await http.patch("/api/agents/no-such-agent", json={}, headers={b"If-Match": if_match})
     message = 'If-Match must be the version of the agent, as its ETag gives it ("3")'
     assert (r.status_code, r.json()) == (422, error(422, "INVALID_ARGUMENT", message)), shown
 

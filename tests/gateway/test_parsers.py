@@ -165,7 +165,7 @@ async def test_any_last_event_id_on_a_finished_turn(mesh: Mesh) -> None:
         offset, as_header = case
         if as_header:
             # (h11 strips the blanks around a header value: the client refuses to send them)
-            r = http.get(path, headers={"Last-Event-ID": offset.strip(" \t").encode("latin-1")})
+            r = http.get(path, headers={b"Last-Event-ID": offset.strip(" \t").encode("latin-1")})
         else:
             r = http.get(path, params={"lastEventId": offset})
         check_answer(r, {200, 422})

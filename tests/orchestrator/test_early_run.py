@@ -117,6 +117,7 @@ async def gated_run(mesh: Mesh) -> tuple[str, Any]:
 async def test_a_run_stores_nothing_before_start(mesh: Mesh) -> None:
     """Called directly: the run holds its reply until `start` is in its buffer, then stores it after."""
     key, call = await gated_run(mesh)
+    assert mesh.clients is not None
     with identity.acting_as(mesh.user):
         info = await mesh.clients.stream.GetStreamInfo(ss.GetStreamInfoRequest(key=key))
         assert info.exists and not info.last_offset  # the model answers; nothing is stored yet
@@ -148,6 +149,7 @@ async def test_a_run_reads_no_further_than_its_first_delta_before_start(
 
     monkeypatch.setattr(EventSink, "emit", counted)
     key, call = await gated_run(mesh)
+    assert mesh.clients is not None
     await mesh.mock.wait_idle()  # the whole reply is written to the run's socket
     await asyncio.wait_for(first.wait(), 10)
     for _ in range(200):  # the loop runs: an unheld run would read on now
@@ -163,6 +165,7 @@ async def test_a_run_reads_no_further_than_its_first_delta_before_start(
 
 async def test_a_run_whose_buffer_ends_before_start_stores_nothing(mesh: Mesh) -> None:
     key, call = await gated_run(mesh)
+    assert mesh.clients is not None
     with identity.acting_as(mesh.user):
         ended = Unavailable("the turn failed to begin").to_event()
         await mesh.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=ended))

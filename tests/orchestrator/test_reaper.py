@@ -32,6 +32,7 @@ async def mesh(
 
 
 async def test_reaping_a_dead_turn_leaves_the_sessions_new_turn_streaming(mesh: Mesh) -> None:
+    assert mesh.clients is not None
     t, s = mesh.clients.trace, mesh.clients.stream
     with identity.acting_as(mesh.user):
         trace = (

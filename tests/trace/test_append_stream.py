@@ -175,7 +175,7 @@ async def test_writers_of_many_users_share_one_stream(trace_stub, signer, unique
     users = [f"u{k}-{unique}" for k in range(5)]
     traces = {u: (await new_trace(trace_stub, u)).id for u in users}
     appender = MessageAppender(trace_stub, signer=signer)
-    streams = set()
+    streams: set[int] = set()
 
     async def writer(w: int) -> list[tp.Message]:
         user = users[w % 5]

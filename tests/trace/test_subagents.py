@@ -431,7 +431,7 @@ async def test_a_batch_stores_each_subagents_turn_with_its_row(trace_stub, uniqu
     ]
 
     def turn(i: int) -> ts.TurnMessages:
-        def message(role: int, text: str, status: int) -> tp.Message:
+        def message(role: tp.MessageRole, text: str, status: tp.MessageStatus) -> tp.Message:
             return tp.Message(
                 role=role, content=text, status=status, source=tp.MESSAGE_SOURCE_SUBAGENT,
                 caller_agent="general", caller_session_id=s.id, model="mock-gpt" if text == "" else "",

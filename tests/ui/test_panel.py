@@ -69,7 +69,7 @@ async def test_a_refused_call_never_opens_the_panel(page: Page, mesh: Mesh) -> N
     await tool.locator("summary").click()
     await expect(tool.locator(".tool-output")).to_contain_text("may not call")
     await expect(page.locator("#invoke-panel")).to_be_hidden()
-    await expect(tool.locator(".open-trace")).to_have_count(0), "no trace to open"
+    await expect(tool.locator(".open-trace")).to_have_count(0)  # no trace to open
 
 
 async def test_the_panel_text_grows_before_the_tool_card_is_done(page: Page, mesh: Mesh, shots: Path) -> None:

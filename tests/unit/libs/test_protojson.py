@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from agentmesh.agents.v1 import agent_pb2 as ap
 from libs.protojson import given_paths, to_json
 
 
 def test_given_paths():
-    body = {
+    body: dict[str, Any] = {
         "systemPrompt": "x",
         "limits": {"maxSteps": 3, "timeoutMs": 100},
         "invoke": None,

@@ -387,7 +387,7 @@ def test_check_references():
         }
     )
     agents.check_references(fine, known, BUILTIN, blocked)
-    refused = [
+    refused: list[tuple[dict[str, Any], str]] = [
         ({"tools": ["shell"]}, "tools: unknown tool 'shell'"),
         ({"invoke": {"allowedCallees": ["ghost"]}}, "invoke.allowedCallees: unknown agent 'ghost'"),
         (

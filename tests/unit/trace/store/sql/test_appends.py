@@ -5,6 +5,7 @@ tested against SQLite and PostgreSQL in tests/trace/test_appends.py."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -28,7 +29,7 @@ class FakeDb:
     async def run(self, work: Any, *, write: bool = False) -> Any:
         return await work(None)
 
-    async def write(self, _conn: Any, items: list[Item], _stamp: Any) -> dict[int, tp.Message]:
+    async def write(self, _conn: Any, items: Sequence[Item], _stamp: Any) -> dict[int, tp.Message]:
         traces = {it.trace_id for it in items}
         for other in self.in_flight:
             assert not traces & other, "two batches hold one trace"
