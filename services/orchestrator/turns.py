@@ -426,13 +426,7 @@ class TurnEngine:
         reply stored)."""
         if not started:
             start = turn_start(spec.trace_id, user.id, placeholder.id, spec.agent)
-            try:
-                await self._append(spec.stream_key, start, on_event)
-            except FailedPrecondition as err:
-                ended = await self._ended_by(spec.stream_key)
-                if ended is None:
-                    raise
-                raise ended from err
+            await self._append(spec.stream_key, start, on_event)
             out.start_offset = start.offset
         out.result = await self._run_agent(spec, request, on_event, partial, call)
         await self._write_back(out)
@@ -545,7 +539,11 @@ class TurnEngine:
     ) -> None:
         """Settles a failed turn: the placeholder keeps what was streamed, marked failed or cancelled
         (unless its result was already stored), and the buffer ends with the error. Each step is
-        tried on its own and bounded by the grace; a failing step is logged, never raised."""
+        tried on its own and bounded by the grace; a failing step is logged, never raised. A write
+        the buffer refused (FailedPrecondition: someone else ended it, a cancel from another replica
+        or a lease that ran out) fails the turn as that end said, whether or not its watcher saw it."""
+        if isinstance(err, FailedPrecondition):
+            err = await self._ended_by(spec.stream_key) or err
         out.error = err
         log.info("turn failed", extra={"trace": spec.trace_id, "code": err.code_name, "error": err.message})
         if out.assistant_message is not None and not out.written:
@@ -574,8 +572,8 @@ class TurnEngine:
         await self._close(spec.stream_key, events.error(err), on_event)
 
     async def _ended_by(self, key: str) -> MeshError | None:
-        """Why `key` took no `start`: the error someone else ended it with (a cancel, a lease that ran
-        out), read from the buffer; None when it did not end with one."""
+        """The error `key` was ended with, read from the buffer; None when it did not end with one
+        (still open after READ_BACK_IDLE_MS, ended `done`, or unreadable)."""
         follow = self.clients.follows.follow(key, "", READ_BACK_IDLE_MS, terminal_only=True)
         try:
             async with asyncio.timeout(self.grace_s):

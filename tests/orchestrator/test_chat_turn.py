@@ -15,7 +15,7 @@ from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import identity
-from libs.ids import session_key
+from libs.ids import parse_stream_key, session_key
 from tests.mesh import BACKENDS, Mesh, chat, mesh_on, sse_events
 
 # Paced (20 ms a token): a new session's run calls the model while its turn is stored, and what the
@@ -379,11 +379,55 @@ async def test_a_turn_cancelled_before_its_start_ends_cancelled(
     assert resp.status_code == 499, resp.text
     assert resp.json()["error"]["reason"] == "CANCELLED", resp.json()
     assert len(cut) == 1, cut
-    trace_id = cut[0].removeprefix("session:")
-    assert session_key(trace_id) == cut[0], cut
+    trace_id = parse_stream_key(cut[0]).id
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
         listed = await mesh.clients.trace.ListMessages(ts.ListMessagesRequest(trace_id=trace_id))
     placeholder = [m for m in listed.messages if m.role == tp.MESSAGE_ROLE_ASSISTANT]
     assert [m.status for m in placeholder] == [tp.MESSAGE_STATUS_CANCELLED], listed.messages
     assert placeholder[0].metadata["error"]["code"] == "cancelled", placeholder[0].metadata
+
+
+async def test_a_turn_closed_elsewhere_mid_reply_at_a_model_pace_ends_cancelled(
+    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 20 tokens/s, another replica closes the buffer with `cancelled` once the reader has the first
+    text, while the turn's watcher is held (so only the run's refused write tells the turn): the reader
+    gets the text before the end and then the one terminal `cancelled`; the placeholder is marked
+    cancelled and keeps exactly the text the reader got."""
+    from agentmesh.events.v1 import events_pb2 as ev
+    from services.orchestrator.chat import ChatOrchestrator
+
+    mesh.mock.set_rules({"rules": [], "default": {"text": "step " * 40, "tokens_per_second": 20}})
+
+    async def held(self: ChatOrchestrator, spec: Any, turn: Any) -> None:
+        await asyncio.Event().wait()  # (cancelled with the turn's end)
+
+    monkeypatch.setattr(ChatOrchestrator, "_watch", held)
+    assert mesh.clients is not None
+    got: list[dict[str, Any]] = []
+    async with (
+        mesh.http(timeout=30) as http,
+        http.stream("POST", "/api/chat", json={"agent": "general", "message": "closed mid-reply"}) as resp,
+    ):
+        assert resp.status_code == 200, await resp.aread()
+        async with asyncio.timeout(20):
+            async for event in sse_events(resp):
+                got.append(event)
+                if event["type"] == "text-delta" and sum(e["type"] == "text-delta" for e in got) == 1:
+                    cut = ev.StreamError(code=ev.ERROR_CODE_CANCELLED, message="cancelled elsewhere")
+                    key = session_key(got[0]["sessionId"])
+                    with identity.acting_as(mesh.user):
+                        await mesh.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=cut))
+    monkeypatch.undo()
+    kinds = [e["type"] for e in got]
+    assert kinds[0] == "start" and "text-delta" in kinds and kinds[-1] == "error", kinds
+    assert got[-1]["code"] == "cancelled" and kinds.count("error") == 1, got[-1]
+    text = "".join(e["textDelta"] for e in got if e["type"] == "text-delta")
+    assert 0 < len(text) < len("step " * 40), text  # the end came long before the reply's
+    with identity.acting_as(mesh.user):
+        reply = await mesh.clients.trace.GetMessage(
+            ts.GetMessageRequest(message_id=got[0]["assistantMessageId"])
+        )
+    assert reply.message.status == tp.MESSAGE_STATUS_CANCELLED, reply.message
+    assert reply.message.content == text, (reply.message.content, text)
