@@ -397,14 +397,19 @@ def system_of(body: dict[str, Any]) -> str:
 BACKENDS = ["sqlite-memory", "postgres-redis"]
 
 
+def backend_urls(request: Any) -> tuple[str, str]:
+    """(database URL, Redis URL) of the backend pair named by `request.param` (one of BACKENDS): empty
+    for sqlite-memory, the embedded default."""
+    if request.param == "postgres-redis":
+        return request.getfixturevalue("pg_url"), request.getfixturevalue("redis_url")
+    return "", ""
+
+
 async def mesh_on(request: Any, tmp: Path, **kwargs: Any) -> Mesh:
     """A mesh on the backend pair named by `request.param` (one of BACKENDS)."""
-    if request.param == "postgres-redis":
-        kwargs.update(
-            database_url=request.getfixturevalue("pg_url"),
-            stream_backend="redis",
-            redis_url=request.getfixturevalue("redis_url"),
-        )
+    database_url, redis_url = backend_urls(request)
+    if redis_url:
+        kwargs.update(database_url=database_url, stream_backend="redis", redis_url=redis_url)
     return await start_mesh(tmp, **kwargs)
 
 

@@ -24,6 +24,7 @@ from tests.mesh import (
     TREE_RULE,
     ProcessMesh,
     SseReader,
+    backend_urls,
     read_tree,
     sse_events,
     start_process_mesh,
@@ -47,10 +48,7 @@ RULES: dict[str, Any] = {
 
 @pytest.fixture(params=BACKENDS)
 async def pmesh(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ProcessMesh]:
-    database_url = redis_url = ""  # start_process_mesh's defaults (sqlite-memory)
-    if request.param == "postgres-redis":
-        database_url = request.getfixturevalue("pg_url")
-        redis_url = request.getfixturevalue("redis_url")
+    database_url, redis_url = backend_urls(request)
     m = await start_process_mesh(
         tmp_path, RULES, lease_s=LEASE_S, database_url=database_url, redis_url=redis_url
     )

@@ -21,7 +21,15 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as otlp_grpc
 
-from tests.mesh import BACKENDS, TREE_RULE, ProcessMesh, sse_events, start_process_mesh, wait_until
+from tests.mesh import (
+    BACKENDS,
+    TREE_RULE,
+    ProcessMesh,
+    backend_urls,
+    sse_events,
+    start_process_mesh,
+    wait_until,
+)
 
 FIVE = {f"agentmesh-{s}" for s in ("gateway", "orchestrator", "agent-runtime", "trace", "stream")}
 RULES: dict[str, Any] = {
@@ -91,10 +99,7 @@ async def traced(
     otlp_grpc.add_TraceServiceServicer_to_server(receiver, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    database_url = redis_url = ""  # start_process_mesh's defaults (sqlite-memory)
-    if request.param == "postgres-redis":
-        database_url = request.getfixturevalue("pg_url")
-        redis_url = request.getfixturevalue("redis_url")
+    database_url, redis_url = backend_urls(request)
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
         "OTEL_BSP_SCHEDULE_DELAY": "100",  # export within a tenth of a second
