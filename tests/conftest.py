@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+# First: it picks gRPC's transport before anything imports gRPC (agentmesh/__init__.py), so that the
+# suite's in-process servers and clients run on the transport the services run on.
+import agentmesh  # noqa: F401
+
+# isort: split
 import asyncio
 import concurrent.futures
 import os
