@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import agentmesh  # noqa: F401  (first: gRPC's transport, as every process of the mesh has it)
+
+# isort: split
 import logging
 
 from libs.aio import run
