@@ -346,6 +346,17 @@ async def test_a_buffer_ended_between_the_write_back_and_the_close(
     assert (reply.message.status, reply.message.content) == (tp.MESSAGE_STATUS_COMPLETED, "ended " * 10)
 
 
+def hold_the_watcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The turn's watcher of its buffer never sees a close (it waits until the turn ends): only the
+    turn's own refused writes can tell it that its buffer was ended elsewhere."""
+    from services.orchestrator.chat import ChatOrchestrator
+
+    async def held(self: ChatOrchestrator, spec: Any, turn: Any) -> None:
+        await asyncio.Event().wait()  # (cancelled with the turn's end)
+
+    monkeypatch.setattr(ChatOrchestrator, "_watch", held)
+
+
 async def test_a_turn_cancelled_before_its_start_ends_cancelled(
     mesh: Mesh, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -354,15 +365,11 @@ async def test_a_turn_cancelled_before_its_start_ends_cancelled(
     its watcher saw the close first (here it does not: it is held). The client is told `cancelled`
     (499), the placeholder is marked cancelled, not failed."""
     from agentmesh.events.v1 import events_pb2 as ev
-    from services.orchestrator.chat import ChatOrchestrator
     from services.orchestrator.turns import TurnEngine
 
     mesh.mock.set_rules(ECHO)
     append = TurnEngine._append
     cut: list[str] = []
-
-    async def held(self: ChatOrchestrator, spec: Any, turn: Any) -> None:
-        await asyncio.Event().wait()  # (cancelled with the turn's end)
 
     async def cancelled_first(self: TurnEngine, key: str, event: ev.Event, on_event: Any) -> None:
         if event.HasField("start") and not cut:
@@ -372,7 +379,7 @@ async def test_a_turn_cancelled_before_its_start_ends_cancelled(
         await append(self, key, event, on_event)
 
     monkeypatch.setattr(TurnEngine, "_append", cancelled_first)
-    monkeypatch.setattr(ChatOrchestrator, "_watch", held)
+    hold_the_watcher(monkeypatch)
     async with mesh.http() as http:
         resp = await http.post("/api/chat", json={"agent": "general", "message": "cut before start"})
     monkeypatch.undo()
@@ -396,14 +403,10 @@ async def test_a_turn_closed_elsewhere_mid_reply_at_a_model_pace_ends_cancelled(
     gets the text before the end and then the one terminal `cancelled`; the placeholder is marked
     cancelled and keeps exactly the text the reader got."""
     from agentmesh.events.v1 import events_pb2 as ev
-    from services.orchestrator.chat import ChatOrchestrator
 
     mesh.mock.set_rules({"rules": [], "default": {"text": "step " * 40, "tokens_per_second": 20}})
 
-    async def held(self: ChatOrchestrator, spec: Any, turn: Any) -> None:
-        await asyncio.Event().wait()  # (cancelled with the turn's end)
-
-    monkeypatch.setattr(ChatOrchestrator, "_watch", held)
+    hold_the_watcher(monkeypatch)
     assert mesh.clients is not None
     got: list[dict[str, Any]] = []
     async with (
