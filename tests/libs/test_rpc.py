@@ -24,7 +24,7 @@ from libs import events as evlib
 from libs import identity
 from libs.config import MeshSettings
 from libs.identity import HEADER, Signer
-from libs.rpc import ServiceServer, channel, server_settings
+from libs.rpc import Registration, ServiceServer, channel, server_settings
 from tests.mesh import TEST_CATALOG, Mesh, start_mesh
 
 
@@ -211,3 +211,72 @@ async def test_a_server_slow_to_answer_a_new_connection_is_waited_for(mesh: Mesh
     finally:
         server.close()
         await server.wait_closed()
+
+
+def _probe(entered: asyncio.Event, release: asyncio.Event, expected: int) -> Registration:
+    """A probe service (not one of the mesh's): each call reports the principal its handler runs as,
+    after every call of the test is in flight at once."""
+    arrived = 0
+
+    async def hold() -> None:
+        nonlocal arrived
+        arrived += 1
+        if arrived == expected:
+            entered.set()
+        await release.wait()
+
+    async def unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await hold()
+        return identity.current_user().encode()
+
+    async def stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        yield b"in flight"
+        await hold()
+        yield identity.current_user().encode()
+
+    handlers = {
+        "Unary": grpc.unary_unary_rpc_method_handler(unary),
+        "Stream": grpc.unary_stream_rpc_method_handler(stream),
+    }
+
+    def add(servicer: object, server: grpc.aio.Server) -> None:
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("test.Probe", handlers),))
+
+    return Registration(add, None, "test.Probe")
+
+
+async def test_each_call_runs_as_its_own_caller_while_many_are_in_flight(tmp_path: Path) -> None:
+    """The identity interceptor makes the verified principal the handler's without a wrapper per call
+    (grpc.aio runs a call's interceptors and handler in one task): 40 calls of 20 users, unary and
+    streaming, all in flight at once, each handler sees its own caller; and the calls are counted."""
+    signer = Signer(b"0123456789abcdef0123456789abcdef")
+    entered, release = asyncio.Event(), asyncio.Event()
+    server = await ServiceServer([_probe(entered, release, 40)], signer).start()
+    try:
+        async with channel(server.target, signer) as ch:
+            unary = ch.unary_unary("/test.Probe/Unary")
+            stream = ch.unary_stream("/test.Probe/Stream")
+
+            async def call(user: str, streaming: bool) -> str:
+                with identity.acting_as(user):
+                    if not streaming:
+                        return (await unary(b"")).decode()
+                    answers = [a async for a in stream(b"")]
+                    return answers[-1].decode()
+
+            users = [(f"user-{i % 20}", i % 2 == 1) for i in range(40)]
+            calls = [asyncio.ensure_future(call(u, s)) for u, s in users]
+            await asyncio.wait_for(entered.wait(), 20)
+            release.set()
+            got = await asyncio.wait_for(asyncio.gather(*calls), 20)
+            assert got == [u for u, _ in users]
+            with identity.acting_as("user-after"):  # a later call does not inherit an earlier principal
+                assert (await unary(b"")).decode() == "user-after"
+    finally:
+        release.set()
+        await server.stop(0)
+    counted = server.registry.get_sample_value(
+        "agentmesh_grpc_server_handled_total",
+        {"grpc_service": "test.Probe", "grpc_method": "Unary", "grpc_type": "unary", "grpc_code": "OK"},
+    )
+    assert counted == 21
