@@ -270,7 +270,7 @@ async def test_each_call_runs_as_its_own_caller_while_many_are_in_flight(tmp_pat
             release.set()
             got = await asyncio.wait_for(asyncio.gather(*calls), 20)
             assert got == [u for u, _ in users]
-            with identity.acting_as("user-after"):  # a later call does not inherit an earlier principal
+            with identity.acting_as("user-after"):  # and one more, once the others have ended
                 assert (await unary(b"")).decode() == "user-after"
     finally:
         release.set()
