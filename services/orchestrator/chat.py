@@ -259,9 +259,7 @@ class ChatOrchestrator:
         buffer = self.turns.create_buffer(session_key(session.id), _stream_metadata(agent))
         reading: asyncio.Future[Any]
         if last is not None:  # BeginTurn reads the agent again (resolve_agent)
-            reading = begun = self.turns.begin_early(
-                spec, _new_trace(last.slug, message), resolve_agent=agent
-            )
+            reading = begun = self.turns.begin_early(spec, _new_trace(last.slug, message), agent, last)
         else:
             read = self.clients.agents.GetAgent(
                 ag.GetAgentRequest(slug=agent), timeout=self.turns.write_timeout_s

@@ -303,7 +303,7 @@ class TurnEngine:
                     request = self._run_request(spec, user, placeholder, run_events, agent, empty)
                     call = early[0] if early else None
                     await self._stream_turn(
-                        spec, user, placeholder, on_event, partial, out, request, call, spec.HasField("begun")
+                        spec, user, placeholder, on_event, partial, out, request, call, stored
                     )
             except asyncio.CancelledError as exc:
                 await to_the_end(self._fail(spec, out, cancel_reason(exc), on_event, partial))
@@ -333,20 +333,26 @@ class TurnEngine:
         await self._close(key, events.error(err), None)
 
     def begin_request(self, spec: orc.RunTurnRequest, new_trace: tp.Trace | None) -> ts.BeginTurnRequest:
-        """The user message and the placeholder (and a new trace): one call, all stored or none."""
+        """The user message and the placeholder (and a new trace): one call, all stored or none; the
+        trace service appends the turn's `start` to its buffer then (unless the caller did: `begun`)."""
         user, placeholder = self._messages(spec)
         begin = ts.BeginTurnRequest(trace_id=spec.trace_id, user_message=user, assistant_message=placeholder)
         if new_trace is not None:
             begin.new_trace.CopyFrom(new_trace)
+        if not spec.HasField("begun"):
+            begin.start_key = spec.stream_key
+            begin.start.CopyFrom(turn_start(spec.trace_id, 0, 0, spec.agent).start)
         return begin
 
     def begin_early(
-        self, spec: orc.RunTurnRequest, new_trace: tp.Trace, resolve_agent: str = ""
+        self, spec: orc.RunTurnRequest, new_trace: tp.Trace, resolve_agent: str, last: ap.Agent
     ) -> asyncio.Future[ts.BeginTurnResponse]:
         """The BeginTurn of a new trace, sent now (what `run(..., begun=)` takes), reading the agent
-        `resolve_agent` too; one no turn takes is the caller's to undo (`drop_begun`)."""
+        `resolve_agent` too: its `start` goes in the buffer only when that read is `last` (as the
+        caller last read it). One no turn takes is the caller's to undo (`drop_begun`)."""
         request = self.begin_request(spec, new_trace)
         request.resolve_agent = resolve_agent
+        request.start_if_agent.CopyFrom(last)
         return asyncio.ensure_future(rpc(self.clients.trace.BeginTurn(request, timeout=self.write_timeout_s)))
 
     async def drop_begun(self, begun: Awaitable[ts.BeginTurnResponse], trace_id: str) -> None:
@@ -418,15 +424,21 @@ class TurnEngine:
         partial: Partial,
         out: TurnOutcome,
         request: rt.RunAgentRequest,
-        call: grpc.aio.UnaryStreamCall | None = None,
-        started: bool = False,
+        call: grpc.aio.UnaryStreamCall | None,
+        stored: ts.BeginTurnResponse,
     ) -> None:
-        """start (unless the buffer has it: `started`) -> the run (`call`: already started, awaiting
-        `start`) -> the write-back -> finish and done in one call (a reader that sees the end finds the
-        reply stored)."""
-        if not started:
+        """start (unless the caller put it in the buffer: `spec.begun`; appended by BeginTurn when
+        `stored` says so) -> the run (`call`: already started, awaiting `start`) -> the write-back ->
+        finish and done in one call (a reader that sees the end finds the reply stored)."""
+        if stored.HasField("start_error"):  # BeginTurn's append may have stored it: no second one
+            raise from_event(stored.start_error)
+        if not spec.HasField("begun"):
             start = turn_start(spec.trace_id, user.id, placeholder.id, spec.agent)
-            await self._append(spec.stream_key, start, on_event)
+            if stored.start_offset:
+                start.offset = stored.start_offset
+                await _deliver(on_event, start)
+            else:
+                await self._append(spec.stream_key, start, on_event)
             out.start_offset = start.offset
         out.result = await self._run_agent(spec, request, on_event, partial, call)
         await self._write_back(out)

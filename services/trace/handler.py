@@ -6,11 +6,13 @@ from collections import defaultdict
 
 from google.protobuf import json_format
 
+from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
 from libs.errors import InvalidArgument
 from libs.ids import TraceRef
+from services.trace.starts import TurnStarts
 from services.trace.store.base import (
     AgentStore,
     MessagePage,
@@ -29,15 +31,23 @@ class TraceHandler:
         tasks: TaskStore,
         subagents: SubagentStore,
         agents: AgentStore | None = None,
+        starts: TurnStarts | None = None,
     ) -> None:
         self.traces = traces
         self.tasks = tasks
         self.subagents = subagents
         self.agents = agents
+        self.starts = starts
 
-    async def begin_turn(self, owner: str, request: ts.BeginTurnRequest) -> ts.BeginTurnResponse:
+    async def begin_turn(
+        self, owner: str, request: ts.BeginTurnRequest, within_s: float | None = None
+    ) -> ts.BeginTurnResponse:
         """The turn's user message and placeholder (and its new trace), stored together; with
-        `resolve_agent`, the turn's agent read first, as the owner reads it (NotFound stores nothing)."""
+        `resolve_agent`, the turn's agent read first, as the owner reads it (NotFound stores nothing).
+        With `start_key`, the turn's `start` is appended to that buffer then (`within_s`: what is left
+        of the caller's deadline), unless the agent read is not `start_if_agent`."""
+        if request.start_key and not request.HasField("start"):
+            raise InvalidArgument("start_key needs the turn's start (its agent)")
         out = ts.BeginTurnResponse()
         if request.resolve_agent:
             assert self.agents is not None, "a trace handler that resolves agents needs the agent store"
@@ -55,6 +65,16 @@ class TraceHandler:
             user, placeholder = await self.traces.append_messages(owner, request.trace_id, messages, parent)
         out.user_message.CopyFrom(user)
         out.assistant_message.CopyFrom(placeholder)
+        if self.starts is not None and request.start_key:
+            if not request.HasField("start_if_agent") or out.agent == request.start_if_agent:
+                start = ev.TurnStart()
+                start.CopyFrom(request.start)
+                start.session_id = user.trace_id
+                start.user_message_id, start.assistant_message_id = user.id, placeholder.id
+                offset, error = await self.starts.append(request.start_key, start, within_s)
+                out.start_offset = offset
+                if error is not None:
+                    out.start_error.CopyFrom(error)
         return out
 
     async def create_task(self, owner: str, task: tp.A2ATask, continue_trace_id: str) -> tp.A2ATask:

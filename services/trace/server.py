@@ -8,6 +8,7 @@ from agentmesh.agents.v1 import agent_service_pb2, agent_service_pb2_grpc
 from agentmesh.auth.v1 import auth_service_pb2, auth_service_pb2_grpc
 from agentmesh.leases.v1 import lease_service_pb2, lease_service_pb2_grpc
 from agentmesh.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from libs.clients import Clients
 from libs.config import MeshSettings
 from libs.identity import Signer, signer_for
 from libs.metrics import PeerMetrics, TraceStoreMetrics
@@ -18,6 +19,7 @@ from services.trace.agent_handler import AgentHandler
 from services.trace.agents import load_catalog
 from services.trace.handler import TraceHandler
 from services.trace.servicer import AgentServicer, AuthServicer, LeaseServicer, TraceServicer
+from services.trace.starts import TurnStarts
 from services.trace.store.hybrid import HybridTraceStore
 from services.trace.store.sql import SqlStores
 from services.trace.store.sql.db import create_engine, migrate, time_queries
@@ -45,8 +47,10 @@ async def build(
         traces = HybridTraceStore(
             stores.traces, stores.copies, peer_registry, peers, page_size=settings.federation.page_size
         )
-        handler = TraceHandler(traces, stores.tasks, stores.subagents, stores.agents)
         signer = signer or signer_for(settings)
+        clients = Clients(settings, signer)  # the stream service, for turns' `start` (BeginTurn)
+        starts = TurnStarts(lambda: clients.stream, settings.turn_timeout_s)
+        handler = TraceHandler(traces, stores.tasks, stores.subagents, stores.agents, starts)
         server = ServiceServer(
             [
                 Registration.of(
@@ -75,7 +79,7 @@ async def build(
                 ),
             ],
             signer=signer,
-            on_stop=[engine.dispose, peers.close],
+            on_stop=[engine.dispose, peers.close, clients.close],
             registry=registry,
             **{**server_settings(settings, "trace"), **({"address": address} if address else {})},
         )

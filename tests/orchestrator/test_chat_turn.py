@@ -361,24 +361,25 @@ async def test_a_turn_cancelled_before_its_start_ends_cancelled(
     mesh: Mesh, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another replica cancels the turn while it is being stored, just before its `start` goes into the
-    buffer: the close fails the append of `start`, and the turn ends as the close said, whether or not
-    its watcher saw the close first (here it does not: it is held). The client is told `cancelled`
-    (499), the placeholder is marked cancelled, not failed."""
+    buffer: the close fails the append of `start` (the trace service's, right after BeginTurn stored
+    the messages, then the orchestrator's), and the turn ends as the close said, whether or not its
+    watcher saw the close first (here it does not: it is held). The client is told `cancelled` (499),
+    the placeholder is marked cancelled, not failed."""
     from agentmesh.events.v1 import events_pb2 as ev
-    from services.orchestrator.turns import TurnEngine
+    from services.trace.starts import TurnStarts
 
     mesh.mock.set_rules(ECHO)
-    append = TurnEngine._append
+    append = TurnStarts.append
     cut: list[str] = []
 
-    async def cancelled_first(self: TurnEngine, key: str, event: ev.Event, on_event: Any) -> None:
-        if event.HasField("start") and not cut:
+    async def cancelled_first(self: TurnStarts, key: str, start: ev.TurnStart, within_s: Any = None) -> Any:
+        if not cut:
             cut.append(key)
             error = ev.StreamError(code=ev.ERROR_CODE_CANCELLED, message="cancelled elsewhere")
-            await self.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=error))
-        await append(self, key, event, on_event)
+            await self.stream().CloseStream(ss.CloseStreamRequest(key=key, error=error))
+        return await append(self, key, start, within_s)
 
-    monkeypatch.setattr(TurnEngine, "_append", cancelled_first)
+    monkeypatch.setattr(TurnStarts, "append", cancelled_first)
     hold_the_watcher(monkeypatch)
     async with mesh.http() as http:
         resp = await http.post("/api/chat", json={"agent": "general", "message": "cut before start"})

@@ -5,22 +5,28 @@ ends every stream with a terminal event, leaving no row behind."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 import pytest
 
+from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.agents.v1 import agent_service_pb2 as ag
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.stream.v1 import stream_service_pb2_grpc
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events, identity
 from libs.errors import Unavailable
 from libs.ids import new_id, session_key
+from libs.rpc import channel
+from libs.turns import turn_messages
 from services.agent_runtime.sink import EventSink
+from services.trace.starts import TurnStarts
 from services.trace.store.sql.agents import SqlAgentStore
 from services.trace.store.sql.traces import SqlTraceStore
 from tests.mesh import BACKENDS, Mesh, chat, mesh_on, read_buffer, sse_events, system_of
@@ -420,3 +426,126 @@ async def test_a_session_said_early_streams_live_at_a_model_pace(
     assert any("version one" in system_of(b) for b in mesh.mock.requests()[asked:]), (
         "the early run was dropped"
     )
+
+
+def _begin(trace_id: str, key: str, text: str, agent: str = "general") -> ts.BeginTurnRequest:
+    """The BeginTurn of a new chat session `trace_id` that puts its `start` in buffer `key`."""
+    user, placeholder = turn_messages(trace_id, text)
+    return ts.BeginTurnRequest(
+        trace_id=trace_id,
+        new_trace=tp.Trace(agent=agent, kind=tp.TRACE_KIND_CHAT, title=text),
+        user_message=user,
+        assistant_message=placeholder,
+        start_key=key,
+        start=ev.TurnStart(agent=agent),
+    )
+
+
+async def _ended(mesh: Mesh, key: str) -> list[ev.Event]:
+    """Every event of buffer `key`, once it is closed here."""
+    assert mesh.clients is not None
+    with identity.acting_as(mesh.user):
+        await mesh.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, done=ev.StreamDone()))
+    return await read_buffer(mesh, key)
+
+
+async def test_begin_turn_puts_the_turns_start_in_its_buffer(mesh: Mesh) -> None:
+    """BeginTurn with start_key appends the turn's `start` (the stored ids, the session) to the buffer
+    as the caller, once the messages are stored, and answers with its offset."""
+    assert mesh.clients is not None
+    trace_id = new_id()
+    key = session_key(trace_id)
+    with identity.acting_as(mesh.user):
+        await mesh.clients.stream.CreateStream(ss.CreateStreamRequest(key=key))
+        begun = await mesh.clients.trace.BeginTurn(_begin(trace_id, key, "started here"))
+    assert begun.start_offset and not begun.HasField("start_error"), begun
+    first, last = await _ended(mesh, key)
+    assert first.offset == begun.start_offset and events.kind(last) == "done"
+    assert first.start == ev.TurnStart(
+        session_id=trace_id,
+        user_message_id=begun.user_message.id,
+        assistant_message_id=begun.assistant_message.id,
+        agent="general",
+    )
+
+
+async def test_begin_turn_leaves_the_start_to_the_caller_when_it_cannot_append_it(mesh: Mesh) -> None:
+    """The messages are stored and no `start` is appended (the caller appends it) when the agent read
+    is not the one the caller expected, or the buffer is not there yet; start_key without the start
+    is refused before anything is stored."""
+    assert mesh.clients is not None
+    with identity.acting_as(mesh.user):
+        agent = (await mesh.clients.agents.GetAgent(ag.GetAgentRequest(slug="general"))).agent
+        stale = ap.Agent()
+        stale.CopyFrom(agent)
+        stale.system_prompt += " (as it was)"
+        trace_id = new_id()
+        key = session_key(trace_id)
+        await mesh.clients.stream.CreateStream(ss.CreateStreamRequest(key=key))
+        request = _begin(trace_id, key, "another agent")
+        request.resolve_agent = "general"
+        request.start_if_agent.CopyFrom(stale)
+        begun = await mesh.clients.trace.BeginTurn(request)
+        assert begun.agent == agent and begun.assistant_message.id
+        assert not begun.start_offset and not begun.HasField("start_error"), begun
+        assert [events.kind(e) for e in await _ended(mesh, key)] == ["done"]
+
+        unmade = new_id()
+        request = _begin(unmade, session_key(unmade), "no buffer yet")
+        request.resolve_agent = "general"
+        request.start_if_agent.CopyFrom(agent)  # as expected this time
+        begun = await mesh.clients.trace.BeginTurn(request)
+        assert begun.assistant_message.id and not begun.start_offset and not begun.HasField("start_error")
+
+        unsaid = _begin(new_id(), key, "no start")
+        unsaid.ClearField("start")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await mesh.clients.trace.BeginTurn(unsaid)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+        assert "start_key needs the turn's start" in (refused.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await mesh.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=unsaid.trace_id))
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_start_that_may_be_stored_is_an_error_not_a_second_start(mesh: Mesh) -> None:
+    """An append of `start` that fails without a refusal (here: no stream service at that address)
+    may have been stored: BeginTurn says so (start_error) rather than leave the caller to append a
+    second one."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed below: nobody listens there
+    dead = channel(f"127.0.0.1:{port}", mesh.signer)
+    try:
+        starts = TurnStarts(lambda: stream_service_pb2_grpc.StreamServiceStub(dead), timeout_s=5.0)
+        with identity.acting_as(mesh.user):
+            offset, error = await starts.append("session:nowhere", ev.TurnStart(session_id="nowhere"), 5.0)
+    finally:
+        await dead.close()
+    assert offset == "" and error is not None and error.code == ev.ERROR_CODE_UNAVAILABLE, (offset, error)
+
+
+async def test_a_turn_whose_start_may_be_stored_ends_with_the_error(
+    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trace service appended `start` but its answer was lost: the turn does not append a second
+    one; it ends with the error, its placeholder failed, and the client reads one `start`."""
+    mesh.mock.set_rules(FAST)
+    append = TurnStarts.append
+
+    async def lost(self: TurnStarts, key: str, start: ev.TurnStart, within_s: Any = None) -> Any:
+        await append(self, key, start, within_s)
+        return "", ev.StreamError(code=ev.ERROR_CODE_UNAVAILABLE, message="the answer was lost")
+
+    monkeypatch.setattr(TurnStarts, "append", lost)
+    got = await chat(mesh, "general", "lost answer")
+    monkeypatch.undo()
+    kinds = [e["type"] for e in got]
+    assert kinds.count("start") == 1 and kinds[0] == "start" and kinds[-1] == "error", kinds
+    assert got[-1]["code"] == "unavailable" and "the answer was lost" in got[-1]["message"], got[-1]
+    async with mesh.http() as http:
+        resp = await http.get(f"/api/sessions/{got[0]['sessionId']}/messages")
+    statuses = [(m["role"], m["status"]) for m in resp.json()["messages"]]
+    assert statuses == [("user", "completed"), ("assistant", "failed")], statuses
+    buffered = await read_buffer(mesh, session_key(got[0]["sessionId"]))
+    assert [events.kind(e) for e in buffered].count("start") == 1
