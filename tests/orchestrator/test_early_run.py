@@ -525,6 +525,26 @@ async def test_a_start_that_may_be_stored_is_an_error_not_a_second_start(mesh: M
     assert offset == "" and error is not None and error.code == ev.ERROR_CODE_UNAVAILABLE, (offset, error)
 
 
+async def test_the_start_append_ends_within_the_callers_deadline(mesh: Mesh) -> None:
+    """A stream service that never answers: the append gives up within what is left of BeginTurn's
+    deadline (`within_s`), not its own longer timeout, and says it may have been stored."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()  # connections complete in the backlog; no HTTP/2 answer ever comes
+        mute = channel(f"127.0.0.1:{s.getsockname()[1]}", mesh.signer)
+        try:
+            starts = TurnStarts(lambda: stream_service_pb2_grpc.StreamServiceStub(mute), timeout_s=30.0)
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            with identity.acting_as(mesh.user):
+                offset, error = await starts.append("session:mute", ev.TurnStart(session_id="mute"), 0.5)
+            took = loop.time() - began
+        finally:
+            await mute.close()
+    assert offset == "" and error is not None and error.code == ev.ERROR_CODE_TIMEOUT, error
+    assert took < 10.0, took  # 0.45 s asked; the 30 s of its own timeout would fail this
+
+
 async def test_a_turn_whose_start_may_be_stored_ends_with_the_error(
     mesh: Mesh, monkeypatch: pytest.MonkeyPatch
 ) -> None:
