@@ -6,12 +6,12 @@ from collections import defaultdict
 
 from google.protobuf import json_format
 
-from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from libs import events
 from libs.errors import InvalidArgument
 from libs.ids import TraceRef
+from libs.turns import turn_start
 from services.trace.starts import TurnStarts
 from services.trace.store.base import (
     AgentStore,
@@ -65,16 +65,12 @@ class TraceHandler:
             user, placeholder = await self.traces.append_messages(owner, request.trace_id, messages, parent)
         out.user_message.CopyFrom(user)
         out.assistant_message.CopyFrom(placeholder)
-        if self.starts is not None and request.start_key:
-            if not request.HasField("start_if_agent") or out.agent == request.start_if_agent:
-                start = ev.TurnStart()
-                start.CopyFrom(request.start)
-                start.session_id = user.trace_id
-                start.user_message_id, start.assistant_message_id = user.id, placeholder.id
-                offset, error = await self.starts.append(request.start_key, start, within_s)
-                out.start_offset = offset
-                if error is not None:
-                    out.start_error.CopyFrom(error)
+        expected = not request.HasField("start_if_agent") or out.agent == request.start_if_agent
+        if self.starts is not None and request.start_key and expected:
+            start = turn_start(user.trace_id, user.id, placeholder.id, request.start.agent)
+            out.start_offset, error = await self.starts.append(request.start_key, start.start, within_s)
+            if error is not None:
+                out.start_error.CopyFrom(error)
         return out
 
     async def create_task(self, owner: str, task: tp.A2ATask, continue_trace_id: str) -> tp.A2ATask:
