@@ -292,21 +292,44 @@ async def test_the_live_turn_is_read_from_the_stream_service(mesh: Mesh) -> None
     assert stored.status == tp.MESSAGE_STATUS_COMPLETED and stored.content == "paced " * 20
 
 
-async def test_paced_reply_streams_over_sse_before_the_turn_ends(mesh: Mesh) -> None:
+async def _paced_turn(mesh: Mesh, body: dict[str, Any]) -> list[tuple[float, dict[str, Any]]]:
+    """A turn at 30 tokens/s over SSE: each event with when it arrived; checks that the text came
+    token by token, long before the turn's end, after one `start`."""
     mesh.mock.set_rules({"rules": [], "default": {"text": "tick " * 30, "tokens_per_second": 30}})
     async with mesh.http() as http:
-        async with http.stream("POST", "/api/chat", json={"agent": "general", "message": "pace"}) as resp:
-            got: list[tuple[float, dict]] = []
+        async with http.stream("POST", "/api/chat", json=body) as resp:
+            got: list[tuple[float, dict[str, Any]]] = []
             loop = asyncio.get_running_loop()
             async with asyncio.timeout(20):
                 async for event in sse_events(resp):
                     got.append((loop.time(), event))
     kinds = [e["type"] for _, e in got]
-    assert kinds[0] == "start" and kinds[-2:] == ["finish", "done"], kinds
+    assert kinds[0] == "start" and kinds.count("start") == 1 and kinds[-2:] == ["finish", "done"], kinds
     deltas = [t for t, e in got if e["type"] == "text-delta"]
     assert len(deltas) >= 10, "paced tokens arrive one by one, not as one block"
     assert got[-1][0] - deltas[0] > 0.5, "the first text came long before the turn's end"
     assert "".join(e["textDelta"] for _, e in got if e["type"] == "text-delta") == "tick " * 30
+    return got
+
+
+async def test_paced_reply_streams_over_sse_before_the_turn_ends(mesh: Mesh) -> None:
+    await _paced_turn(mesh, {"agent": "general", "message": "pace"})
+
+
+async def test_a_paced_turn_of_an_existing_session_streams_before_it_ends(mesh: Mesh) -> None:
+    """A session's next turn (its buffer created first, then BeginTurn, which puts `start` in it):
+    `start` names the session and the placeholder the reply is stored in, and the text streams at the
+    model's pace before the turn ends."""
+    mesh.mock.set_rules(ECHO)
+    session = (await chat(mesh, "general", "first"))[0]["sessionId"]
+    got = await _paced_turn(mesh, {"agent": "general", "message": "again", "sessionId": session})
+    start = got[0][1]
+    assert start["sessionId"] == session, start
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{session}/messages")).json()["messages"]
+    last_two = [(m["role"], m["status"]) for m in messages[-2:]]
+    assert last_two == [("user", "completed"), ("assistant", "completed")], last_two
+    assert messages[-1]["id"] == start["assistantMessageId"] and messages[-1]["content"] == "tick " * 30
 
 
 async def test_a_buffer_ended_between_the_write_back_and_the_close(
