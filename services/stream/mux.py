@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from agentmesh.stream.v1 import stream_service_pb2 as pb
-from libs.errors import InvalidArgument, MeshError, Shutdown, as_mesh_error
+from libs.errors import InvalidArgument, MeshError, Shutdown, Unavailable, as_mesh_error
 from libs.ids import shown
 from services.stream.backend import StreamBackend
 
@@ -32,6 +32,7 @@ DEFAULT_WINDOW = 256  # events a follow is sent beyond what its reader granted b
 MAX_FOLLOWS = 10_000  # follows at once on one call
 MAX_WRITERS = 10_000  # writers at once on one call
 MAX_RESPONSE_BYTES = 1 << 20  # a response is cut after about this much; the next one takes the rest
+STOP_WAIT_S = 5.0  # at a stop, how long the batches being appended are waited for
 
 R = TypeVar("R", pb.FollowStreamsResponse, pb.WriteStreamsResponse)
 UserOf = Callable[[str], str]  # an identity token ("" = the call's caller) -> the acting user ("" = mesh)
@@ -359,14 +360,22 @@ class WriteCall:
         self.outbox.added(item.ByteSize())
 
     async def stop(self) -> None:
-        """The service stops: no batch is taken any more; those taken are answered (their offsets)."""
+        """The service stops: no batch is taken any more; those taken are answered (their offsets). A
+        batch still being appended after STOP_WAIT_S may be stored or not: its writer fails with
+        UNAVAILABLE, which it does not send again (after SHUTDOWN it would: a duplicate if stored)."""
         self._stopping = True
         tasks = [w.task for w in self.writers.values() if w.task is not None and not w.task.done()]
         if tasks:  # a batch being appended is finished; one awaiting its start ends (Shutdown)
-            await asyncio.wait(tasks, timeout=5.0)
-        for writer in self.writers.values():
+            await asyncio.wait(tasks, timeout=STOP_WAIT_S)
+        for writer in list(self.writers.values()):
             if writer.deferred:
                 self._answer(writer, pb.WriteStreamResponse(offsets=writer.deferred))
+            if writer.task is not None and not writer.task.done():
+                writer.task.cancel()
+                self._fail(writer, Unavailable(
+                    f"the stream service stopped while appending to {shown(writer.key, 80)}: the batch "
+                    "may or may not be stored"
+                ))  # fmt: skip
 
     def close(self) -> None:
         for writer in self.writers.values():

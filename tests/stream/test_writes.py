@@ -1,7 +1,8 @@
 """WriteStreams, many writers on one call, over real gRPC on the memory and Redis backends: batches of
 several writers in one request, each writer answered apart (its deferred batches with its next
 answer), acting as the user of its own token, failing alone, waiting for nothing of the others; a stop
-answers what it took, then SHUTDOWN. Then EventSink over it through the process's Writer: what queues
+answers what it took, then SHUTDOWN (a batch whose append it cannot wait for fails its writer, never to
+be sent again). Then EventSink over it through the process's Writer: what queues
 goes in one batch, batches go unanswered until someone needs their offsets, the sinks of many buffers
 share each message after their first batch, a closed buffer cancels the run, a drained replica's
 writers carry on through another one, and the turn's `start` gates the first batch. (The one-key
@@ -25,6 +26,7 @@ from libs.clients import Clients
 from libs.errors import Cancelled, ResourceExhausted, Shutdown, Unavailable, from_rpc_error
 from libs.identity import Signer
 from services.agent_runtime.sink import EventSink
+from services.stream import mux
 from services.stream.redis_backend import RedisBackend
 from services.stream.server import build
 from tests.conftest import service_settings
@@ -279,6 +281,41 @@ async def test_a_stop_answers_what_it_took_then_shutdown(stream_factory: StreamF
     assert [len(x.answer.offsets) for x in writes.answers[2]] == [2]
     assert 3 not in writes.answers
     assert (await h.backend.info(held)).length == 0
+
+
+async def test_an_append_that_outlasts_the_stop_fails_its_writer_unavailable_never_shutdown(
+    stream_factory: StreamFactory, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch stored whose append has not returned when the stop's wait runs out (a slow backend): its
+    writer fails UNAVAILABLE ("may or may not be stored"), where SHUTDOWN would have it sent again, a
+    duplicate. Another writer's deferred batch is still answered with its offset."""
+    monkeypatch.setattr(mux, "STOP_WAIT_S", 0.2)
+    h = await stream_factory()
+    slow, other = f"session:{unique}-slow", f"session:{unique}-other"
+    for key in (slow, other):
+        await create(h, key)
+    stored, never = asyncio.Event(), asyncio.Event()
+    real = h.backend.append
+
+    async def append_then_hang(key: str, batch: Any, writer: str = "") -> list[str]:
+        offsets = await real(key, batch, writer)
+        if key == slow:
+            stored.set()
+            await never.wait()  # its answer is lost (a backend that applied it and then stalled)
+        return offsets
+
+    monkeypatch.setattr(h.backend, "append", append_then_hang)
+    writes = Writes(h)
+    writes.send(batch(1, "s1", key=slow), batch(2, "o1", key=other, defer=True))
+    await asyncio.wait_for(stored.wait(), 10)
+    await wait_until(lambda: _length(h, other, 1), what="the deferred batch stored")
+    await asyncio.wait_for(h.server.stop(30.0), 5)
+    assert await asyncio.wait_for(writes.reader, 10) == grpc.StatusCode.UNAVAILABLE
+    assert isinstance(from_rpc_error(writes.error), Shutdown), writes.error
+    [failed] = writes.answers[1]
+    assert failed.error_reason == "UNAVAILABLE" and "may or may not be stored" in failed.error_message
+    assert [len(x.answer.offsets) for x in writes.answers[2]] == [1]
+    assert (await h.backend.info(slow)).length == 1  # stored once; its writer will not send it again
 
 
 async def _length(h: StreamHarness, key: str, n: int) -> bool:
