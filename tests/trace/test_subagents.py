@@ -10,6 +10,8 @@ from typing import Any
 import grpc
 from google.protobuf import field_mask_pb2, struct_pb2, timestamp_pb2
 
+from agentmesh.agents.v1 import agent_pb2 as ap
+from agentmesh.agents.v1 import agent_service_pb2 as ag
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
@@ -465,3 +467,63 @@ async def test_a_batch_stores_each_subagents_turn_with_its_row(trace_stub, uniqu
             assert list(path.messages) == [user, placeholder] and path.head_sequence == 2
             following = await append(trace_stub, owner, row.child_trace_id, "next")
             assert (following.sequence, following.parent_sequence) == (3, 2)
+
+
+async def test_a_row_changed_twice_in_one_call_and_an_own_agent_before_the_builtin(
+    trace_stub, agent_stub, unique
+):
+    """UpdateSubagentSessions may change one row twice (the runtime's row writer sends a row's start
+    and end together when both wait for the call in flight): each change is answered as made, in
+    order, and the row ends as the last answer says. A row's preset agent is the caller's own agent of
+    that slug when there is one (not the built-in it hides): deleting it clears the row's link."""
+    owner = f"u-{unique}"
+    s = await new_trace(trace_stub, owner)
+    anchor = await append(trace_stub, owner, s.id, "", ASSISTANT)
+    with identity.acting_as(owner):
+        own = ap.Agent(slug="coder", name="My coder", model="mock-gpt")
+        await agent_stub.CreateAgent(
+            ag.CreateAgentRequest(
+                agent=own, field_mask=field_mask_pb2.FieldMask(paths=["slug", "name", "model"])
+            )
+        )
+    row, builtin = await _create(
+        trace_stub,
+        owner,
+        tp.SubagentSession(trace_id=s.id, parent_message_id=anchor.id, name="a", preset_agent="coder"),
+        tp.SubagentSession(trace_id=s.id, parent_message_id=anchor.id, name="b", preset_agent="researcher"),
+    )
+    assert (row.preset_agent, builtin.preset_agent) == ("coder", "researcher")
+
+    def change(status: Any, paths: tuple[str, ...], **kw: Any) -> ts.UpdateSubagentSessionRequest:
+        return ts.UpdateSubagentSessionRequest(
+            subagent=tp.SubagentSession(id=row.id, status=status, **kw),
+            update_mask=field_mask_pb2.FieldMask(paths=list(paths)),
+        )
+
+    with identity.acting_as(owner):
+        resp = await trace_stub.UpdateSubagentSessions(
+            ts.UpdateSubagentSessionsRequest(
+                updates=[
+                    change(ev.SUBAGENT_STATUS_RUNNING, ("status", "model"), model="m1"),
+                    change(
+                        ev.SUBAGENT_STATUS_COMPLETED,
+                        ("status", "summary", "token_usage"),
+                        summary="done",
+                        token_usage=ev.Usage(input_tokens=3, output_tokens=4),
+                    ),
+                ]
+            )
+        )
+        started, ended = resp.subagents
+        assert (started.status, started.model, started.summary) == (ev.SUBAGENT_STATUS_RUNNING, "m1", "")
+        assert recent(started.start_time) and not started.HasField("end_time")
+        assert (ended.status, ended.model, ended.summary, ended.token_usage.output_tokens) == (
+            ev.SUBAGENT_STATUS_COMPLETED, "m1", "done", 4
+        )  # fmt: skip
+        assert ended.start_time == started.start_time and recent(ended.end_time)
+        got = await trace_stub.GetSubagentSession(ts.GetSubagentSessionRequest(subagent_id=row.id))
+        assert got.subagent == ended
+
+        await agent_stub.DeleteAgent(ag.DeleteAgentRequest(slug="coder"))
+        listed = await trace_stub.ListSubagentSessions(ts.ListSubagentSessionsRequest(trace_id=s.id))
+        assert [r.preset_agent for r in listed.subagents] == ["", "researcher"]

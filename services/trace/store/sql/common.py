@@ -8,6 +8,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any, TypeVar, cast
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
@@ -192,14 +193,24 @@ def task_pb(row: A2ATaskRow, owner: str) -> tp.A2ATask:
 
 
 def subagent_pb(row: SubagentRow) -> tp.SubagentSession:
+    return _subagent(
+        row,
+        row.parent_agent.slug if row.parent_agent else "",
+        row.preset_agent.slug if row.preset_agent else "",
+    )
+
+
+def _subagent(row: Any, parent_agent: str, preset_agent: str) -> tp.SubagentSession:
+    """A subagent session from an ORM row or the values of a row of `SUBAGENT_COLUMNS` (they differ in
+    the agents' slugs)."""
     return tp.SubagentSession(
         id=row.public_id,
         trace_id=row.session_id,
         parent_message_id=row.parent_message_id,
         parent_tool_call_id=row.parent_tool_call_id or "",
-        parent_agent=row.parent_agent.slug if row.parent_agent else "",
+        parent_agent=parent_agent,
         source_type=number_of(SUB_SOURCE, row.source_type),
-        preset_agent=row.preset_agent.slug if row.preset_agent else "",
+        preset_agent=preset_agent,
         name=row.name,
         goal=row.goal,
         context=row.context or "",
@@ -217,6 +228,26 @@ def subagent_pb(row: SubagentRow) -> tp.SubagentSession:
         update_time=ts(row.updated_at),
         child_trace_id=row.child_session_id or "",
         batch_title=row.batch_title,
+    )
+
+
+SUBAGENTS = cast(Table, SubagentRow.__table__)
+_PARENT, _PRESET = AGENTS.alias("parent_agent"), AGENTS.alias("preset_agent")
+# A subagent row as Core columns, with its agents' slugs (`SUBAGENTS_WITH_AGENTS`): no ORM objects.
+SUBAGENT_COLUMNS = (
+    *SUBAGENTS.c,
+    _PARENT.c.slug.label("parent_agent_slug"),
+    _PRESET.c.slug.label("preset_agent_slug"),
+)
+SUBAGENTS_WITH_AGENTS = SUBAGENTS.outerjoin(_PARENT, _PARENT.c.id == SUBAGENTS.c.parent_agent_id).outerjoin(
+    _PRESET, _PRESET.c.id == SUBAGENTS.c.preset_agent_id
+)
+
+
+def subagent_from_values(values: dict[str, Any]) -> tp.SubagentSession:
+    """A subagent session from the values of a row of `SUBAGENT_COLUMNS` (`Row._asdict()`)."""
+    return _subagent(
+        SimpleNamespace(**values), values["parent_agent_slug"] or "", values["preset_agent_slug"] or ""
     )
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Row, bindparam, insert, or_, select, update
 
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -18,18 +19,75 @@ from services.trace.domain import need_owner
 from services.trace.store.base import SubagentStore
 from services.trace.store.sql.appends import INSERT_MESSAGES, make_item, message_row, stored
 from services.trace.store.sql.common import (
+    AGENTS,
+    MESSAGES,
+    SESSIONS,
     SUB_SOURCE,
     SUB_STATUS,
+    SUBAGENT_COLUMNS,
+    SUBAGENTS,
+    SUBAGENTS_WITH_AGENTS,
+    USERS,
     Database,
     from_struct,
     name_of,
     now,
     number_of,
+    subagent_from_values,
     subagent_pb,
     ts,
     usage_json,
 )
-from services.trace.store.sql.models import AgentRow, MessageRow, SessionRow, SubagentRow
+from services.trace.store.sql.models import SubagentRow
+
+_SA = SUBAGENTS
+# What a change may set (`SqlSubagentStore._apply`): one executemany UPDATE writes them all.
+_CHANGEABLE = (
+    "status",
+    "model",
+    "tool_names",
+    "summary",
+    "result_payload",
+    "error",
+    "token_usage",
+    "started_at",
+    "ended_at",
+    "updated_at",
+)
+_OWNER_ID = select(USERS.c.id).where(USERS.c.name == bindparam("owner")).scalar_subquery()
+# The trace `:id` of user `:owner`; the message `:id` of trace `:trace`; agent `:slug` as `:owner` sees
+# it (theirs and the built-in).
+_TRACE = select(SESSIONS.c.id, SESSIONS.c.user_id, SESSIONS.c.agent).where(
+    SESSIONS.c.id == bindparam("id"), SESSIONS.c.user_id == _OWNER_ID, SESSIONS.c.deleted_at.is_(None)
+)
+_ANCHOR = select(MESSAGES.c.id).where(
+    MESSAGES.c.id == bindparam("id"), MESSAGES.c.session_id == bindparam("trace")
+)
+_AGENT = select(AGENTS.c.id, AGENTS.c.slug, AGENTS.c.owner_user_id).where(
+    AGENTS.c.slug == bindparam("slug"),
+    or_(AGENTS.c.owner_user_id.is_(None), AGENTS.c.owner_user_id == _OWNER_ID),
+)
+_CREATED = tuple(c for c in _SA.c.keys() if c not in ("id", "lease_until"))  # what a new row is given
+# The rows of a change, of the live traces of user `:owner`, locked (one statement: a cache key once).
+_READ = (
+    select(*SUBAGENT_COLUMNS)
+    .select_from(
+        SUBAGENTS_WITH_AGENTS.join(SESSIONS, SESSIONS.c.id == _SA.c.session_id).join(
+            USERS, USERS.c.id == SESSIONS.c.user_id
+        )
+    )
+    .where(
+        _SA.c.public_id.in_(bindparam("ids", expanding=True)),
+        USERS.c.name == bindparam("owner"),
+        SESSIONS.c.deleted_at.is_(None),
+    )
+    .with_for_update(of=_SA)
+)
+_UPDATE = (
+    update(_SA)
+    .where(_SA.c.id == bindparam("u_id"))
+    .values({c: bindparam(f"v_{c}", type_=_SA.c[c].type) for c in _CHANGEABLE})
+)
 
 
 class SqlSubagentStore(SubagentStore):
@@ -46,19 +104,25 @@ class SqlSubagentStore(SubagentStore):
             return [], []
         if turns and len(turns) != len(rows):
             raise InvalidArgument("give one turn per subagent, or none")
-        async with self.db.tx() as db:
-            traces: dict[str, SessionRow] = {}
+        need_owner(owner)
+        # Core statements in one transaction (a fan-out's path to its first child waits for it: no ORM
+        # unit of work): the hidden traces in one INSERT, the rows in one, their turns in one.
+        async with self.db.write_lock, self.db.engine.begin() as conn:
+            traces: dict[str, Row[Any]] = {}
             anchors: set[tuple[str, int]] = set()
-            agents: dict[str, AgentRow | None] = {}  # a batch names the same few agents, each read once
+            agents: dict[str, Row[Any] | None] = {}  # a batch names the same few agents, each read once
 
-            async def agent(slug: str, *, required: bool = True) -> AgentRow | None:
+            async def agent(slug: str, *, required: bool = True) -> Row[Any] | None:
                 if slug not in agents:
-                    agents[slug] = await self.db.agent_row(db, owner, slug, required=False)
+                    found = (await conn.execute(_AGENT, {"slug": slug, "owner": owner})).all() if slug else []
+                    # the owner's own before the built-in of that slug
+                    agents[slug] = max(found, key=lambda r: r.owner_user_id is not None) if found else None
                 if agents[slug] is None and slug and required:
                     raise InvalidArgument(f"unknown agent {slug!r}")
                 return agents[slug]
 
-            created: list[SubagentRow] = []
+            children: list[dict[str, Any]] = []
+            created: list[dict[str, Any]] = []
             stamp = now()
             for sub in rows:
                 source = enum_to_str(SUB_SOURCE, sub.source_type) or (
@@ -67,14 +131,16 @@ class SqlSubagentStore(SubagentStore):
                 status = enum_to_str(SUB_STATUS, sub.status) or "queued"
                 if status not in ("queued", "failed"):
                     raise InvalidArgument("a subagent starts queued (or failed, with its error)")
-                trace = traces.get(sub.trace_id) or await self.db.trace_row(db, owner, sub.trace_id)
-                traces[trace.id] = trace
+                trace = traces.get(sub.trace_id)
+                if trace is None:
+                    if not sub.trace_id:
+                        raise InvalidArgument("trace_id is required")
+                    trace = (await conn.execute(_TRACE, {"id": sub.trace_id, "owner": owner})).first()
+                    if trace is None:
+                        raise NotFound("trace not found")
+                    traces[trace.id] = trace
                 if (trace.id, sub.parent_message_id) not in anchors:
-                    anchor = await db.scalar(
-                        select(MessageRow.id).where(
-                            MessageRow.id == sub.parent_message_id, MessageRow.session_id == trace.id
-                        )
-                    )
+                    anchor = await conn.scalar(_ANCHOR, {"id": sub.parent_message_id, "trace": trace.id})
                     if anchor is None:
                         raise InvalidArgument("parent_message_id is not a message of the trace")
                     anchors.add((trace.id, sub.parent_message_id))
@@ -83,60 +149,70 @@ class SqlSubagentStore(SubagentStore):
                 runner = preset_agent or parent_agent
                 if runner is None:  # a clone, and neither the row nor its trace names an agent
                     raise InvalidArgument("a subagent needs an agent: preset_agent or parent_agent")
-                child = SessionRow(
-                    id=str(uuid.uuid4()),
-                    user_id=trace.user_id,
-                    agent=runner.slug,
-                    kind="subagent",
-                    title=sub.name,
-                    created_at=stamp,
-                    updated_at=stamp,
-                    last_sequence=2 if turns else 0,
-                    head_sequence=2 if turns else 0,
+                child = str(uuid.uuid4())
+                sequence = 2 if turns else 0
+                children.append(
+                    {
+                        "id": child,
+                        "user_id": trace.user_id,
+                        "agent": runner.slug,
+                        "kind": "subagent",
+                        "title": sub.name,
+                        "created_at": stamp,
+                        "updated_at": stamp,
+                        "last_sequence": sequence,
+                        "head_sequence": sequence,
+                    }
                 )
-                db.add(child)
-                row = SubagentRow(
-                    public_id=new_token_id(),
-                    session_id=trace.id,
-                    parent_message_id=sub.parent_message_id,
-                    parent_tool_call_id=sub.parent_tool_call_id or None,
-                    parent_agent=parent_agent,
-                    source_type=source,
-                    preset_agent=preset_agent,
-                    name=sub.name,
-                    goal=sub.goal,
-                    context=sub.context or None,
-                    status=status,
-                    model=sub.model,
-                    tool_names=list(sub.tool_names),
-                    error=sub.error or None,
-                    sort_order=sub.sort_order,
-                    ended_at=stamp if status == "failed" else None,
-                    created_at=stamp,
-                    updated_at=stamp,
-                    child_session_id=child.id,
-                    batch_title=sub.batch_title,
+                created.append(
+                    {
+                        "public_id": new_token_id(),
+                        "session_id": trace.id,
+                        "parent_message_id": sub.parent_message_id,
+                        "parent_tool_call_id": sub.parent_tool_call_id or None,
+                        "parent_agent_id": parent_agent.id if parent_agent is not None else None,
+                        "source_type": source,
+                        "preset_agent_id": preset_agent.id if preset_agent is not None else None,
+                        "name": sub.name,
+                        "goal": sub.goal,
+                        "context": sub.context or None,
+                        "status": status,
+                        "model": sub.model,
+                        "tool_names": list(sub.tool_names),
+                        "summary": None,
+                        "result_payload": None,
+                        "error": sub.error or None,
+                        "token_usage": None,
+                        "sort_order": sub.sort_order,
+                        "started_at": None,
+                        "ended_at": stamp if status == "failed" else None,
+                        "created_at": stamp,
+                        "updated_at": stamp,
+                        "child_session_id": child,
+                        "batch_title": sub.batch_title,
+                        "parent_agent_slug": parent_agent.slug if parent_agent is not None else None,
+                        "preset_agent_slug": preset_agent.slug if preset_agent is not None else None,
+                    }
                 )
-                db.add(row)
-                created.append(row)
-            await db.flush()
+            await conn.execute(insert(SESSIONS), children)
+            await conn.execute(insert(_SA), [{c: v[c] for c in _CREATED} for v in created])
             begun: list[tuple[tp.Message, tp.Message]] = []
             if turns:  # each hidden trace's first two messages, in one INSERT
                 items, values = [], []
                 for row, (user, placeholder) in zip(created, turns, strict=True):
                     for k, message in enumerate((user, placeholder)):
-                        item = make_item(owner, message, None, row.child_session_id or "")
+                        item = make_item(owner, message, None, row["child_session_id"])
                         caller = await agent(message.caller_agent, required=False)
                         caller_id = caller.id if caller is not None else None
                         items.append((item, k + 1, k or None, caller_id))
                         values.append(message_row(item, k + 1, k or None, caller_id, stamp))
-                ids = (await db.execute(INSERT_MESSAGES, values)).scalars().all()
+                ids = (await conn.execute(INSERT_MESSAGES, values)).scalars().all()
                 out = [
                     stored(item, message_id, sequence, parent, caller_id, ts(stamp))
                     for (item, sequence, parent, caller_id), message_id in zip(items, ids, strict=True)
                 ]
                 begun = list(zip(out[::2], out[1::2], strict=True))
-            return [subagent_pb(r) for r in created], begun
+            return [subagent_from_values(v) for v in created], begun
 
     async def update_subagent(
         self, owner: str, row: tp.SubagentSession, paths: Sequence[str]
@@ -148,54 +224,52 @@ class SqlSubagentStore(SubagentStore):
     ) -> list[tp.SubagentSession]:
         masks = [domain.check_mask(paths, domain.SUBAGENT_FIELDS) for _, paths in updates]
         need_owner(owner)
-        async with self.db.tx() as db:
-            # Every row in one read (not one read each), locked, of the traces `owner` owns.
-            stmt = (
-                select(SubagentRow)
-                .join(SessionRow, SessionRow.id == SubagentRow.session_id)
-                .where(SubagentRow.public_id.in_({row.id for row, _ in updates}), self.db.owned(owner))
-                .with_for_update(of=SubagentRow)
-            )
-            found = {r.public_id: r for r in (await db.scalars(stmt)).all()}
+        # Core statements in one transaction (a fan-out's rows settle on its fan-in's path: no ORM unit
+        # of work): every row read at once, locked, of the traces `owner` owns; one UPDATE per row.
+        ids = sorted({row.id for row, _ in updates})
+        async with self.db.write_lock, self.db.engine.begin() as conn:
+            found = {
+                r.public_id: r._asdict() for r in await conn.execute(_READ, {"ids": ids, "owner": owner})
+            }
             stamp = now()
             out = []
             for (row, _), fields in zip(updates, masks, strict=True):
                 stored = found.get(row.id)
                 if stored is None:
                     raise NotFound("subagent session not found")
-                out.append(self._apply(stored, row, fields, stamp))
+                self._apply(stored, row, fields, stamp)
+                out.append(subagent_from_values(stored))
+            changed = [{"u_id": v["id"], **{f"v_{c}": v[c] for c in _CHANGEABLE}} for v in found.values()]
+            await conn.execute(_UPDATE, changed)
             return out
 
     @staticmethod
-    def _apply(
-        stored: SubagentRow, row: tp.SubagentSession, fields: set[str], stamp: datetime
-    ) -> tp.SubagentSession:
-        """One row's change (its transaction writes it); the status moves only forward."""
+    def _apply(stored: dict[str, Any], row: tp.SubagentSession, fields: set[str], stamp: datetime) -> None:
+        """One row's change to its values (`stored`); the status moves only forward."""
         if "status" in fields:
             new = name_of(SUB_STATUS, row.status, "status")
-            old = number_of(SUB_STATUS, stored.status)
-            if new != stored.status:
+            old = number_of(SUB_STATUS, stored["status"])
+            if new != stored["status"]:
                 if row.status not in domain.SUBAGENT_MOVES[old]:
-                    raise FailedPrecondition(f"subagent cannot go from {stored.status} to {new}")
-                stored.status = new
-                if row.status == ev.SUBAGENT_STATUS_RUNNING and stored.started_at is None:
-                    stored.started_at = stamp
-                if not domain.SUBAGENT_MOVES[row.status] and stored.ended_at is None:
-                    stored.ended_at = stamp
+                    raise FailedPrecondition(f"subagent cannot go from {stored['status']} to {new}")
+                stored["status"] = new
+                if row.status == ev.SUBAGENT_STATUS_RUNNING and stored["started_at"] is None:
+                    stored["started_at"] = stamp
+                if not domain.SUBAGENT_MOVES[row.status] and stored["ended_at"] is None:
+                    stored["ended_at"] = stamp
         if "model" in fields:
-            stored.model = row.model
+            stored["model"] = row.model
         if "tool_names" in fields:
-            stored.tool_names = list(row.tool_names)
+            stored["tool_names"] = list(row.tool_names)
         if "summary" in fields:
-            stored.summary = row.summary or None
+            stored["summary"] = row.summary or None
         if "result_payload" in fields:
-            stored.result_payload = from_struct(row, "result_payload")
+            stored["result_payload"] = from_struct(row, "result_payload")
         if "error" in fields:
-            stored.error = row.error or None
+            stored["error"] = row.error or None
         if "token_usage" in fields:
-            stored.token_usage = usage_json(row.token_usage) if row.HasField("token_usage") else None
-        stored.updated_at = stamp
-        return subagent_pb(stored)
+            stored["token_usage"] = usage_json(row.token_usage) if row.HasField("token_usage") else None
+        stored["updated_at"] = stamp
 
     async def get_subagent(self, owner: str, subagent_id: str) -> tp.SubagentSession:
         async with self.db.read() as db:
