@@ -11,7 +11,8 @@ missed (a gap) or saw twice (a duplicate). At the end, once every service is bac
 user has must settle: no message pending, no task working, no subagent queued or running (orphans).
 
 Reported: turns started and how they ended, readers and how they ended, orphans, gaps, duplicates,
-the longest silence before a reader's terminal event, kills per service. Writes OUT/chaos.json and
+the longest silence before a reader's terminal event (and that reader: what it followed, how it
+ended, the kills around its silence), kills per service. Writes OUT/chaos.json and
 OUT/chaos.md (OUT: tests/bench/results).
 """
 
@@ -104,6 +105,7 @@ class Tally:
     locked: list[str] = field(default_factory=list)  # sessions that kept answering 409 past the bound: when
     followed: list[Followed] = field(default_factory=list)
     kills: Counter[str] = field(default_factory=Counter)
+    kill_times: list[tuple[float, str]] = field(default_factory=list)  # (monotonic, service)
     sessions: set[str] = field(default_factory=set)
 
 
@@ -216,6 +218,7 @@ class Chaos:
             victim = self.rng.choice(self.args.victims)
             await self.mesh.kill(victim)
             self.tally.kills[victim] += 1
+            self.tally.kill_times.append((time.monotonic(), victim))
             print(f"  {time.strftime('%H:%M:%S')} killed {victim}", flush=True)
             await asyncio.sleep(self.rng.uniform(0.2, 2.0))  # down for a while: chaos pacing, not a wait
             await self.mesh.start(victim)
@@ -296,6 +299,7 @@ def report(
     flawed: list[dict[str, Any]] = []  # the readers with a gap or a duplicate, to tell why
     ends: dict[str, Counter[str]] = {}
     silences: list[float] = []
+    longest: Followed | None = None
     unended = 0
     for f in tally.followed:
         g, d = check_text(f)
@@ -306,6 +310,8 @@ def report(
         ends.setdefault(f.key, Counter())[end] += 1
         if f.reader.ended:
             silences.append(f.reader.silence_before_end)
+            if longest is None or f.reader.silence_before_end > longest.reader.silence_before_end:
+                longest = f
         else:
             unended += 1
     silences = [s for s in silences if not math.isnan(s)]
@@ -331,7 +337,26 @@ def report(
         "gaps": gaps,
         "duplicates": dups,
         "longest_wait_for_terminal_s": round(max(silences, default=0.0), 2),
+        "longest_wait": _longest_wait(longest, tally.kill_times) if longest is not None else None,
         "flawed_readers": flawed[:10],
+    }
+
+
+def _longest_wait(f: Followed, kill_times: list[tuple[float, str]]) -> dict[str, Any]:
+    """The reader that waited longest for its terminal event: what it followed, how it ended, its
+    connections, and the kills from 5 s before its silence began to its end (seconds before the end)."""
+    end = f.reader.end["_t"]
+    silence = f.reader.silence_before_end
+    return {
+        "key": f.key,
+        "path": f.reader.path,
+        "end": f.reader.end.get("code") or f.reader.end.get("type", ""),
+        "connections": f.reader.connections,
+        "events": len(f.reader.events),
+        "silence_s": round(silence, 2),
+        "kills_before_end_s": [
+            [victim, round(end - t, 2)] for t, victim in kill_times if end - silence - 5.0 <= t <= end
+        ],
     }
 
 
@@ -392,6 +417,15 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"| {ended} | {r['readers']} | {r['readers_without_terminal']} | {r['orphans']} | {r['gaps']} "
             f"| {r['duplicates']} | {r['longest_wait_for_terminal_s']} s |"
         )
+    for r in results:
+        if w := r.get("longest_wait"):
+            kills = ", ".join(f"{victim} {s} s before" for victim, s in w["kills_before_end_s"]) or "none"
+            lines.append(
+                f"\n{r['backend']}: the longest wait, {w['silence_s']} s, was a {w['key']} reader "
+                f"(`{w['path']}`) that ended `{w['end']}` after {w['events']} events on "
+                f"{w['connections']} connection{'s' if w['connections'] != 1 else ''}; kills from 5 s "
+                f"before its silence to its end: {kills}."
+            )
     return "\n".join(lines) + "\n"
 
 
