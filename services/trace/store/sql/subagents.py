@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, bindparam, insert, or_, select, update
+from sqlalchemy import bindparam, insert, or_, select, update
 
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -108,11 +108,12 @@ class SqlSubagentStore(SubagentStore):
         # Core statements in one transaction (a fan-out's path to its first child waits for it: no ORM
         # unit of work): the hidden traces in one INSERT, the rows in one, their turns in one.
         async with self.db.write_lock, self.db.engine.begin() as conn:
-            traces: dict[str, Row[Any]] = {}
+            traces: dict[str, Any] = {}  # id -> the trace row (id, user_id, agent)
             anchors: set[tuple[str, int]] = set()
-            agents: dict[str, Row[Any] | None] = {}  # a batch names the same few agents, each read once
+            # slug -> its row (id, slug, owner_user_id) or None: a batch names the same few agents
+            agents: dict[str, Any] = {}
 
-            async def agent(slug: str, *, required: bool = True) -> Row[Any] | None:
+            async def agent(slug: str, *, required: bool = True) -> Any:
                 if slug not in agents:
                     found = (await conn.execute(_AGENT, {"slug": slug, "owner": owner})).all() if slug else []
                     # the owner's own before the built-in of that slug
