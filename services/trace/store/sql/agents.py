@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, delete, or_, select
+from sqlalchemy import delete, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -15,16 +15,9 @@ from libs.errors import AlreadyExists, NotFound, PermissionDenied, VersionMismat
 from services.trace import agents as domain
 from services.trace.domain import need_owner
 from services.trace.store.base import AgentStore
-from services.trace.store.sql.common import Database, now, ts
+from services.trace.store.sql.common import AGENT_AS_READ, Database, now, own_first, ts
 from services.trace.store.sql.models import AgentRow, User
 
-_A, _U = AgentRow.__table__.c, User.__table__.c
-# The agent `slug` as `owner` reads it: a built-in's row and the owner's own, if any.
-_GET_AGENT = (
-    select(_A.id, _A.slug, _A.config, _A.version, _A.created_at, _A.updated_at, _U.name)
-    .select_from(AgentRow.__table__.outerjoin(User.__table__, _U.id == _A.owner_user_id))
-    .where(_A.slug == bindparam("slug"), or_(_A.owner_user_id.is_(None), _U.name == bindparam("owner")))
-)
 _IMPORT_ATTEMPTS = 3  # after one replica commits, every catalog slug exists: no insert is left to race
 _PARSED_MAX = 10_000
 
@@ -92,12 +85,11 @@ class SqlAgentStore(AgentStore):
         """Core, not ORM, and one statement built once: every turn and run reads its agent."""
 
         async def work(conn: AsyncConnection) -> list[Any]:
-            return list((await conn.execute(_GET_AGENT, {"slug": slug, "owner": owner})).all())
+            return list((await conn.execute(AGENT_AS_READ, {"slug": slug, "owner": owner})).all())
 
-        rows = await self.db.run(work)
-        if not rows:
+        row = own_first(await self.db.run(work))
+        if row is None:
             raise NotFound(f"unknown agent {slug!r}")
-        row = max(rows, key=lambda r: r.name is not None)  # one's own agent wins
         key = (row.id, row.version, row.updated_at, row.name)
         parsed = self._parsed.get(key)
         if parsed is None:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any, TypeVar, cast
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
-from sqlalchemy import ColumnElement, Row, Table, and_, or_, select
+from sqlalchemy import ColumnElement, Row, Table, and_, bindparam, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
@@ -229,6 +229,32 @@ def _subagent(row: Any, parent_agent: str, preset_agent: str) -> tp.SubagentSess
         child_trace_id=row.child_session_id or "",
         batch_title=row.batch_title,
     )
+
+
+def owned_by_param(param: str = "owner") -> ColumnElement[bool]:
+    """The live traces (SESSIONS) of the user named by bind parameter `param`: one Core statement for
+    every owner."""
+    uid = select(USERS.c.id).where(USERS.c.name == bindparam(param)).scalar_subquery()
+    return and_(SESSIONS.c.user_id == uid, SESSIONS.c.deleted_at.is_(None))
+
+
+# The agent `:slug` as user `:owner` reads it: the built-in's row and the owner's own, if any
+# (`own_first` picks). Core and built once: every turn, run and fan-out reads agents.
+_AGENT_COLUMNS = ("id", "slug", "config", "version", "created_at", "updated_at")
+AGENT_AS_READ = (
+    select(*(AGENTS.c[c] for c in _AGENT_COLUMNS), USERS.c.name)
+    .select_from(AGENTS.outerjoin(USERS, USERS.c.id == AGENTS.c.owner_user_id))
+    .where(
+        AGENTS.c.slug == bindparam("slug"),
+        or_(AGENTS.c.owner_user_id.is_(None), USERS.c.name == bindparam("owner")),
+    )
+)
+
+
+def own_first(rows: Sequence[Any]) -> Any:
+    """Of an agent's rows as `AGENT_AS_READ` finds them, the owner's own (it hides the built-in of that
+    slug); None when there is none."""
+    return max(rows, key=lambda r: r.name is not None) if rows else None
 
 
 SUBAGENTS = cast(Table, SubagentRow.__table__)

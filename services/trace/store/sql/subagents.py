@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, insert, or_, select, update
+from sqlalchemy import bindparam, insert, select, update
 
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -19,7 +19,7 @@ from services.trace.domain import need_owner
 from services.trace.store.base import SubagentStore
 from services.trace.store.sql.appends import INSERT_MESSAGES, make_item, message_row, stored
 from services.trace.store.sql.common import (
-    AGENTS,
+    AGENT_AS_READ,
     MESSAGES,
     SESSIONS,
     SUB_SOURCE,
@@ -27,12 +27,13 @@ from services.trace.store.sql.common import (
     SUBAGENT_COLUMNS,
     SUBAGENTS,
     SUBAGENTS_WITH_AGENTS,
-    USERS,
     Database,
     from_struct,
     name_of,
     now,
     number_of,
+    own_first,
+    owned_by_param,
     subagent_from_values,
     subagent_pb,
     ts,
@@ -54,33 +55,20 @@ _CHANGEABLE = (
     "ended_at",
     "updated_at",
 )
-_OWNER_ID = select(USERS.c.id).where(USERS.c.name == bindparam("owner")).scalar_subquery()
-# The trace `:id` of user `:owner`; the message `:id` of trace `:trace`; agent `:slug` as `:owner` sees
-# it (theirs and the built-in).
+# The trace `:id` of user `:owner`; the message `:id` of trace `:trace`.
 _TRACE = select(SESSIONS.c.id, SESSIONS.c.user_id, SESSIONS.c.agent).where(
-    SESSIONS.c.id == bindparam("id"), SESSIONS.c.user_id == _OWNER_ID, SESSIONS.c.deleted_at.is_(None)
+    SESSIONS.c.id == bindparam("id"), owned_by_param()
 )
 _ANCHOR = select(MESSAGES.c.id).where(
     MESSAGES.c.id == bindparam("id"), MESSAGES.c.session_id == bindparam("trace")
 )
-_AGENT = select(AGENTS.c.id, AGENTS.c.slug, AGENTS.c.owner_user_id).where(
-    AGENTS.c.slug == bindparam("slug"),
-    or_(AGENTS.c.owner_user_id.is_(None), AGENTS.c.owner_user_id == _OWNER_ID),
-)
 _CREATED = tuple(c for c in _SA.c.keys() if c not in ("id", "lease_until"))  # what a new row is given
+_INSERT_TRACES, _INSERT_ROWS = insert(SESSIONS), insert(_SA)
 # The rows of a change, of the live traces of user `:owner`, locked (one statement: a cache key once).
 _READ = (
     select(*SUBAGENT_COLUMNS)
-    .select_from(
-        SUBAGENTS_WITH_AGENTS.join(SESSIONS, SESSIONS.c.id == _SA.c.session_id).join(
-            USERS, USERS.c.id == SESSIONS.c.user_id
-        )
-    )
-    .where(
-        _SA.c.public_id.in_(bindparam("ids", expanding=True)),
-        USERS.c.name == bindparam("owner"),
-        SESSIONS.c.deleted_at.is_(None),
-    )
+    .select_from(SUBAGENTS_WITH_AGENTS.join(SESSIONS, SESSIONS.c.id == _SA.c.session_id))
+    .where(_SA.c.public_id.in_(bindparam("ids", expanding=True)), owned_by_param())
     .with_for_update(of=_SA)
 )
 _UPDATE = (
@@ -110,14 +98,14 @@ class SqlSubagentStore(SubagentStore):
         async with self.db.write_lock, self.db.engine.begin() as conn:
             traces: dict[str, Any] = {}  # id -> the trace row (id, user_id, agent)
             anchors: set[tuple[str, int]] = set()
-            # slug -> its row (id, slug, owner_user_id) or None: a batch names the same few agents
-            agents: dict[str, Any] = {}
+            agents: dict[str, Any] = {}  # slug -> its row as read, or None: a batch names a few
 
             async def agent(slug: str, *, required: bool = True) -> Any:
                 if slug not in agents:
-                    found = (await conn.execute(_AGENT, {"slug": slug, "owner": owner})).all() if slug else []
-                    # the owner's own before the built-in of that slug
-                    agents[slug] = max(found, key=lambda r: r.owner_user_id is not None) if found else None
+                    params = {"slug": slug, "owner": owner}
+                    agents[slug] = (
+                        own_first((await conn.execute(AGENT_AS_READ, params)).all()) if slug else None
+                    )
                 if agents[slug] is None and slug and required:
                     raise InvalidArgument(f"unknown agent {slug!r}")
                 return agents[slug]
@@ -195,8 +183,8 @@ class SqlSubagentStore(SubagentStore):
                         "preset_agent_slug": preset_agent.slug if preset_agent is not None else None,
                     }
                 )
-            await conn.execute(insert(SESSIONS), children)
-            await conn.execute(insert(_SA), [{c: v[c] for c in _CREATED} for v in created])
+            await conn.execute(_INSERT_TRACES, children)
+            await conn.execute(_INSERT_ROWS, [{c: v[c] for c in _CREATED} for v in created])
             begun: list[tuple[tp.Message, tp.Message]] = []
             if turns:  # each hidden trace's first two messages, in one INSERT
                 items, values = [], []

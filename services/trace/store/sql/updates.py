@@ -38,6 +38,7 @@ from services.trace.store.sql.common import (
     message_columns,
     message_from_row,
     now,
+    owned_by_param,
 )
 
 MAX_BATCH = 500  # items per batch (ids per IN clause)
@@ -62,8 +63,7 @@ class Update:
 
 def _owned_by_param() -> Any:
     """The ids of the live traces of user `:u_owner` (a bind parameter: one statement for every item)."""
-    uid = select(_U.c.id).where(_U.c.name == bindparam("u_owner")).scalar_subquery()
-    return select(_S.c.id).where(_S.c.user_id == uid, _S.c.deleted_at.is_(None))
+    return select(_S.c.id).where(owned_by_param("u_owner"))
 
 
 _UPDATES: dict[tuple[str, ...], Any] = {}  # columns -> the executemany UPDATE setting them
