@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import random
 import re
@@ -298,8 +297,7 @@ def report(
     gaps = dups = 0
     flawed: list[dict[str, Any]] = []  # the readers with a gap or a duplicate, to tell why
     ends: dict[str, Counter[str]] = {}
-    silences: list[float] = []
-    longest: Followed | None = None
+    longest: Followed | None = None  # the reader whose terminal event came after the longest silence
     unended = 0
     for f in tally.followed:
         g, d = check_text(f)
@@ -309,12 +307,10 @@ def report(
         end = f.reader.end.get("code") or f.reader.end.get("type", "none") if f.reader.ended else "unended"
         ends.setdefault(f.key, Counter())[end] += 1
         if f.reader.ended:
-            silences.append(f.reader.silence_before_end)
             if longest is None or f.reader.silence_before_end > longest.reader.silence_before_end:
                 longest = f
         else:
             unended += 1
-    silences = [s for s in silences if not math.isnan(s)]
     return {
         "backend": backend,
         "minutes": args.minutes,
@@ -336,7 +332,7 @@ def report(
         "settle_s": round(settle_s, 1),
         "gaps": gaps,
         "duplicates": dups,
-        "longest_wait_for_terminal_s": round(max(silences, default=0.0), 2),
+        "longest_wait_for_terminal_s": round(longest.reader.silence_before_end, 2) if longest else 0.0,
         "longest_wait": _longest_wait(longest, tally.kill_times) if longest is not None else None,
         "flawed_readers": flawed[:10],
     }
