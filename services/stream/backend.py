@@ -31,7 +31,7 @@ from libs.errors import (
     Shutdown,
 )
 from libs.events import is_terminal
-from libs.ids import parse_stream_key
+from libs.ids import parse_stream_key, shown
 from libs.metrics import StreamMetrics
 
 BATCH = 256  # events a subscriber reads (and holds) at once
@@ -107,6 +107,22 @@ class Cursor(abc.ABC):
         """Releases what the cursor holds (timers); the subscription ended."""
 
 
+def replaced(key: str, offset: str) -> NotFound:
+    """A read after an offset of an earlier buffer of `key` than the one the key holds: the buffer meant
+    is gone (closed and replaced by a newer turn's, or lost with a restarted in-memory service), and
+    the newer one is not its continuation."""
+    return NotFound(f"offset {shown(offset, 40)} is from an earlier buffer of {key}, which is gone")
+
+
+def written_elsewhere(key: str, since: str) -> Interrupted:
+    """A write naming (`since`) an earlier buffer of `key` than the one the key holds: its writer's turn
+    lost its buffer (as `replaced` says), and the newer one is another turn's: nothing is written."""
+    return Interrupted(
+        f"the buffer of {key} this write was for (offset {shown(since, 40)}) is gone: its stream service "
+        "restarted, or a newer buffer of the key replaced it; nothing was written"
+    )
+
+
 def _consume(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
@@ -131,26 +147,31 @@ class StreamBackend(abc.ABC):
         FailedPrecondition while one is open or when the key holds another user's buffer."""
 
     @abc.abstractmethod
-    async def append(self, key: str, batch: Sequence[ev.Event], writer: str = "") -> list[str]:
+    async def append(
+        self, key: str, batch: Sequence[ev.Event], writer: str = "", since: str = ""
+    ) -> list[str]:
         """Appends to an open buffer (renewing its lease), returns one offset per event.
 
-        NotFound (no buffer, or a `writer` who is not its owner; "" is the mesh itself),
+        NotFound (no buffer, or a `writer` who is not its owner; "" is the mesh itself), Interrupted
+        (`since`, an offset of the buffer meant, is an earlier buffer's: `written_elsewhere`),
         FailedPrecondition (closed), ResourceExhausted (over max_events).
         """
 
     @abc.abstractmethod
-    async def close(self, key: str, terminal: ev.Event, writer: str = "") -> tuple[str, bool]:
+    async def close(
+        self, key: str, terminal: ev.Event, writer: str = "", since: str = ""
+    ) -> tuple[str, bool]:
         """Appends the terminal event and closes: (its offset, True); (terminal offset, False) if closed.
         NotFound as for append."""
 
     async def end(
-        self, key: str, batch: Sequence[ev.Event], terminal: ev.Event, writer: str = ""
+        self, key: str, batch: Sequence[ev.Event], terminal: ev.Event, writer: str = "", since: str = ""
     ) -> tuple[list[str], str, bool]:
         """Appends `batch` (none terminal), then closes with `terminal`: (the batch's offsets, the
         terminal's offset, closed). Append's errors when there is a batch (a closed buffer:
         FailedPrecondition, nothing appended); without one, as `close`."""
-        offsets = await self.append(key, batch, writer) if batch else []
-        offset, closed = await self.close(key, terminal, writer)
+        offsets = await self.append(key, batch, writer, since) if batch else []
+        offset, closed = await self.close(key, terminal, writer, since)
         return offsets, offset, closed
 
     @abc.abstractmethod

@@ -22,7 +22,16 @@ from agentmesh.events.v1 import events_pb2 as ev
 from libs.config import StreamSettings
 from libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Shutdown
 from libs.ids import shown
-from services.stream.backend import BackendStats, Cursor, StreamBackend, StreamInfo, interrupted, validate_key
+from services.stream.backend import (
+    BackendStats,
+    Cursor,
+    StreamBackend,
+    StreamInfo,
+    interrupted,
+    replaced,
+    validate_key,
+    written_elsewhere,
+)
 
 _counter = itertools.count(time.time_ns() // 1000)
 
@@ -243,14 +252,18 @@ class MemoryBackend(StreamBackend):
             expires_at=self.clock() + self.settings.lease_s,
         )
 
-    def _writable(self, key: str, writer: str) -> _Buffer:
+    def _writable(self, key: str, writer: str, since: str) -> _Buffer:
         buf = self._get(validate_key(key))
         if buf is None or (writer and writer != buf.owner):
             raise NotFound(f"no stream buffer {key}")
+        if since and parse_offset(since) < buf.base:
+            raise written_elsewhere(key, since)
         return buf
 
-    async def append(self, key: str, batch: Sequence[ev.Event], writer: str = "") -> list[str]:
-        buf = self._writable(key, writer)
+    async def append(
+        self, key: str, batch: Sequence[ev.Event], writer: str = "", since: str = ""
+    ) -> list[str]:
+        buf = self._writable(key, writer, since)
         if buf.closed:
             raise FailedPrecondition(f"stream {key} is closed")
         buf.expire_in(self.clock(), self.settings.lease_s)  # its writer is alive
@@ -265,8 +278,10 @@ class MemoryBackend(StreamBackend):
             self.metrics.appended_to(key, len(offsets))
         return offsets
 
-    async def close(self, key: str, terminal: ev.Event, writer: str = "") -> tuple[str, bool]:
-        buf = self._writable(key, writer)
+    async def close(
+        self, key: str, terminal: ev.Event, writer: str = "", since: str = ""
+    ) -> tuple[str, bool]:
+        buf = self._writable(key, writer, since)
         if buf.closed:
             return buf.events[-1].offset, False
         return self._end(buf, terminal), True
@@ -309,7 +324,7 @@ class MemoryBackend(StreamBackend):
             raise NotFound(f"no stream buffer {key}")
         position = parse_offset(after)
         if 0 < position < buf.base:
-            raise NotFound(f"offset {shown(after, 40)} is from an earlier buffer of {key}, which is gone")
+            raise replaced(key, after)
         index = bisect.bisect_right(buf.offsets, position)
         if buf.closed and index >= len(buf.events):
             return None

@@ -255,6 +255,7 @@ class _Writer:
     id: int
     key: str
     user: str
+    since: str = ""  # an offset of the buffer it writes to, as it last named one (WriteStreamRequest.since)
     queue: collections.deque[pb.StreamBatch] = field(default_factory=collections.deque)
     deferred: list[str] = field(default_factory=list)  # offsets of batches taken since its last answer
     task: asyncio.Task[None] | None = None
@@ -322,8 +323,9 @@ class WriteCall:
             item = writer.queue.popleft()
             batch = item.batch
             try:
+                writer.since = batch.since or writer.since
                 start = await self.backend.await_start(writer.key, writer.user) if batch.await_start else None
-                offsets = await self.backend.append(writer.key, batch.events, writer.user)
+                offsets = await self.backend.append(writer.key, batch.events, writer.user, writer.since)
             except Shutdown:
                 writer.queue.appendleft(item)  # not taken: the writer sends it again elsewhere
                 return

@@ -30,7 +30,16 @@ from agentmesh.events.v1 import events_pb2 as ev
 from libs.config import StreamSettings
 from libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from libs.ids import shown
-from services.stream.backend import BackendStats, Cursor, StreamBackend, StreamInfo, interrupted, validate_key
+from services.stream.backend import (
+    BackendStats,
+    Cursor,
+    StreamBackend,
+    StreamInfo,
+    interrupted,
+    replaced,
+    validate_key,
+    written_elsewhere,
+)
 
 log = logging.getLogger(__name__)
 DEFAULT_PREFIX = "agentmesh:"
@@ -78,19 +87,34 @@ return 'ok'
 """
 )
 
-# KEYS: meta, stream, leases. ARGV: max_events, open_ttl_ms, writer, lease_ms, key, payloads...
+# A write's `since` against the buffer's `begin`: both as 40 digits (ms, then seq, each zero-padded to
+# 20), which order as the entry ids do (Lua's numbers are exact only to 2^53). Returns 'replaced' when
+# `since` (ARGV[n], padded by the caller) is an earlier buffer's.
+_SINCE = """
+local function replaced(meta, since)
+  if since == '' then return false end
+  local begin = redis.call('HGET', meta, 'begin')
+  if not begin then return false end
+  local ms, seq = string.match(begin, '^(%d+)%-(%d+)$')
+  return since < string.rep('0', 20 - #ms) .. ms .. string.rep('0', 20 - #seq) .. seq
+end
+"""
+
+# KEYS: meta, stream, leases. ARGV: max_events, open_ttl_ms, writer, lease_ms, key, since, payloads...
 _APPEND = (
     _NOW
+    + _SINCE
     + """
 local closed = redis.call('HGET', KEYS[1], 'closed')
 if not closed or redis.call('HGET', KEYS[1], 'deleted') == '1' then return {'missing'} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[3] then return {'missing'} end
+if replaced(KEYS[1], ARGV[6]) then return {'replaced'} end
 if closed == '1' then return {'closed'} end
 local n = redis.call('XLEN', KEYS[2])
 local out = {'full', tostring(n)}
-if n + #ARGV - 5 <= tonumber(ARGV[1]) then
+if n + #ARGV - 6 <= tonumber(ARGV[1]) then
   out = {'ok'}
-  for i = 6, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i]) end
+  for i = 7, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i]) end
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
@@ -99,11 +123,14 @@ return out
 """
 )
 
-# KEYS: meta, stream, leases. ARGV: terminal, ttl_ms, writer, key.
-_CLOSE = """
+# KEYS: meta, stream, leases. ARGV: terminal, ttl_ms, writer, key, since.
+_CLOSE = (
+    _SINCE
+    + """
 local closed = redis.call('HGET', KEYS[1], 'closed')
 if not closed or redis.call('HGET', KEYS[1], 'deleted') == '1' then return {'missing'} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[3] then return {'missing'} end
+if replaced(KEYS[1], ARGV[5]) then return {'replaced'} end
 if closed == '1' then return {'closed', redis.call('HGET', KEYS[1], 'close_offset')} end
 local id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[1])
 redis.call('HSET', KEYS[1], 'closed', '1', 'close_offset', id)
@@ -112,6 +139,7 @@ redis.call('PEXPIRE', KEYS[2], ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[4])
 return {'ok', id}
 """
+)
 
 # Deleting a buffer: closed (when open) and marked deleted, which every other script and read treats as
 # missing; both keys live on for DRAIN_MS so followers read the terminal event, then Redis drops them.
@@ -180,6 +208,14 @@ def _s(value: Any) -> str:
 def _id_tuple(offset: str) -> tuple[int, int]:
     ms, _, seq = offset.partition("-")
     return int(ms), int(seq or 0)
+
+
+def _padded(offset: str) -> str:
+    """An entry id as _SINCE compares it (40 digits); "" stays ""."""
+    if not check_offset(offset):
+        return ""
+    ms, seq = _id_tuple(offset)
+    return f"{ms:020d}{seq:020d}"
 
 
 def check_offset(offset: str) -> str:
@@ -332,15 +368,27 @@ class RedisBackend(StreamBackend):
         if _s(result) == "foreign":
             raise FailedPrecondition(f"{key} holds another user's buffer")
 
-    async def append(self, key: str, batch: Sequence[ev.Event], writer: str = "") -> list[str]:
+    async def append(
+        self, key: str, batch: Sequence[ev.Event], writer: str = "", since: str = ""
+    ) -> list[str]:
         keys = self._keys(validate_key(key))
         payloads = [e.SerializeToString() for e in batch]
-        args = [self.settings.max_events, self._open_ttl_ms(), writer, self._lease_ms(), key, *payloads]
+        args = [
+            self.settings.max_events,
+            self._open_ttl_ms(),
+            writer,
+            self._lease_ms(),
+            key,
+            _padded(since),
+            *payloads,
+        ]
         with _reachable():
             reply = [_s(x) for x in await self._append(keys=keys, args=args)]
         status = reply[0]
         if status == "missing":
             raise NotFound(f"no stream buffer {key}")
+        if status == "replaced":
+            raise written_elsewhere(key, since)
         if status == "closed":
             raise FailedPrecondition(f"stream {key} is closed")
         if status == "full":
@@ -351,13 +399,17 @@ class RedisBackend(StreamBackend):
         self.metrics.appended_to(key, len(batch))
         return reply[1:]
 
-    async def close(self, key: str, terminal: ev.Event, writer: str = "") -> tuple[str, bool]:
-        args = [terminal.SerializeToString(), self._ttl_ms(), writer, key]
+    async def close(
+        self, key: str, terminal: ev.Event, writer: str = "", since: str = ""
+    ) -> tuple[str, bool]:
+        args = [terminal.SerializeToString(), self._ttl_ms(), writer, key, _padded(since)]
         keys = self._keys(validate_key(key))
         with _reachable():
             reply = [_s(x) for x in await self._close(keys=keys, args=args)]
         if reply[0] == "missing":
             raise NotFound(f"no stream buffer {key}")
+        if reply[0] == "replaced":
+            raise written_elsewhere(key, since)
         return reply[1], reply[0] == "ok"
 
     async def delete(self, key: str, terminal: ev.Event, requester: str = "") -> bool:
@@ -409,7 +461,7 @@ class RedisBackend(StreamBackend):
             # events are not this buffer's continuation. (Should Redis's clock step back between a
             # create and its first append, the buffer's own offsets would be refused too: its readers
             # end `interrupted` on a resume, and the stored reply is unharmed.)
-            raise NotFound(f"offset {shown(after, 40)} is from an earlier buffer of {key}, which is gone")
+            raise replaced(key, after)
         if _s(closed) == "1" and after and _id_tuple(after) >= _id_tuple(_s(close_offset)):
             return None
         return _RedisCursor(self.client, stream_key, after, meta_key, gen)

@@ -67,7 +67,7 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
         self, request: pb.AppendEventsRequest, context: grpc.aio.ServicerContext
     ) -> pb.AppendEventsResponse:
         return pb.AppendEventsResponse(
-            offsets=await self.backend.append(request.key, request.events, _reader())
+            offsets=await self.backend.append(request.key, request.events, _reader(), request.since)
         )
 
     @grpc_errors
@@ -85,7 +85,7 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
     async def WriteStream(
         self, request: AsyncIterator[pb.WriteStreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WriteStreamResponse]:
-        writer, key = _reader(), ""
+        writer, key, since = _reader(), "", ""
         deferred: list[str] = []  # the offsets of the batches taken since the last answer
         try:
             async for message in self.backend.until_shutdown(request):
@@ -94,8 +94,9 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
                     raise InvalidArgument(
                         f"one WriteStream call writes one key: {key}, not {shown(message.key, 80)}"
                     )
+                since = message.since or since
                 start = await self.backend.await_start(key, writer) if message.await_start else None
-                offsets = await self.backend.append(key, message.events, writer)
+                offsets = await self.backend.append(key, message.events, writer, since)
                 if message.defer_answer and start is None:
                     deferred += offsets
                     continue
@@ -130,7 +131,9 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
             raise InvalidArgument("CloseStream needs an outcome: done or error")
         if any(is_terminal(event) for event in request.events):
             raise InvalidArgument("CloseStream's events come before its outcome: none of them terminal")
-        offsets, offset, closed = await self.backend.end(request.key, request.events, terminal, _reader())
+        offsets, offset, closed = await self.backend.end(
+            request.key, request.events, terminal, _reader(), request.since
+        )
         return pb.CloseStreamResponse(offset=offset, closed=closed, offsets=offsets)
 
     @grpc_errors

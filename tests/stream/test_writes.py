@@ -40,6 +40,7 @@ from tests.stream.conftest import (
     close,
     collect,
     create,
+    deltas,
     info,
 )
 
@@ -297,8 +298,8 @@ async def test_an_append_that_outlasts_the_stop_fails_its_writer_unavailable_nev
     stored, never = asyncio.Event(), asyncio.Event()
     real = h.backend.append
 
-    async def append_then_hang(key: str, batch: Any, writer: str = "") -> list[str]:
-        offsets = await real(key, batch, writer)
+    async def append_then_hang(key: str, batch: Any, writer: str = "", since: str = "") -> list[str]:
+        offsets = await real(key, batch, writer, since)
         if key == slow:
             stored.set()
             await never.wait()  # its answer is lost (a backend that applied it and then stalled)
@@ -828,3 +829,50 @@ async def test_an_idle_sink_leaves_a_retired_call_which_then_ends(
         await clients.close()
     got = await collect(stream, key, idle_timeout_ms=200)
     assert [e.text_delta.text_delta for e in got if events.kind(e) == "text_delta"] == ["ab"]
+
+
+async def test_a_write_naming_an_earlier_buffer_of_its_key_writes_nothing(
+    stream: StreamHarness, unique: str
+) -> None:
+    """A writer whose buffer is gone (closed and replaced by the next turn's; on memory, also lost with a
+    restarted process) names it by an offset it was given (`since`): AppendEvents, CloseStream, a
+    WriteStream call and a WriteStreams writer fail ABORTED (INTERRUPTED), and the newer buffer, another
+    turn's, holds none of it; naming the newer buffer's own offset writes as before."""
+    key = f"session:{unique}"
+    await create(stream, key)
+    (old,) = await append(stream, key, deltas("old"))
+    await close(stream, key)
+    await create(stream, key)  # the next turn's buffer
+    (new,) = await append(stream, key, deltas("new"))
+    stray = deltas("stray")
+    refused: list[grpc.aio.AioRpcError] = []
+    for attempt in (
+        stream.stub.AppendEvents(pb.AppendEventsRequest(key=key, events=stray, since=old)),
+        stream.stub.CloseStream(
+            pb.CloseStreamRequest(key=key, events=stray, done=ev.StreamDone(), since=old)
+        ),
+        anext(
+            aiter(stream.stub.WriteStream(iter([pb.WriteStreamRequest(key=key, events=stray, since=old)])))
+        ),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await attempt
+        refused.append(err.value)
+    for err in refused:
+        assert err.code() == grpc.StatusCode.ABORTED, err.details()
+        assert "this write was for" in (err.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as bad:
+        await stream.stub.AppendEvents(pb.AppendEventsRequest(key=key, events=stray, since="x1"))
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT, bad.value.details()
+    writes = Writes(stream)
+    gone, mine = batch(1, "stray", key=key), batch(2, "mine", key=key)
+    gone.batch.since, mine.batch.since = old, new
+    writes.send(gone, mine)
+    assert (await writes.answer(1)).error_reason == "INTERRUPTED"
+    assert len((await writes.answer(2)).answer.offsets) == 1
+    assert await writes.end() == grpc.StatusCode.OK
+    ended = await stream.stub.CloseStream(pb.CloseStreamRequest(key=key, done=ev.StreamDone(), since=new))
+    assert ended.closed
+    got = await collect(stream, key, reader="alice")
+    assert [e.text_delta.text_delta for e in got if e.HasField("text_delta")] == ["new"]
+    assert texts(got) == ["mine"] and events.kind(got[-1]) == "done"
