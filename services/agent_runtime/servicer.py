@@ -34,7 +34,11 @@ class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
             raise InvalidArgument("a run that awaits its start is given its history (history_given)")
         # await_start: the model is called at once; nothing is stored before the turn's `start`
         sink = EventSink(
-            self.clients, request.stream_key, await_start=request.await_start, live=not request.result_only
+            self.clients,
+            request.stream_key,
+            await_start=request.await_start,
+            live=not request.result_only,
+            since=request.start_offset,
         )
         started = sink.started
 

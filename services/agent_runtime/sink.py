@@ -69,7 +69,9 @@ class _Sent:
 
 
 class EventSink:
-    def __init__(self, clients: Clients, key: str, await_start: bool = False, live: bool = False) -> None:
+    def __init__(
+        self, clients: Clients, key: str, await_start: bool = False, live: bool = False, since: str = ""
+    ) -> None:
         self.writer: Writer = clients.writes
         self.key = key
         self._signer = clients.signer
@@ -80,6 +82,10 @@ class EventSink:
         if await_start:
             self.started = asyncio.get_running_loop().create_future()
         self._live = live  # every batch asks for its answer: committed() yields it once stored
+        # An offset of its buffer (the turn's `start`, then its own latest answered one): named when it
+        # binds to a call, so that after a stream service's restart it fails instead of writing into a
+        # newer buffer of its key (another turn's).
+        self._since = since
         self._start_wanted = False  # someone needs `started` before anything was emitted
         self._flush_wanted = False  # someone waits until everything emitted is stored
         self._pending: list[_Entry] = []
@@ -177,6 +183,7 @@ class EventSink:
         item.writer = self._id
         if announce:
             item.batch.key = self.key
+            item.batch.since = self._since
             item.identity = self._signer.mint(self._user) if self._user else ""
         item.batch.events.extend(event for event, _ in entries)
         item.batch.await_start = start
@@ -308,6 +315,8 @@ class EventSink:
             raise Internal(
                 f"the stream service answered {len(offsets)} offsets for the batches of {self.key}"
             )
+        if offsets:
+            self._since = offsets[-1]
 
     def _fail(self, err: MeshError) -> None:
         self._failure = err

@@ -148,10 +148,11 @@ class TurnEngine:
         event.offset = resp.offsets[0]
         await _deliver(on_event, event)
 
-    async def _close(self, key: str, outcome: ev.Event, on_event: OnEvent | None) -> None:
+    async def _close(self, key: str, outcome: ev.Event, on_event: OnEvent | None, since: str = "") -> None:
         """Ends the buffer with `outcome` and delivers it; delivered without an offset when the stream
-        service cannot be reached (the caller must still learn how the turn ended)."""
-        req = ss.CloseStreamRequest(key=key)
+        service cannot be reached (the caller must still learn how the turn ended). `since`: an offset
+        of the buffer meant (a newer buffer of the key is another turn's, and stays as it is)."""
+        req = ss.CloseStreamRequest(key=key, since=since)
         if outcome.HasField("error"):
             req.error.CopyFrom(outcome.error)
         else:
@@ -169,10 +170,11 @@ class TurnEngine:
             outcome.offset = resp.offset
             await _deliver(on_event, outcome)
 
-    async def _finish(self, key: str, finish: ev.Event, on_event: OnEvent | None) -> None:
-        """`finish`, then `done`: one CloseStream. Raises as an append does (a buffer closed meanwhile:
-        FailedPrecondition), so that the turn's failure path ends the buffer with the error."""
-        request = ss.CloseStreamRequest(key=key, events=[finish], done=ev.StreamDone())
+    async def _finish(self, key: str, finish: ev.Event, on_event: OnEvent | None, since: str) -> None:
+        """`finish`, then `done`: one CloseStream to the buffer `since` is an offset of. Raises as an
+        append does (a buffer closed meanwhile: FailedPrecondition; gone: Interrupted), so that the
+        turn's failure path ends the buffer with the error."""
+        request = ss.CloseStreamRequest(key=key, events=[finish], done=ev.StreamDone(), since=since)
         resp = await rpc(self.clients.stream.CloseStream(request, timeout=self.write_timeout_s))
         finish.offset = resp.offsets[0]
         await _deliver(on_event, finish)
@@ -440,6 +442,8 @@ class TurnEngine:
             else:
                 await self._append(spec.stream_key, start, on_event)
             out.start_offset = start.offset
+        if call is None:  # its writes name the turn's buffer (a run started early learns it from `start`)
+            request.start_offset = out.start_offset
         out.result = await self._run_agent(spec, request, on_event, partial, call)
         await self._write_back(out)
         finish = ev.Event(
@@ -447,7 +451,7 @@ class TurnEngine:
                 finish_reason=out.result.finish_reason, usage=out.result.usage, model=out.result.model
             )
         )
-        await self._finish(spec.stream_key, finish, on_event)
+        await self._finish(spec.stream_key, finish, on_event, out.start_offset)
 
     @staticmethod
     def _run_request(
@@ -581,7 +585,7 @@ class TurnEngine:
                     exc.details(),
                     extra={"trace": spec.trace_id, "message_id": out.assistant_message.id},
                 )
-        await self._close(spec.stream_key, events.error(err), on_event)
+        await self._close(spec.stream_key, events.error(err), on_event, out.start_offset)
 
     async def _ended_by(self, key: str) -> MeshError | None:
         """The error `key` was ended with, read from the buffer; None when it did not end with one

@@ -347,11 +347,11 @@ async def test_a_buffer_ended_between_the_write_back_and_the_close(
     finish = TurnEngine._finish
     ended: list[str] = []
 
-    async def ended_first(self: TurnEngine, key: str, event: ev.Event, on_event: Any) -> None:
+    async def ended_first(self: TurnEngine, key: str, event: ev.Event, on_event: Any, since: str) -> None:
         cut = ev.StreamError(code=ev.ERROR_CODE_CANCELLED, message="ended elsewhere")
         ended.append(key)  # (the turn's watcher may cancel it as soon as the close is out)
         await self.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=cut))
-        await finish(self, key, event, on_event)
+        await finish(self, key, event, on_event, since)
 
     monkeypatch.setattr(TurnEngine, "_finish", ended_first)
     got = await chat(mesh, "general", "cut short", timeout=20)
@@ -367,6 +367,45 @@ async def test_a_buffer_ended_between_the_write_back_and_the_close(
             ts.GetMessageRequest(message_id=buffered[0].start.assistant_message_id)
         )
     assert (reply.message.status, reply.message.content) == (tp.MESSAGE_STATUS_COMPLETED, "ended " * 10)
+
+
+async def test_a_turn_whose_buffer_was_replaced_leaves_the_new_one_alone(
+    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn's buffer is gone and the key holds a newer turn's buffer (an in-memory stream service
+    restarted and the next turn made the key again) when the turn ends: its `finish` and `done` name
+    its own buffer (the `start`'s offset), so they are refused (and so is the close of its failure
+    path), the newer buffer stays open and empty for its own turn, and the reply stored before
+    stays."""
+    from agentmesh.events.v1 import events_pb2 as ev
+    from services.orchestrator.turns import TurnEngine
+
+    mesh.mock.set_rules({"rules": [], "default": {"text": "mine " * 10, "tokens_per_second": 100}})
+    finish = TurnEngine._finish
+    replaced: list[str] = []
+
+    async def replaced_first(self: TurnEngine, key: str, event: ev.Event, on_event: Any, since: str) -> None:
+        replaced.append(key)
+        with identity.acting_as(mesh.user):  # the next turn of the session, as its user
+            lost = ev.StreamError(code=ev.ERROR_CODE_INTERRUPTED, message="lost")  # (what its readers get)
+            await self.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=lost))
+            await self.clients.stream.CreateStream(ss.CreateStreamRequest(key=key))
+        await finish(self, key, event, on_event, since)
+
+    monkeypatch.setattr(TurnEngine, "_finish", replaced_first)
+    hold_the_watcher(monkeypatch)  # the old buffer's close is not what ends the turn: its refused writes are
+    got = await chat(mesh, "general", "replaced", timeout=20)
+    monkeypatch.undo()
+    assert len(replaced) == 1 and got[-1]["type"] == "error", ([e["type"] for e in got], got[-3:])
+    assert mesh.clients is not None
+    with identity.acting_as(mesh.user):
+        newer = await mesh.clients.stream.GetStreamInfo(ss.GetStreamInfoRequest(key=replaced[0]))
+        placeholder = await mesh.clients.trace.GetMessage(
+            ts.GetMessageRequest(message_id=got[0]["assistantMessageId"])
+        )
+    assert newer.exists and not newer.closed and newer.length == 0, newer  # no finish, no done, no error
+    reply = (placeholder.message.status, placeholder.message.content)
+    assert reply == (tp.MESSAGE_STATUS_COMPLETED, "mine " * 10), reply  # stored before: it stays
 
 
 def hold_the_watcher(monkeypatch: pytest.MonkeyPatch) -> None:

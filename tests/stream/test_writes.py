@@ -23,10 +23,12 @@ from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from libs import events, identity
 from libs.clients import Clients
-from libs.errors import Cancelled, ResourceExhausted, Shutdown, Unavailable, from_rpc_error
+from libs.errors import Cancelled, Interrupted, ResourceExhausted, Shutdown, Unavailable, from_rpc_error
 from libs.identity import Signer
 from services.agent_runtime.sink import EventSink
 from services.stream import mux
+from services.stream.backend import StreamBackend
+from services.stream.memory import MemoryBackend
 from services.stream.redis_backend import RedisBackend
 from services.stream.server import build
 from tests.conftest import service_settings
@@ -876,3 +878,58 @@ async def test_a_write_naming_an_earlier_buffer_of_its_key_writes_nothing(
     got = await collect(stream, key, reader="alice")
     assert [e.text_delta.text_delta for e in got if e.HasField("text_delta")] == ["new"]
     assert texts(got) == ["mine"] and events.kind(got[-1]) == "done"
+
+
+async def test_a_sink_whose_buffer_was_replaced_fails_instead_of_writing_into_the_new_one(
+    stream_factory: StreamFactory, redis_url: str, signer: Signer, unique: str
+) -> None:
+    """The chaos run's duplicated words: a run's sink moved to a new call (its stream service restarted
+    or drained) while its turn's buffer had been replaced by the next turn's (on memory, the restart
+    lost it and the next turn made the key again). Announcing its key there, it wrote into the newer
+    turn's buffer; now it names its buffer by the offset it was last answered, and fails INTERRUPTED,
+    the newer buffer holding none of it."""
+    first = await stream_factory()
+    settings = service_settings(stream=first.settings.stream, shutdown_grace_s=2.0)
+    memory = not isinstance(first.backend, RedisBackend)
+    # A second server, as the process the sink's next call reaches: on Redis over the same buffers, on
+    # memory over its own (whichever server the sink's call went to, the key is replaced on both).
+    other: StreamBackend = MemoryBackend(settings.stream)
+    if isinstance(first.backend, RedisBackend):
+        other = RedisBackend(redis_url, settings.stream, prefix=first.backend.prefix)
+    second = await build(settings, "127.0.0.1:0", other, signer)
+    await second.start()
+    backends = [first.backend, other] if memory else [first.backend]
+    key = f"session:{unique}"
+    for b in backends:
+        await b.create(key, "alice", {"agent": "demo"})
+    clients = clients_for(first, signer, f"ipv4:{first.server.target},{second.target}", linger_ms=0.0)
+    try:
+        with identity.acting_as("alice"):
+            sink = EventSink(clients, key)
+        await sink.store(events.text_delta("mine "))
+        for b in backends:  # the turn's buffer ends; the next turn makes the key again and writes
+            await b.close(key, ev.Event(done=ev.StreamDone()))
+            await b.create(key, "alice", {"agent": "demo"})
+            await b.append(key, deltas("theirs"))
+        writing = [
+            s
+            for s in (first.server, second)
+            if s.registry.get_sample_value(
+                "agentmesh_grpc_server_in_flight",
+                {"grpc_service": SERVICE, "grpc_method": "WriteStreams", "grpc_type": "bidi_stream"},
+            )
+        ]
+        assert len(writing) == 1
+        await writing[0].stop(30.0)  # the sink's call ends: its next batch goes on a new one
+        sink.emit(events.text_delta("stray"))
+        with pytest.raises(Interrupted) as err:
+            await asyncio.wait_for(sink.flush(), 10)
+        assert "this write was for" in err.value.message
+        sink.cancel()
+        live = other if writing[0] is first.server else first.backend
+        got = [e async for e in live.subscribe(key, idle_timeout_ms=200)]
+        assert [e.text_delta.text_delta for e in got if e.HasField("text_delta")] == ["theirs"]
+    finally:
+        await clients.close()
+        await second.stop(1.0)
+        await other.aclose()
