@@ -377,6 +377,14 @@ def clients_for(h: StreamHarness, signer: Signer, target: str = "", **stream: An
     return Clients(settings, signer)
 
 
+def writing_through(*servers: Any) -> list[Any]:
+    """The one server of `servers` a WriteStreams call is in flight on (asserted: exactly one)."""
+    labels = {"grpc_service": SERVICE, "grpc_method": "WriteStreams", "grpc_type": "bidi_stream"}
+    writing = [s for s in servers if s.registry.get_sample_value("agentmesh_grpc_server_in_flight", labels)]
+    assert len(writing) == 1, writing
+    return writing
+
+
 def words(batch: pb.StreamBatch) -> list[str]:
     return [e.text_delta.text_delta or e.reasoning_delta.reasoning_delta for e in batch.batch.events]
 
@@ -600,15 +608,7 @@ async def test_an_event_sink_moves_on_from_a_drained_replica(
             offsets = []
         else:
             offsets = [await sink.store(events.text_delta(f"{i} ")) for i in range(4)]
-        writing = [
-            s
-            for s in (first.server, second)
-            if s.registry.get_sample_value(
-                "agentmesh_grpc_server_in_flight",
-                {"grpc_service": SERVICE, "grpc_method": "WriteStreams", "grpc_type": "bidi_stream"},
-            )
-        ]
-        assert len(writing) == 1
+        writing = writing_through(first.server, second)
         await writing[0].stop(30.0)
         live = backend if writing[0] is first.server else first.backend  # the replica still serving
         if mode == "held":
@@ -911,15 +911,7 @@ async def test_a_sink_whose_buffer_was_replaced_fails_instead_of_writing_into_th
             await b.close(key, ev.Event(done=ev.StreamDone()))
             await b.create(key, "alice", {"agent": "demo"})
             await b.append(key, deltas("theirs"))
-        writing = [
-            s
-            for s in (first.server, second)
-            if s.registry.get_sample_value(
-                "agentmesh_grpc_server_in_flight",
-                {"grpc_service": SERVICE, "grpc_method": "WriteStreams", "grpc_type": "bidi_stream"},
-            )
-        ]
-        assert len(writing) == 1
+        writing = writing_through(first.server, second)
         await writing[0].stop(30.0)  # the sink's call ends: its next batch goes on a new one
         sink.emit(events.text_delta("stray"))
         with pytest.raises(Interrupted) as err:
