@@ -238,6 +238,12 @@ def owned_by_param(param: str = "owner") -> ColumnElement[bool]:
     return and_(SESSIONS.c.user_id == uid, SESSIONS.c.deleted_at.is_(None))
 
 
+# The trace `:id` of user `:owner` (`Database.owned_trace`): one statement, built once.
+_OWNED_TRACE = select(SESSIONS.c.id, SESSIONS.c.head_sequence, SESSIONS.c.user_id, SESSIONS.c.agent).where(
+    SESSIONS.c.id == bindparam("id"), owned_by_param()
+)
+
+
 # The agent `:slug` as user `:owner` reads it: the built-in's row and the owner's own, if any
 # (`own_first` picks). Core and built once: every turn, run and fan-out reads agents.
 _AGENT_COLUMNS = ("id", "slug", "config", "version", "created_at", "updated_at")
@@ -416,19 +422,14 @@ class Database:
     def owned(cls, owner: str) -> ColumnElement[bool]:
         return and_(SessionRow.user_id == cls.owner_uid(owner), SessionRow.deleted_at.is_(None))
 
-    @classmethod
-    async def owned_trace(cls, conn: AsyncConnection, owner: str, trace_id: str) -> Any:
-        """The trace `owner` owns (Core: id, head_sequence, user_id); NotFound, like a missing one,
-        otherwise."""
+    @staticmethod
+    async def owned_trace(conn: AsyncConnection, owner: str, trace_id: str) -> Any:
+        """The trace `owner` owns (Core: id, head_sequence, user_id, agent); NotFound, like a missing
+        one, otherwise."""
         need_owner(owner)
         if not trace_id:
             raise InvalidArgument("trace_id is required")
-        s = SESSIONS
-        row = (
-            await conn.execute(
-                select(s.c.id, s.c.head_sequence, s.c.user_id).where(s.c.id == trace_id, cls.owned(owner))
-            )
-        ).first()
+        row = (await conn.execute(_OWNED_TRACE, {"id": trace_id, "owner": owner})).first()
         if row is None:
             raise NotFound("trace not found")
         return row

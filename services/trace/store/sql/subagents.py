@@ -55,10 +55,7 @@ _CHANGEABLE = (
     "ended_at",
     "updated_at",
 )
-# The trace `:id` of user `:owner`; the message `:id` of trace `:trace`.
-_TRACE = select(SESSIONS.c.id, SESSIONS.c.user_id, SESSIONS.c.agent).where(
-    SESSIONS.c.id == bindparam("id"), owned_by_param()
-)
+# The message `:id` of trace `:trace`.
 _ANCHOR = select(MESSAGES.c.id).where(
     MESSAGES.c.id == bindparam("id"), MESSAGES.c.session_id == bindparam("trace")
 )
@@ -122,12 +119,7 @@ class SqlSubagentStore(SubagentStore):
                     raise InvalidArgument("a subagent starts queued (or failed, with its error)")
                 trace = traces.get(sub.trace_id)
                 if trace is None:
-                    if not sub.trace_id:
-                        raise InvalidArgument("trace_id is required")
-                    trace = (await conn.execute(_TRACE, {"id": sub.trace_id, "owner": owner})).first()
-                    if trace is None:
-                        raise NotFound("trace not found")
-                    traces[trace.id] = trace
+                    trace = traces[sub.trace_id] = await self.db.owned_trace(conn, owner, sub.trace_id)
                 if (trace.id, sub.parent_message_id) not in anchors:
                     anchor = await conn.scalar(_ANCHOR, {"id": sub.parent_message_id, "trace": trace.id})
                     if anchor is None:
