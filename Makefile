@@ -9,11 +9,14 @@ BIN := $(VENV)/bin
 PEERS_VENV := .venv-peers
 BUF := node_modules/.bin/buf
 NPM_STAMP := node_modules/.installed
-# The web UI's browser libraries (ES module builds from node_modules), served at /ui/vendor/; not committed.
+# Generated, never committed (setup.py build_assets): the protobuf modules (agentmesh/<package>/v1,
+# mirroring the proto packages so that their imports are absolute) and the web UI's browser libraries
+# (gateway/static/ui/vendor, from node_modules).
 VENDOR := gateway/static/ui/vendor
-VENDOR_FILES := $(VENDOR)/marked.esm.js $(VENDOR)/purify.es.mjs
 PROTOS := $(shell find protos -name '*.proto' | sort)
 GEN_STAMP := agentmesh/.generated
+# mypy reads the one import root from a tree of links (it cannot follow the editable install's mapping)
+TYPECHECK := $(VENV)/typecheck
 CHROMIUM := /usr/bin/chromium
 # kubectl (with kustomize built in) from Debian's kubernetes-client package, unpacked into the venv:
 # installing the package would clash with any other kubectl on the machine. KUBECTL=kubectl uses yours.
@@ -28,27 +31,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev]' --config-settings editable_mode=compat
+$(VENV)/.installed: pyproject.toml setup.py | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
 $(NPM_STAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund --silent
 	touch $@
 
-$(VENDOR)/marked.esm.js: $(NPM_STAMP)
-	mkdir -p $(VENDOR)
-	cp node_modules/marked/lib/marked.esm.js node_modules/marked/lib/marked.esm.js.map $(VENDOR)/
-
-$(VENDOR)/purify.es.mjs: $(NPM_STAMP)
-	mkdir -p $(VENDOR)
-	cp node_modules/dompurify/dist/purify.es.mjs node_modules/dompurify/dist/purify.es.mjs.map $(VENDOR)/
-
-# Generated code mirrors the proto packages (agentmesh.events.v1 -> agentmesh/events/v1/), so its
-# imports are absolute and need no fixes. Never edited, never committed.
-$(GEN_STAMP): $(PROTOS) $(VENV)/.installed
-	rm -rf $(patsubst protos/%,%,$(sort $(dir $(PROTOS))))
-	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+$(GEN_STAMP): $(PROTOS) setup.py $(VENV)/.installed $(NPM_STAMP)
+	$(BIN)/python setup.py -q build_assets --inplace
 	touch $@
 
 $(LOCAL_KUBECTL): | $(BIN)/python
@@ -64,7 +56,7 @@ $(CHROMIUM):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
 .PHONY: setup
-setup: $(VENV)/.installed $(GEN_STAMP) $(VENDOR_FILES) ## Create the venv, install dependencies, generate code
+setup: $(VENV)/.installed $(GEN_STAMP) ## Create the venv, install dependencies, generate code
 
 .PHONY: proto
 proto: $(NPM_STAMP) ## Format, lint and breaking-check the protos, then generate
@@ -86,8 +78,8 @@ test: setup $(CHROMIUM) $(filter $(LOCAL_KUBECTL),$(KUBECTL)) ## Run every test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 .PHONY: screenshots
-screenshots: setup $(CHROMIUM) ## Retake the README's screenshots (tests/ui/screenshots) with the UI tests
-	AGENTMESH_SCREENSHOTS=1 $(BIN)/python -m pytest tests/ui -q
+screenshots: setup $(CHROMIUM) ## Retake the README's screenshots (tests/e2e/ui/screenshots) with the UI tests
+	AGENTMESH_SCREENSHOTS=1 $(BIN)/python -m pytest tests/e2e/ui -q
 
 .PHONY: lint
 lint: setup $(NPM_STAMP) ## buf lint/format/breaking, ruff, mypy
@@ -97,7 +89,10 @@ lint: setup $(NPM_STAMP) ## buf lint/format/breaking, ruff, mypy
 	  $(BUF) breaking --against '.git#branch=main'; fi
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy agentmesh/cli.py agentmesh/agents_cli.py agentmesh/mock_llm services gateway libs tests
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/agentmesh
+	ln -s $(CURDIR)/agentmesh/* $(CURDIR)/services $(CURDIR)/gateway $(CURDIR)/libs $(TYPECHECK)/agentmesh/
+	ln -s $(CURDIR)/tests $(CURDIR)/bench $(TYPECHECK)/
+	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p agentmesh -p tests -p bench
 
 .PHONY: deploy-check
 deploy-check: setup $(filter $(LOCAL_KUBECTL),$(KUBECTL)) ## Render the k8s overlays, validate them and compose.yaml
@@ -105,32 +100,32 @@ deploy-check: setup $(filter $(LOCAL_KUBECTL),$(KUBECTL)) ## Render the k8s over
 	$(BIN)/hadolint deploy/Dockerfile
 
 $(VENV)/.bench-installed: $(VENV)/.installed
-	$(BIN)/pip install -q -e '.[dev,bench]' --config-settings editable_mode=compat
+	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $@
 
-$(PEERS_VENV)/.installed: tests/bench/peers/requirements.txt
+$(PEERS_VENV)/.installed: bench/peers/requirements.txt
 	$(PYTHON) -m venv $(PEERS_VENV)
 	$(PEERS_VENV)/bin/pip install -q --upgrade pip
 	$(PEERS_VENV)/bin/pip install -q -r $<
 	touch $@
 
 .PHONY: bench
-bench: setup $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## Benchmarks A-G with the LangGraph server beside the mesh, then the chaos run (BENCH_ARGS=--quick for a short run); tests/bench/results/
-	$(BIN)/python -m tests.bench.run --peers langgraph --peers-venv $(PEERS_VENV) $(BENCH_ARGS)
-	$(BIN)/python -m tests.bench.chaos $(CHAOS_ARGS)
+bench: setup $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## Benchmarks A-G with the LangGraph server beside the mesh, then the chaos run (BENCH_ARGS=--quick for a short run); bench/results/
+	$(BIN)/python -m bench.run --peers langgraph --peers-venv $(PEERS_VENV) $(BENCH_ARGS)
+	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 
 .PHONY: chaos
 chaos: setup $(VENV)/.bench-installed ## Mixed turns while services are killed and restarted (CHAOS_ARGS=--minutes 1)
-	$(BIN)/python -m tests.bench.chaos $(CHAOS_ARGS)
+	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 
 .PHONY: profile
 profile: setup ## py-spy on every service under a paced load (PROFILE_ARGS="--sessions 20 --compare DIR")
-	$(BIN)/python -m tests.bench.profile $(PROFILE_ARGS)
+	$(BIN)/python -m bench.profile $(PROFILE_ARGS)
 
 .PHONY: bench-peers
 bench-peers: setup $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## The benchmarks with the LangGraph server beside the mesh, without the chaos run
-	$(BIN)/python -m tests.bench.run --peers langgraph --peers-venv $(PEERS_VENV) $(BENCH_ARGS)
+	$(BIN)/python -m bench.run --peers langgraph --peers-venv $(PEERS_VENV) $(BENCH_ARGS)
 
 .PHONY: clean
 clean: ## Remove the venvs, generated code and installed packages
-	rm -rf $(VENV) $(PEERS_VENV) $(patsubst protos/%,%,$(sort $(dir $(PROTOS)))) $(GEN_STAMP) node_modules $(VENDOR)
+	rm -rf $(VENV) $(PEERS_VENV) $(patsubst protos/%,%,$(sort $(dir $(PROTOS)))) $(GEN_STAMP) node_modules $(VENDOR) build

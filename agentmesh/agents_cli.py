@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import yaml
 
-from libs.config import load_settings
+from agentmesh.libs.config import load_settings
 
 OUTPUT_ONLY = ("effectiveSubagentConfig", "owner", "version", "createTime", "updateTime")
 # Settings whose nested keys a file may give in part; the rest of the object takes its defaults.

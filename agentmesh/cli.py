@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import httpx
 
 from agentmesh import agents_cli
-from libs.config import MeshSettings, load_settings
+from agentmesh.libs.config import MeshSettings, load_settings
+from agentmesh.libs.transport import use_classic_transport
 
 if TYPE_CHECKING:
     from agentmesh.supervisor import Supervisor
@@ -27,24 +28,24 @@ SERVICES = ("trace", "stream", "agent-runtime", "orchestrator", "gateway")
 def _serve(name: str) -> int:
     settings = load_settings()
     if name == "trace":
-        from services.trace.server import main as run
+        from agentmesh.services.trace.server import main as run
     elif name == "stream":
-        from services.stream.server import main as run
+        from agentmesh.services.stream.server import main as run
     elif name == "agent-runtime":
-        from services.agent_runtime.server import main as run
+        from agentmesh.services.agent_runtime.server import main as run
     elif name == "orchestrator":
-        from services.orchestrator.server import main as run
+        from agentmesh.services.orchestrator.server import main as run
     elif name == "gateway":
-        from gateway.server import main as run
+        from agentmesh.gateway.server import main as run
     else:
         print(f"unknown service {name!r}; one of {', '.join(SERVICES)}", file=sys.stderr)
         return 2
-    from libs import telemetry
-    from libs.log import setup_logging
+    from agentmesh.libs import telemetry
+    from agentmesh.libs.log import setup_logging
 
     setup_logging(name, settings.log_level, settings.log_json)
     telemetry.setup(name)  # only with OTEL_EXPORTER_OTLP_ENDPOINT
-    from libs.aio import run as run_loop
+    from agentmesh.libs.aio import run as run_loop
 
     try:
         run_loop(run(settings))
@@ -55,7 +56,7 @@ def _serve(name: str) -> int:
 
 async def _create_key(settings: MeshSettings, user: str) -> str:
     from agentmesh.auth.v1 import auth_service_pb2 as au
-    from libs.clients import Clients
+    from agentmesh.libs.clients import Clients
 
     clients = Clients(settings)
     try:
@@ -67,7 +68,7 @@ async def _create_key(settings: MeshSettings, user: str) -> str:
 
 async def _key_works(settings: MeshSettings, key: str) -> bool:
     from agentmesh.auth.v1 import auth_service_pb2 as au
-    from libs.clients import Clients
+    from agentmesh.libs.clients import Clients
 
     clients = Clients(settings)
     try:
@@ -86,8 +87,8 @@ def _dev_key_file(settings: MeshSettings) -> Path:
 def _up(args: argparse.Namespace) -> int:
     """Starts the mock model, the four services and the gateway as processes on loopback, and
     supervises them: a child that dies is restarted (with backoff) while the rest keeps serving."""
+    from agentmesh.libs.identity import load_secret
     from agentmesh.supervisor import Supervisor
-    from libs.identity import load_secret
 
     settings = load_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -110,7 +111,7 @@ def _up(args: argparse.Namespace) -> int:
     try:
         if not args.no_mock_llm:
             supervisor.add("mock-llm", [py, "-m", "agentmesh.cli", "mock-llm", "--port", str(mock_port)])
-        from libs.rpc import wait_serving
+        from agentmesh.libs.rpc import wait_serving
 
         a = settings.addresses
         # The stores first: a process whose first calls (the orchestrator's reaper, the gateway's
@@ -232,8 +233,8 @@ def _keys(args: argparse.Namespace) -> int:
 
 def _peers(args: argparse.Namespace) -> int:
     """`peers list` (the registry, never a secret) and `peers check` (does each answer, in time)."""
-    from libs.peer_http import PeerClients
-    from libs.peers import PeerConfigError, PeerRegistry
+    from agentmesh.libs.peer_http import PeerClients
+    from agentmesh.libs.peers import PeerConfigError, PeerRegistry
 
     settings = load_settings()
     try:
@@ -265,6 +266,7 @@ def _peers(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    use_classic_transport()  # before anything below imports gRPC
     parser = argparse.ArgumentParser(prog="agentmesh", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the whole mesh on loopback")

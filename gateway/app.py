@@ -8,16 +8,16 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway import errors, openapi
-from gateway.a2a import mount as a2a_server
-from gateway.a2a import routes as a2a_routes
-from gateway.drain import Drain
-from gateway.limits import BodyLimitMiddleware, HeadLimitMiddleware, TraceGZipMiddleware
-from gateway.metrics import Metrics, MetricsMiddleware, metrics_endpoint
-from gateway.routes import agents, chat, sessions, streams, traces, ui
-from libs import telemetry
-from libs.clients import Clients
-from libs.config import MeshSettings
+from agentmesh.gateway import errors, openapi
+from agentmesh.gateway.a2a import mount as a2a_server
+from agentmesh.gateway.a2a import routes as a2a_routes
+from agentmesh.gateway.drain import Drain
+from agentmesh.gateway.limits import BodyLimitMiddleware, HeadLimitMiddleware, TraceGZipMiddleware
+from agentmesh.gateway.metrics import Metrics, MetricsMiddleware, metrics_endpoint
+from agentmesh.gateway.routes import agents, chat, sessions, streams, traces, ui
+from agentmesh.libs import telemetry
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.config import MeshSettings
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from agentmesh.auth.v1 import auth_service_pb2 as au
-from libs import identity
-from libs.clients import Clients
-from libs.config import MeshSettings
-from libs.errors import Unauthenticated, rpc
+from agentmesh.libs import identity
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.errors import Unauthenticated, rpc
 
 _AUTH_CACHE_S = 30.0
 # The scheme the OpenAPI document states; `authenticate` reads the header itself (auto_error off: its

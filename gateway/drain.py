@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import grpc
 
-from libs.errors import Shutdown
-from libs.streams import Follow
+from agentmesh.libs.errors import Shutdown
+from agentmesh.libs.streams import Follow
 
 RESUME_HINT = "resume with the last event id (GET /api/sessions/{id}/stream) once the gateway is back"
 

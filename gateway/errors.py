@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from libs.errors import TABLE, Internal, InvalidArgument, MeshError, NotFound, from_rpc_error
+from agentmesh.libs.errors import TABLE, Internal, InvalidArgument, MeshError, NotFound, from_rpc_error
 
 log = logging.getLogger(__name__)
 

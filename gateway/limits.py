@@ -26,8 +26,8 @@ import h11
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from gateway.errors import HttpError
-from libs.errors import MeshError, ResourceExhausted
+from agentmesh.gateway.errors import HttpError
+from agentmesh.libs.errors import MeshError, ResourceExhausted
 
 MAX_BODY_BYTES = 1024 * 1024
 MAX_LINE_BYTES = 8192  # with its CRLF, like websockets' MAX_LINE_LENGTH

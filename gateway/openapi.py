@@ -11,9 +11,9 @@ from fastapi import FastAPI
 
 from agentmesh.agents.v1 import agent_pb2 as ag
 from agentmesh.agents.v1 import agent_service_pb2 as ags
+from agentmesh.gateway.params import NO_NUL
+from agentmesh.libs.protojson import json_input_schema, json_schema
 from agentmesh.trace.v1 import trace_pb2 as tp
-from gateway.params import NO_NUL
-from libs.protojson import json_input_schema, json_schema
 
 _COMPONENTS = {
     "Session": tp.Trace.DESCRIPTOR,
@@ -91,7 +91,7 @@ AGENT_OPERATIONS = [
 
 def links(operations: list[tuple[str, str]], parameter: str, pointer: str) -> dict[str, Any]:
     """OpenAPI links from a response to `operations`, their `parameter` taken at `pointer` in its body
-    (the stateful phase of tests/gateway/test_schemathesis.py follows them)."""
+    (the stateful phase of tests/integration/gateway/test_schemathesis.py follows them)."""
     return {
         f"{method.lower()}{path.replace('/', '_').replace('{', '').replace('}', '')}": {
             "operationRef": _ref(method, path),

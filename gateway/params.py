@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import Path, Query
 
-from libs.ids import LOCAL_ID_PATTERN, MAX_ID, SLUG_PATTERN
+from agentmesh.libs.ids import LOCAL_ID_PATTERN, MAX_ID, SLUG_PATTERN
 
 ID_PATTERN = f"^{LOCAL_ID_PATTERN}$"
 _ID = f"1-{MAX_ID} characters of [A-Za-z0-9_.-], not starting with '.' or '-'"

@@ -8,10 +8,10 @@ from typing import Any
 
 import uvicorn
 
-from gateway.app import create_app
-from gateway.limits import HEAD_TIMEOUT_S, MAX_BODY_BYTES, MAX_HEAD_BYTES, HeadTimeoutProtocol
-from libs.config import MeshSettings
-from libs.embedded_http import bind
+from agentmesh.gateway.app import create_app
+from agentmesh.gateway.limits import HEAD_TIMEOUT_S, MAX_BODY_BYTES, MAX_HEAD_BYTES, HeadTimeoutProtocol
+from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.embedded_http import bind
 
 
 def http_limits(head_timeout_s: float = HEAD_TIMEOUT_S) -> dict[str, Any]:
@@ -21,7 +21,7 @@ def http_limits(head_timeout_s: float = HEAD_TIMEOUT_S) -> dict[str, Any]:
     h11 (with a deadline on request heads), never httptools, whose parser takes none of these limits;
     the `websockets` implementation, deprecated by uvicorn but the one that answers an upgrade with an
     over-long request line with 400 and closes: `websockets-sansio` (uvicorn 0.54) leaves that socket
-    open with no answer (tests/gateway/test_hostile.py).
+    open with no answer (tests/integration/gateway/test_hostile.py).
     """
     protocol: type[HeadTimeoutProtocol] = HeadTimeoutProtocol
     if head_timeout_s != HEAD_TIMEOUT_S:

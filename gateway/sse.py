@@ -21,15 +21,15 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.gateway.drain import Drain
+from agentmesh.gateway.params import OFFSET_PATTERN
+from agentmesh.libs import events
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.errors import Interrupted, InvalidArgument, MeshError, NotFound
+from agentmesh.libs.ids import shown
+from agentmesh.libs.streams import Follow, FollowCancelled
 from agentmesh.stream.v1 import stream_service_pb2 as pb
-from gateway.drain import Drain
-from gateway.params import OFFSET_PATTERN
-from libs import events
-from libs.clients import Clients
-from libs.config import MeshSettings
-from libs.errors import Interrupted, InvalidArgument, MeshError, NotFound
-from libs.ids import shown
-from libs.streams import Follow, FollowCancelled
 
 RESUME_RETRIES = 3  # resubscriptions after UNAVAILABLE (a stream replica went away) before giving up
 RESUME_BACKOFF_S = 0.25

@@ -15,20 +15,20 @@ import grpc
 from agentmesh.agents.v1 import agent_service_pb2_grpc
 from agentmesh.auth.v1 import auth_service_pb2_grpc
 from agentmesh.leases.v1 import lease_service_pb2_grpc
+from agentmesh.libs import identity
+from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.errors import DeadlineExceeded, MeshError, Unavailable, from_reason, from_rpc_error
+from agentmesh.libs.identity import Signer, signer_for
+from agentmesh.libs.peer_http import PeerClients
+from agentmesh.libs.peers import PeerRegistry
+from agentmesh.libs.rpc import channel, end_call_soon
+from agentmesh.libs.streams import Follower, Writer
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2_grpc
 from agentmesh.runtime.v1 import runtime_service_pb2_grpc
 from agentmesh.stream.v1 import stream_service_pb2_grpc
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from agentmesh.trace.v1 import trace_service_pb2_grpc
-from libs import identity
-from libs.config import MeshSettings
-from libs.errors import DeadlineExceeded, MeshError, Unavailable, from_reason, from_rpc_error
-from libs.identity import Signer, signer_for
-from libs.peer_http import PeerClients
-from libs.peers import PeerRegistry
-from libs.rpc import channel, end_call_soon
-from libs.streams import Follower, Writer
 
 T = TypeVar("T")
 

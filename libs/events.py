@@ -10,9 +10,9 @@ from typing import Any
 from google.protobuf import struct_pb2
 
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.libs.errors import MeshError
+from agentmesh.libs.protojson import to_json
 from agentmesh.trace.v1 import trace_pb2 as tp
-from libs.errors import MeshError
-from libs.protojson import to_json
 
 TERMINAL = ("done", "error")
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from libs.errors import Unauthenticated
+from agentmesh.libs.errors import Unauthenticated
 
 HEADER = "x-agentmesh-identity"
 TOKEN_TTL_S = 300.0

@@ -16,7 +16,7 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from libs.errors import InvalidArgument
+from agentmesh.libs.errors import InvalidArgument
 
 MAX_ID = 64
 MAX_REF = 300

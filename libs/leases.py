@@ -20,9 +20,9 @@ from typing import Any
 import grpc
 
 from agentmesh.leases.v1 import lease_service_pb2 as ls
+from agentmesh.libs import identity
+from agentmesh.libs.clients import Clients
 from agentmesh.stream.v1 import stream_service_pb2 as ss
-from libs import identity
-from libs.clients import Clients
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 
-from libs.telemetry import current_ids
+from agentmesh.libs.telemetry import current_ids
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 

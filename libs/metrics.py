@@ -5,7 +5,7 @@ trace queries, the reaper), and the small HTTP server that serves them at GET /m
 Each server has its own registry (several services share one process in the tests), and each component
 registers its series on the registry it is given; a component given none gets a private one, counted
 but never served. The gateway serves its own at /metrics on its HTTP port (gateway/metrics.py).
-Series names are the contract of deploy/grafana/agentmesh.json (tests/deploy checks each panel's).
+Series names are the contract of deploy/grafana/agentmesh.json (tests/e2e/deploy checks each panel's).
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ class MetricsServer:
         self._server: Any = None
 
     async def start(self) -> None:
-        from libs import embedded_http
+        from agentmesh.libs import embedded_http
 
         self._server = await embedded_http.serve(
             metrics_app(self.registry, self.refresh),

@@ -18,8 +18,8 @@ from urllib.parse import quote
 
 import httpx
 
-from libs.config import FederationSettings
-from libs.errors import (
+from agentmesh.libs.config import FederationSettings
+from agentmesh.libs.errors import (
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
@@ -29,8 +29,8 @@ from libs.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from libs.metrics import PeerMetrics
-from libs.peers import Peer
+from agentmesh.libs.metrics import PeerMetrics
+from agentmesh.libs.peers import Peer
 
 log = logging.getLogger(__name__)
 RETRYABLE_STATUS = {502, 503, 504}

@@ -34,8 +34,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from libs.errors import FailedPrecondition, InvalidArgument, PermissionDenied
-from libs.ids import TraceRef, shown
+from agentmesh.libs.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from agentmesh.libs.ids import TraceRef, shown
 
 PEER_TYPES = ("terminal", "cloud", "org")
 _ALIAS_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")

@@ -17,10 +17,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
-from libs import identity, telemetry
-from libs.errors import Unauthenticated, to_status
-from libs.identity import Signer
-from libs.metrics import MetricsServer, Refresh, RpcMetrics
+from agentmesh.libs import identity, telemetry
+from agentmesh.libs.errors import Unauthenticated, to_status
+from agentmesh.libs.identity import Signer
+from agentmesh.libs.metrics import MetricsServer, Refresh, RpcMetrics
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +257,7 @@ class IdentityInterceptor(grpc.aio.ServerInterceptor):
     principal the handler's; a missing, forged or expired token ends the call UNAUTHENTICATED.
 
     grpc.aio runs a call's interceptors and its handler in one task of their own (its `_handle_rpc`),
-    so the principal set here is that call's alone (tests/libs/test_rpc.py): the handler itself is
+    so the principal set here is that call's alone (tests/integration/libs/test_rpc.py): the handler itself is
     returned as it is, with no wrapper per call."""
 
     OPEN = ("/grpc.health.v1.Health/", "/grpc.reflection.")

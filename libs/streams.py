@@ -27,12 +27,12 @@ from typing import Any, Protocol
 import grpc
 
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.libs import identity
+from agentmesh.libs.errors import Cancelled, MeshError, Unavailable, from_reason, from_rpc_error
+from agentmesh.libs.identity import Signer
+from agentmesh.libs.rpc import MAX_MESSAGE_BYTES
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from agentmesh.stream.v1 import stream_service_pb2_grpc
-from libs import identity
-from libs.errors import Cancelled, MeshError, Unavailable, from_reason, from_rpc_error
-from libs.identity import Signer
-from libs.rpc import MAX_MESSAGE_BYTES
 
 WINDOW = 256  # events the service may send a follow beyond what its reader consumed
 # A WriteStreams request carries the batches of many writers. One that grew past REQUEST_BYTES takes no

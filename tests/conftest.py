@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-# First: it picks gRPC's transport before anything imports gRPC (agentmesh/__init__.py), so that the
-# suite's in-process servers and clients run on the transport the services run on.
-import agentmesh  # noqa: F401
-
-# isort: split
 import asyncio
 import concurrent.futures
 import os
@@ -18,9 +13,15 @@ from urllib.parse import urlparse
 
 import pytest
 
+from agentmesh.libs.transport import use_classic_transport
+
+# Before anything imports gRPC: the suite's in-process servers and clients run on the transport the
+# services run on.
+use_classic_transport()
+
 if TYPE_CHECKING:
-    from libs.config import MeshSettings
-    from libs.identity import Signer
+    from agentmesh.libs.config import MeshSettings
+    from agentmesh.libs.identity import Signer
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PG_ADMIN_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -87,7 +88,7 @@ TEST_SECRET = "agentmesh-test-mesh-secret-0123456789"
 
 def service_settings(**values: object) -> MeshSettings:
     """Settings for services a test starts in its own process: the test mesh secret, loopback."""
-    from libs.config import MeshSettings
+    from agentmesh.libs.config import MeshSettings
 
     values.setdefault("mesh_secret", TEST_SECRET)
     return MeshSettings(**values)  # type: ignore[arg-type]
@@ -96,6 +97,6 @@ def service_settings(**values: object) -> MeshSettings:
 @pytest.fixture(scope="session")
 def signer() -> Signer:
     """Signs identities the test services accept (`with identity.acting_as(user): ...` then call)."""
-    from libs.identity import Signer
+    from agentmesh.libs.identity import Signer
 
     return Signer(TEST_SECRET.encode())

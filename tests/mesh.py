@@ -20,19 +20,19 @@ import httpx
 import redis.asyncio as aioredis
 
 from agentmesh.auth.v1 import auth_service_pb2 as au
+from agentmesh.gateway.app import create_app
+from agentmesh.gateway.server import http_limits
+from agentmesh.libs import embedded_http, events, identity
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.config import A2ASettings, Addresses, LLMSettings, MeshSettings, StreamSettings
+from agentmesh.libs.identity import Signer
+from agentmesh.libs.rpc import ServiceServer
 from agentmesh.mock_llm import DEMO_RULES, MockLLM
+from agentmesh.services.agent_runtime import server as runtime_server
+from agentmesh.services.orchestrator import server as orchestrator_server
+from agentmesh.services.stream import server as stream_server
+from agentmesh.services.trace import server as trace_server
 from agentmesh.stream.v1 import stream_service_pb2 as ss
-from gateway.app import create_app
-from gateway.server import http_limits
-from libs import embedded_http, events, identity
-from libs.clients import Clients
-from libs.config import A2ASettings, Addresses, LLMSettings, MeshSettings, StreamSettings
-from libs.identity import Signer
-from libs.rpc import ServiceServer
-from services.agent_runtime import server as runtime_server
-from services.orchestrator import server as orchestrator_server
-from services.stream import server as stream_server
-from services.trace import server as trace_server
 
 ANY_PORT = "127.0.0.1:0"
 TEST_CATALOG = Path(__file__).parent / "catalogs" / "mesh.yaml"  # agents whose prompts the test rules match
@@ -513,7 +513,7 @@ class ProcessMesh:
         if inst.service == "gateway":
             await wait_until(lambda: self._gateway_up(name), 30, f"{name} to answer")
             return
-        from libs.rpc import wait_serving
+        from agentmesh.libs.rpc import wait_serving
 
         key = inst.service.upper().replace("-", "_")
         target = env.get(f"AGENTMESH_LISTEN__{key}") or env[f"AGENTMESH_ADDRESSES__{key}"]

@@ -9,10 +9,10 @@ import os
 import signal
 from pathlib import Path
 
+from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.log import setup_logging
 from agentmesh.mock_llm.rules import RulesError, RuleSet, parse_rules
 from agentmesh.mock_llm.server import MockLLM
-from libs.config import MeshSettings
-from libs.log import setup_logging
 
 DEMO_RULES = Path(__file__).resolve().parent / "demo_rules.yaml"
 

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from agentmesh.libs import embedded_http
 from agentmesh.mock_llm.rules import (
     ChatRequestView,
     Reply,
@@ -32,7 +33,6 @@ from agentmesh.mock_llm.rules import (
     pieces,
     word_count,
 )
-from libs import embedded_http
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from a2a.types import a2a_pb2 as a2a
 from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0, TransportProtocol
 
 from agentmesh.agents.v1 import agent_pb2 as ap
-from libs.a2a import BEARER_SCHEME
+from agentmesh.libs.a2a import BEARER_SCHEME
 
 
 def agent_card(agent: ap.Agent, base_url: str, grpc_url: str) -> a2a.AgentCard:

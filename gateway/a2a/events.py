@@ -7,9 +7,9 @@ from a2a.types import a2a_pb2 as a2a
 from google.protobuf import struct_pb2
 
 from agentmesh.events.v1 import events_pb2 as ev
-from libs import events
-from libs.a2a import OFFSET_KEY, RESPONSE_ARTIFACT, USAGE_KEY
-from libs.errors import code_name
+from agentmesh.libs import events
+from agentmesh.libs.a2a import OFFSET_KEY, RESPONSE_ARTIFACT, USAGE_KEY
+from agentmesh.libs.errors import code_name
 
 A2AEvent = a2a.TaskStatusUpdateEvent | a2a.TaskArtifactUpdateEvent
 

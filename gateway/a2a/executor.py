@@ -25,18 +25,13 @@ from a2a.utils.errors import InvalidParamsError, UnsupportedOperationError
 from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.agents.v1 import agent_service_pb2 as ag
 from agentmesh.events.v1 import events_pb2 as ev
-from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
-from agentmesh.runtime.v1 import runtime_service_pb2 as rt
-from agentmesh.stream.v1 import stream_service_pb2 as ss
-from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
-from gateway.a2a.calls import INBOUND_KEY, addressed_agent, header
-from gateway.a2a.events import status, to_a2a
-from libs import events, telemetry
-from libs.a2a import TRACEPARENT_KEY, metadata_depth, metadata_str
-from libs.clients import Clients
-from libs.config import MeshSettings
-from libs.errors import (
+from agentmesh.gateway.a2a.calls import INBOUND_KEY, addressed_agent, header
+from agentmesh.gateway.a2a.events import status, to_a2a
+from agentmesh.libs import events, telemetry
+from agentmesh.libs.a2a import TRACEPARENT_KEY, metadata_depth, metadata_str
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.errors import (
     Cancelled,
     DeadlineExceeded,
     Internal,
@@ -47,9 +42,14 @@ from libs.errors import (
     from_rpc_error,
     rpc,
 )
-from libs.ids import a2a_key
-from libs.leases import LeaseKeeper
-from libs.tools import A2A_CALLEE
+from agentmesh.libs.ids import a2a_key
+from agentmesh.libs.leases import LeaseKeeper
+from agentmesh.libs.tools import A2A_CALLEE
+from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
+from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 log = logging.getLogger(__name__)
 GRACE_S = 5.0  # the turn's own deadline fires first; RunTurn's is a backstop

@@ -14,10 +14,10 @@ from a2a.compat.v0_3.grpc_handler import CompatGrpcHandler
 from a2a.server.request_handlers import GrpcHandler
 from a2a.types import a2a_pb2_grpc
 
-from gateway.deps import authenticate
-from libs import identity, telemetry
-from libs.errors import MeshError, Unauthenticated
-from libs.rpc import refused, server_options, with_principal
+from agentmesh.gateway.deps import authenticate
+from agentmesh.libs import identity, telemetry
+from agentmesh.libs.errors import MeshError, Unauthenticated
+from agentmesh.libs.rpc import refused, server_options, with_principal
 
 log = logging.getLogger(__name__)
 

@@ -25,20 +25,20 @@ from a2a.types import a2a_pb2 as a2a
 from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError, UnsupportedOperationError
 from a2a.utils.task import apply_history_length, validate_history_length
 
+from agentmesh.gateway.a2a.calls import header
+from agentmesh.gateway.a2a.events import to_a2a
+from agentmesh.gateway.a2a.executor import InboundTasks, MeshAgentExecutor
+from agentmesh.gateway.a2a.store import MeshTaskStore
+from agentmesh.libs import events
+from agentmesh.libs.a2a import FINAL_A2A_STATES, RESUME_HEADER, to_a2a_state
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.errors import Cancelled, FailedPrecondition, NotFound, rpc
+from agentmesh.libs.ids import a2a_key
+from agentmesh.libs.leases import LeaseKeeper
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from gateway.a2a.calls import header
-from gateway.a2a.events import to_a2a
-from gateway.a2a.executor import InboundTasks, MeshAgentExecutor
-from gateway.a2a.store import MeshTaskStore
-from libs import events
-from libs.a2a import FINAL_A2A_STATES, RESUME_HEADER, to_a2a_state
-from libs.clients import Clients
-from libs.config import MeshSettings
-from libs.errors import Cancelled, FailedPrecondition, NotFound, rpc
-from libs.ids import a2a_key
-from libs.leases import LeaseKeeper
 
 MAX_OFFSET_CHARS = 64
 

@@ -10,11 +10,11 @@ from typing import Any
 
 from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 
-from gateway.a2a.grpc_server import A2AGrpcServer
-from gateway.a2a.handler import MeshRequestHandler
-from gateway.a2a.routes import dispatcher
-from libs.config import MeshSettings
-from libs.leases import LeaseKeeper
+from agentmesh.gateway.a2a.grpc_server import A2AGrpcServer
+from agentmesh.gateway.a2a.handler import MeshRequestHandler
+from agentmesh.gateway.a2a.routes import dispatcher
+from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.leases import LeaseKeeper
 
 
 @dataclass

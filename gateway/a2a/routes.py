@@ -19,13 +19,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request as StarletteRequest
 
-from gateway.a2a.calls import AGENT_KEY
-from gateway.a2a.cards import agent_card
-from gateway.a2a.executor import public_agent
-from gateway.deps import authenticate
-from gateway.params import Slug
-from libs import identity
-from libs.errors import NotFound
+from agentmesh.gateway.a2a.calls import AGENT_KEY
+from agentmesh.gateway.a2a.cards import agent_card
+from agentmesh.gateway.a2a.executor import public_agent
+from agentmesh.gateway.deps import authenticate
+from agentmesh.gateway.params import Slug
+from agentmesh.libs import identity
+from agentmesh.libs.errors import NotFound
 
 router = APIRouter(include_in_schema=False)
 # The methods of these paths, for the gateway's 405 answers (gateway/errors.py: they are not in the

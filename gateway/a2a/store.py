@@ -11,13 +11,13 @@ from a2a.server.context import ServerCallContext
 from a2a.server.tasks import TaskStore
 from a2a.types import a2a_pb2 as a2a
 
+from agentmesh.gateway.a2a.calls import addressed_agent
+from agentmesh.gateway.a2a.events import agent_text
+from agentmesh.libs.a2a import RESPONSE_ARTIFACT, from_a2a_state, to_a2a_state
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.errors import FailedPrecondition, InvalidArgument, NotFound, rpc
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from gateway.a2a.calls import addressed_agent
-from gateway.a2a.events import agent_text
-from libs.a2a import RESPONSE_ARTIFACT, from_a2a_state, to_a2a_state
-from libs.clients import Clients
-from libs.errors import FailedPrecondition, InvalidArgument, NotFound, rpc
 
 _REMEMBERED = 10_000
 

@@ -15,12 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.agents.v1 import agent_service_pb2 as ag
-from gateway.deps import clients, current_user
-from gateway.errors import AUTH, READ, WRITE, responses
-from gateway.openapi import AGENT, AGENT_INPUT, AGENT_OPTIONS, agent_links, obj, ok
-from gateway.params import IF_MATCH, IF_MATCH_PARAMETER, NEW_SLUG_PATTERN, NO_NUL, Slug
-from libs.errors import InvalidArgument, rpc
-from libs.protojson import given_paths, to_json
+from agentmesh.gateway.deps import clients, current_user
+from agentmesh.gateway.errors import AUTH, READ, WRITE, responses
+from agentmesh.gateway.openapi import AGENT, AGENT_INPUT, AGENT_OPTIONS, agent_links, obj, ok
+from agentmesh.gateway.params import IF_MATCH, IF_MATCH_PARAMETER, NEW_SLUG_PATTERN, NO_NUL, Slug
+from agentmesh.libs.errors import InvalidArgument, rpc
+from agentmesh.libs.protojson import given_paths, to_json
 
 router = APIRouter(prefix="/api/agents", tags=["agents"])
 

@@ -17,17 +17,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sse_starlette.sse import EventSourceResponse
 
 from agentmesh.events.v1 import events_pb2 as ev
-from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
-from gateway.deps import authenticate, clients_dep, current_user, settings
-from gateway.drain import Drain
-from gateway.errors import READ, SSE, WRITE, responses
-from gateway.openapi import obj, ok
-from gateway.params import ID_PATTERN, MESSAGE_PATTERN, NO_NUL, SessionId
-from gateway.sse import drain_options, follow, sse_message, subscribe
-from libs import events
-from libs.clients import Clients
-from libs.config import MeshSettings
-from libs.errors import (
+from agentmesh.gateway.deps import authenticate, clients_dep, current_user, settings
+from agentmesh.gateway.drain import Drain
+from agentmesh.gateway.errors import READ, SSE, WRITE, responses
+from agentmesh.gateway.openapi import obj, ok
+from agentmesh.gateway.params import ID_PATTERN, MESSAGE_PATTERN, NO_NUL, SessionId
+from agentmesh.gateway.sse import drain_options, follow, sse_message, subscribe
+from agentmesh.libs import events
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.errors import (
     FailedPrecondition,
     Internal,
     InvalidArgument,
@@ -36,8 +35,9 @@ from libs.errors import (
     from_rpc_error,
     rpc,
 )
-from libs.ids import MAX_ID, session_key
-from libs.streams import Follow
+from agentmesh.libs.ids import MAX_ID, session_key
+from agentmesh.libs.streams import Follow
+from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 
 router = APIRouter()
 END_WAIT_S = 10.0  # the longest a live turn's terminal event waits for the turn to be over

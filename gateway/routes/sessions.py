@@ -8,16 +8,16 @@ from fastapi import APIRouter, Depends, Query, Request
 from google.protobuf import field_mask_pb2
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentmesh.gateway.deps import clients, current_user
+from agentmesh.gateway.errors import AUTH, READ, WRITE, responses
+from agentmesh.gateway.openapi import INTEGER, MESSAGE, SESSION, obj, ok, session_links
+from agentmesh.gateway.params import NO_NUL, PageToken, SessionId
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.errors import rpc
+from agentmesh.libs.protojson import to_json
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from gateway.deps import clients, current_user
-from gateway.errors import AUTH, READ, WRITE, responses
-from gateway.openapi import INTEGER, MESSAGE, SESSION, obj, ok, session_links
-from gateway.params import NO_NUL, PageToken, SessionId
-from libs.clients import Clients
-from libs.errors import rpc
-from libs.protojson import to_json
 
 router = APIRouter(prefix="/api/sessions", tags=["sessions"])
 

@@ -8,14 +8,14 @@ import grpc
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
+from agentmesh.gateway import deps
+from agentmesh.gateway.errors import READ, SSE, responses
+from agentmesh.gateway.params import RESUME_PARAMETERS, SessionId, SubagentId, TaskId
+from agentmesh.gateway.sse import stream_response
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.ids import a2a_key, session_key, subagent_key
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from gateway import deps
-from gateway.errors import READ, SSE, responses
-from gateway.params import RESUME_PARAMETERS, SessionId, SubagentId, TaskId
-from gateway.sse import stream_response
-from libs.clients import Clients
-from libs.config import MeshSettings
-from libs.ids import a2a_key, session_key, subagent_key
 
 router = APIRouter(tags=["streams"])
 

@@ -19,20 +19,20 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 
+from agentmesh.gateway.deps import clients, current_user, settings
+from agentmesh.gateway.drain import Drain
+from agentmesh.gateway.errors import READ, SSE, WRITE, responses
+from agentmesh.gateway.openapi import INTEGER, MESSAGE, TRACE, obj, ok
+from agentmesh.gateway.params import MESSAGE_PATTERN, NO_NUL, SLUG_PATTERN, TRACE_ID_PATTERN
+from agentmesh.gateway.routes.sessions import messages_page
+from agentmesh.libs import events
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.errors import InvalidArgument, MeshError, from_rpc_error, rpc
+from agentmesh.libs.ids import MAX_REF, TraceRef
+from agentmesh.libs.protojson import from_json, to_json
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from gateway.deps import clients, current_user, settings
-from gateway.drain import Drain
-from gateway.errors import READ, SSE, WRITE, responses
-from gateway.openapi import INTEGER, MESSAGE, TRACE, obj, ok
-from gateway.params import MESSAGE_PATTERN, NO_NUL, SLUG_PATTERN, TRACE_ID_PATTERN
-from gateway.routes.sessions import messages_page
-from libs import events
-from libs.clients import Clients
-from libs.errors import InvalidArgument, MeshError, from_rpc_error, rpc
-from libs.ids import MAX_REF, TraceRef
-from libs.protojson import from_json, to_json
 
 router = APIRouter(prefix="/api/traces", tags=["traces"])
 User = Annotated[str, Depends(current_user)]
@@ -238,7 +238,7 @@ async def _result(c: Clients, trace_id: str, collected: list[Any]) -> dict[str, 
 
 def _sse(request: Request, call: grpc.aio.UnaryStreamCall, first: Any) -> EventSourceResponse:
     """The run's events as SSE; the gateway's shutdown ends it with `shutdown` (the run goes on)."""
-    from gateway.sse import drain_options, sse_message
+    from agentmesh.gateway.sse import drain_options, sse_message
 
     drain: Drain = request.app.state.drain
 

@@ -43,9 +43,9 @@ from a2a.utils.errors import (
     TaskNotFoundError,
 )
 
-from libs import telemetry
-from libs.a2a import DEPTH_KEY, FINAL_A2A_STATES, TRACEPARENT_KEY, USAGE_KEY
-from libs.errors import (
+from agentmesh.libs import telemetry
+from agentmesh.libs.a2a import DEPTH_KEY, FINAL_A2A_STATES, TRACEPARENT_KEY, USAGE_KEY
+from agentmesh.libs.errors import (
     Cancelled,
     DeadlineExceeded,
     InvalidArgument,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from libs import tools
-from libs.errors import InvalidArgument
-from services.agent_runtime import invoke, subagents
-from services.agent_runtime.tools import ToolContext, ToolOutcome, ToolRegistry
+from agentmesh.libs import tools
+from agentmesh.libs.errors import InvalidArgument
+from agentmesh.services.agent_runtime import invoke, subagents
+from agentmesh.services.agent_runtime.tools import ToolContext, ToolOutcome, ToolRegistry
 
 
 async def clarify(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:

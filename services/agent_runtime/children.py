@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 import grpc
 
+from agentmesh.libs import events, telemetry
+from agentmesh.libs.errors import Cancelled, MeshError, from_event, from_rpc_error, rpc
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.services.agent_runtime.tools import ToolContext
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs import events, telemetry
-from libs.errors import Cancelled, MeshError, from_event, from_rpc_error, rpc
-from services.agent_runtime.tools import ToolContext
 
 GRACE_S = 5.0  # the child's own deadline fires first; the call's deadline is a backstop
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.agents.v1 import agent_service_pb2 as ag
-from libs.clients import Clients
-from libs.errors import NotFound, rpc
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.errors import NotFound, rpc
 
 
 class AgentDirectory:

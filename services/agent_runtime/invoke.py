@@ -20,14 +20,9 @@ from google.protobuf import field_mask_pb2
 from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.agents.v1 import agent_service_pb2 as ag
 from agentmesh.events.v1 import events_pb2 as ev
-from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
-from agentmesh.runtime.v1 import runtime_service_pb2 as rt
-from agentmesh.stream.v1 import stream_service_pb2 as ss
-from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs import events, telemetry
-from libs.aio import to_the_end
-from libs.errors import (
+from agentmesh.libs import events, telemetry
+from agentmesh.libs.aio import to_the_end
+from agentmesh.libs.errors import (
     Cancelled,
     DepthExceeded,
     Internal,
@@ -37,11 +32,13 @@ from libs.errors import (
     PermissionDenied,
     rpc,
 )
-from libs.identity import current_user
-from libs.ids import TraceRef, a2a_key, shown
-from libs.turns import turn_messages, turn_start
-from services.agent_runtime.a2a_client import RemoteAgent
-from services.agent_runtime.children import (
+from agentmesh.libs.identity import current_user
+from agentmesh.libs.ids import TraceRef, a2a_key, shown
+from agentmesh.libs.turns import turn_messages, turn_start
+from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
+from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.services.agent_runtime.a2a_client import RemoteAgent
+from agentmesh.services.agent_runtime.children import (
     close_buffer,
     create_buffer,
     create_task,
@@ -49,9 +46,12 @@ from services.agent_runtime.children import (
     set_task_state,
     settle_task,
 )
-from services.agent_runtime.peer_agents import PeerCallee, parse_remote_slug
-from services.agent_runtime.sink import EventSink
-from services.agent_runtime.tools import A2A_CALLEE, ToolContext, ToolOutcome
+from agentmesh.services.agent_runtime.peer_agents import PeerCallee, parse_remote_slug
+from agentmesh.services.agent_runtime.sink import EventSink
+from agentmesh.services.agent_runtime.tools import A2A_CALLEE, ToolContext, ToolOutcome
+from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 log = logging.getLogger(__name__)
 

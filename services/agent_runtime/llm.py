@@ -17,10 +17,10 @@ import orjson
 from openai import AsyncOpenAI
 
 from agentmesh.events.v1 import events_pb2 as ev
-from libs import telemetry
-from libs.config import LLMSettings
-from libs.errors import ModelError, ModelTimeout
-from libs.metrics import RuntimeMetrics
+from agentmesh.libs import telemetry
+from agentmesh.libs.config import LLMSettings
+from agentmesh.libs.errors import ModelError, ModelTimeout
+from agentmesh.libs.metrics import RuntimeMetrics
 
 log = logging.getLogger(__name__)
 YIELD_EVERY_S = 0.002

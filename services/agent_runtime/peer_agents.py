@@ -20,17 +20,17 @@ import logging
 from typing import Any
 
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.libs import events
+from agentmesh.libs.aio import to_the_end
+from agentmesh.libs.errors import Cancelled, DeadlineExceeded, InvalidArgument, MeshError, from_event, rpc
+from agentmesh.libs.identity import current_user
+from agentmesh.libs.ids import SLUG_PATTERN, TraceRef, a2a_key
+from agentmesh.libs.peer_http import PeerClient
+from agentmesh.libs.peers import Peer
+from agentmesh.services.agent_runtime.children import create_buffer, create_task, set_task_state, settle_task
+from agentmesh.services.agent_runtime.tools import ToolContext
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
-from libs import events
-from libs.aio import to_the_end
-from libs.errors import Cancelled, DeadlineExceeded, InvalidArgument, MeshError, from_event, rpc
-from libs.identity import current_user
-from libs.ids import SLUG_PATTERN, TraceRef, a2a_key
-from libs.peer_http import PeerClient
-from libs.peers import Peer
-from services.agent_runtime.children import create_buffer, create_task, set_task_state, settle_task
-from services.agent_runtime.tools import ToolContext
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class PeerCallee:
         return f"@{self.peer.alias}/{self.slug}"
 
     async def run(self, ctx: ToolContext, text: str, continue_from: str, depth: int) -> Any:
-        from services.agent_runtime.invoke import InvokeResult
+        from agentmesh.services.agent_runtime.invoke import InvokeResult
 
         if not continue_from:
             return await self._over_a2a(ctx, text, depth)
@@ -111,8 +111,8 @@ class PeerCallee:
         token), through the A2A client's RemoteCallee: live into our buffer, our copy of the exchange
         (localTraceId); the id handed out is the peer's trace in the short form, @alias/<contextId>."""
         from agentmesh.agents.v1 import agent_pb2 as ap
-        from services.agent_runtime.a2a_client import agent_url
-        from services.agent_runtime.invoke import RemoteCallee
+        from agentmesh.services.agent_runtime.a2a_client import agent_url
+        from agentmesh.services.agent_runtime.invoke import RemoteCallee
 
         self.peer.api_key()  # an unset credential variable fails here, before anything is created
         agent = ap.Agent(

@@ -12,19 +12,19 @@ from google.protobuf import json_format
 
 from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.libs import events, telemetry
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.errors import DeadlineExceeded, InvalidArgument, MeshError, PermissionDenied, rpc
+from agentmesh.libs.leases import LeaseKeeper
+from agentmesh.libs.metrics import RuntimeMetrics
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.services.agent_runtime.directory import AgentDirectory
+from agentmesh.services.agent_runtime.llm import LLM, ToolCall
+from agentmesh.services.agent_runtime.sink import EventSink
+from agentmesh.services.agent_runtime.tools import RunState, ToolContext, ToolOutcome, ToolRegistry
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs import events, telemetry
-from libs.clients import Clients
-from libs.config import MeshSettings
-from libs.errors import DeadlineExceeded, InvalidArgument, MeshError, PermissionDenied, rpc
-from libs.leases import LeaseKeeper
-from libs.metrics import RuntimeMetrics
-from services.agent_runtime.directory import AgentDirectory
-from services.agent_runtime.llm import LLM, ToolCall
-from services.agent_runtime.sink import EventSink
-from services.agent_runtime.tools import RunState, ToolContext, ToolOutcome, ToolRegistry
 
 log = logging.getLogger(__name__)
 HISTORY_LIMIT = 1000

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.identity import Signer, signer_for
+from agentmesh.libs.leases import LeaseKeeper
+from agentmesh.libs.metrics import RuntimeMetrics
+from agentmesh.libs.rpc import Registration, ServiceServer, server_settings
 from agentmesh.runtime.v1 import runtime_service_pb2, runtime_service_pb2_grpc
-from libs.clients import Clients
-from libs.config import MeshSettings
-from libs.identity import Signer, signer_for
-from libs.leases import LeaseKeeper
-from libs.metrics import RuntimeMetrics
-from libs.rpc import Registration, ServiceServer, server_settings
-from services.agent_runtime import builtin_tools
-from services.agent_runtime.llm import LLM
-from services.agent_runtime.runner import AgentRunner
-from services.agent_runtime.servicer import AgentRuntimeServicer
-from services.agent_runtime.tools import ToolRegistry
+from agentmesh.services.agent_runtime import builtin_tools
+from agentmesh.services.agent_runtime.llm import LLM
+from agentmesh.services.agent_runtime.runner import AgentRunner
+from agentmesh.services.agent_runtime.servicer import AgentRuntimeServicer
+from agentmesh.services.agent_runtime.tools import ToolRegistry
 
 
 def build_registry() -> ToolRegistry:

@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.errors import Interrupted, InvalidArgument, as_mesh_error, grpc_errors
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
-from libs.clients import Clients
-from libs.errors import Interrupted, InvalidArgument, as_mesh_error, grpc_errors
-from services.agent_runtime.runner import AgentRunner
-from services.agent_runtime.sink import EventSink
+from agentmesh.services.agent_runtime.runner import AgentRunner
+from agentmesh.services.agent_runtime.sink import EventSink
 
 log = logging.getLogger(__name__)
 

@@ -37,10 +37,9 @@ from dataclasses import dataclass
 import grpc
 
 from agentmesh.events.v1 import events_pb2
-from agentmesh.stream.v1.stream_service_pb2 import StreamBatch, StreamBatchAnswer, WriteStreamResponse
-from libs import identity
-from libs.clients import Clients
-from libs.errors import (
+from agentmesh.libs import identity
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.errors import (
     Cancelled,
     FailedPrecondition,
     Internal,
@@ -51,7 +50,8 @@ from libs.errors import (
     from_rpc_error,
     is_lost_send,
 )
-from libs.streams import BATCH_BYTES, EVENT_BYTES, Ticket, Writer, WritesCall
+from agentmesh.libs.streams import BATCH_BYTES, EVENT_BYTES, Ticket, Writer, WritesCall
+from agentmesh.stream.v1.stream_service_pb2 import StreamBatch, StreamBatchAnswer, WriteStreamResponse
 
 _MAX_BATCH = 256
 _MAX_UNANSWERED = 64  # batches without an answer: then one asks (it bounds what is held)

@@ -18,21 +18,21 @@ from google.protobuf import field_mask_pb2
 
 from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.libs import events
+from agentmesh.libs.aio import to_the_end
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.errors import Cancelled, Internal, InvalidArgument, MeshError, as_mesh_error, rpc
+from agentmesh.libs.ids import subagent_key
+from agentmesh.libs.protojson import enum_to_str, to_json
+from agentmesh.libs.tools import MAX_DELEGATE_TASKS
+from agentmesh.libs.turns import turn_messages, turn_start
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.services.agent_runtime.children import ChildOutcome, close_buffer, run_child
+from agentmesh.services.agent_runtime.tools import SUBAGENT, ToolContext, ToolOutcome, names
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs import events
-from libs.aio import to_the_end
-from libs.clients import Clients
-from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, as_mesh_error, rpc
-from libs.ids import subagent_key
-from libs.protojson import enum_to_str, to_json
-from libs.tools import MAX_DELEGATE_TASKS
-from libs.turns import turn_messages, turn_start
-from services.agent_runtime.children import ChildOutcome, close_buffer, run_child
-from services.agent_runtime.tools import SUBAGENT, ToolContext, ToolOutcome, names
 
 MAX_TASKS = MAX_DELEGATE_TASKS
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentmesh.agents.v1 import agent_pb2 as ap
-from libs.clients import Clients
-from libs.config import MeshSettings
-from libs.errors import MeshError
-from libs.leases import LeaseKeeper
-from libs.tools import (  # the shared tool vocabulary (libs/tools.py)
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.errors import MeshError
+from agentmesh.libs.leases import LeaseKeeper
+from agentmesh.libs.tools import (  # the shared tool vocabulary (libs/tools.py)
     A2A_CALLEE,
     BUILTIN,
     DELEGATE_TOOLS,
@@ -32,8 +32,8 @@ from libs.tools import (  # the shared tool vocabulary (libs/tools.py)
     ToolSpec,
     names,
 )
-from services.agent_runtime.directory import AgentDirectory
-from services.agent_runtime.sink import EventSink
+from agentmesh.services.agent_runtime.directory import AgentDirectory
+from agentmesh.services.agent_runtime.sink import EventSink
 
 __all__ = [
     "A2A_CALLEE",

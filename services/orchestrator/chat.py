@@ -21,20 +21,20 @@ from google.protobuf import field_mask_pb2
 from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.agents.v1 import agent_service_pb2 as ag
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.libs import events, identity
+from agentmesh.libs.aio import to_the_end
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.errors import Cancelled, Internal, InvalidArgument, MeshError, from_rpc_error, rpc
+from agentmesh.libs.ids import a2a_key, is_local_id, new_id, session_key, subagent_key
+from agentmesh.libs.leases import LeaseKeeper
+from agentmesh.libs.metrics import OrchestratorMetrics
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.services.orchestrator.turns import SHUTDOWN, TurnEngine, TurnOutcome, cancel_reason
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs import events, identity
-from libs.aio import to_the_end
-from libs.clients import Clients
-from libs.config import MeshSettings
-from libs.errors import Cancelled, Internal, InvalidArgument, MeshError, from_rpc_error, rpc
-from libs.ids import a2a_key, is_local_id, new_id, session_key, subagent_key
-from libs.leases import LeaseKeeper
-from libs.metrics import OrchestratorMetrics
-from services.orchestrator.turns import SHUTDOWN, TurnEngine, TurnOutcome, cancel_reason
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_CHARS = 100_000

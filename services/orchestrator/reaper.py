@@ -15,9 +15,9 @@ import logging
 import grpc
 
 from agentmesh.leases.v1 import lease_service_pb2 as ls
-from libs import identity
-from libs.clients import Clients
-from libs.metrics import OrchestratorMetrics
+from agentmesh.libs import identity
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.metrics import OrchestratorMetrics
 
 log = logging.getLogger(__name__)
 BATCH = 100

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.identity import Signer, signer_for
+from agentmesh.libs.leases import LeaseKeeper
+from agentmesh.libs.metrics import OrchestratorMetrics
+from agentmesh.libs.rpc import Registration, ServiceServer, server_settings
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2, orchestrator_service_pb2_grpc
-from libs.clients import Clients
-from libs.config import MeshSettings
-from libs.identity import Signer, signer_for
-from libs.leases import LeaseKeeper
-from libs.metrics import OrchestratorMetrics
-from libs.rpc import Registration, ServiceServer, server_settings
-from services.orchestrator.chat import ChatOrchestrator
-from services.orchestrator.reaper import Reaper
-from services.orchestrator.servicer import OrchestratorServicer
+from agentmesh.services.orchestrator.chat import ChatOrchestrator
+from agentmesh.services.orchestrator.reaper import Reaper
+from agentmesh.services.orchestrator.servicer import OrchestratorServicer
 
 
 async def build(

@@ -6,10 +6,10 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from agentmesh.libs.errors import Internal, InvalidArgument, grpc_errors
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2_grpc as orc_grpc
-from libs.errors import Internal, InvalidArgument, grpc_errors
-from services.orchestrator.chat import ChatOrchestrator
+from agentmesh.services.orchestrator.chat import ChatOrchestrator
 
 
 class OrchestratorServicer(orc_grpc.OrchestratorServiceServicer):

@@ -26,15 +26,10 @@ from google.protobuf import field_mask_pb2
 
 from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.events.v1 import events_pb2 as ev
-from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
-from agentmesh.runtime.v1 import runtime_service_pb2 as rt
-from agentmesh.stream.v1 import stream_service_pb2 as ss
-from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs import events, telemetry
-from libs.aio import to_the_end
-from libs.clients import Clients
-from libs.errors import (
+from agentmesh.libs import events, telemetry
+from agentmesh.libs.aio import to_the_end
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.errors import (
     Cancelled,
     DeadlineExceeded,
     FailedPrecondition,
@@ -46,10 +41,15 @@ from libs.errors import (
     from_rpc_error,
     rpc,
 )
-from libs.leases import LeaseKeeper
-from libs.metrics import OrchestratorMetrics
-from libs.protojson import to_json
-from libs.turns import turn_messages, turn_start
+from agentmesh.libs.leases import LeaseKeeper
+from agentmesh.libs.metrics import OrchestratorMetrics
+from agentmesh.libs.protojson import to_json
+from agentmesh.libs.turns import turn_messages, turn_start
+from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
+from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 log = logging.getLogger(__name__)
 OnEvent = Callable[[ev.Event], Awaitable[None] | None]

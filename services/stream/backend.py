@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from agentmesh.events.v1 import events_pb2 as ev
-from libs import events
-from libs.config import StreamSettings
-from libs.errors import (
+from agentmesh.libs import events
+from agentmesh.libs.config import StreamSettings
+from agentmesh.libs.errors import (
     Cancelled,
     FailedPrecondition,
     IdleTimeout,
@@ -30,9 +30,9 @@ from libs.errors import (
     NotFound,
     Shutdown,
 )
-from libs.events import is_terminal
-from libs.ids import parse_stream_key, shown
-from libs.metrics import StreamMetrics
+from agentmesh.libs.events import is_terminal
+from agentmesh.libs.ids import parse_stream_key, shown
+from agentmesh.libs.metrics import StreamMetrics
 
 BATCH = 256  # events a subscriber reads (and holds) at once
 CREATE_WAIT_S = 2.0  # how long a run's first batch waits for a buffer whose CreateStream is under way

@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from agentmesh.events.v1 import events_pb2 as ev
-from libs.config import StreamSettings
-from libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Shutdown
-from libs.ids import shown
-from services.stream.backend import (
+from agentmesh.libs.config import StreamSettings
+from agentmesh.libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Shutdown
+from agentmesh.libs.ids import shown
+from agentmesh.services.stream.backend import (
     BackendStats,
     Cursor,
     StreamBackend,

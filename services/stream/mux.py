@@ -21,10 +21,10 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from agentmesh.libs.errors import InvalidArgument, MeshError, Shutdown, Unavailable, as_mesh_error
+from agentmesh.libs.ids import shown
+from agentmesh.services.stream.backend import StreamBackend
 from agentmesh.stream.v1 import stream_service_pb2 as pb
-from libs.errors import InvalidArgument, MeshError, Shutdown, Unavailable, as_mesh_error
-from libs.ids import shown
-from services.stream.backend import StreamBackend
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agentmesh.events.v1 import events_pb2 as ev
-from libs.config import StreamSettings
-from libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
-from libs.ids import shown
-from services.stream.backend import (
+from agentmesh.libs.config import StreamSettings
+from agentmesh.libs.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
+from agentmesh.libs.ids import shown
+from agentmesh.services.stream.backend import (
     BackendStats,
     Cursor,
     StreamBackend,

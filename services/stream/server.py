@@ -6,15 +6,15 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
+from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.identity import Signer, signer_for
+from agentmesh.libs.metrics import StreamMetrics
+from agentmesh.libs.rpc import Registration, ServiceServer, server_settings
+from agentmesh.services.stream.backend import StreamBackend
+from agentmesh.services.stream.memory import MemoryBackend
+from agentmesh.services.stream.redis_backend import RedisBackend
+from agentmesh.services.stream.servicer import StreamServicer
 from agentmesh.stream.v1 import stream_service_pb2, stream_service_pb2_grpc
-from libs.config import MeshSettings
-from libs.identity import Signer, signer_for
-from libs.metrics import StreamMetrics
-from libs.rpc import Registration, ServiceServer, server_settings
-from services.stream.backend import StreamBackend
-from services.stream.memory import MemoryBackend
-from services.stream.redis_backend import RedisBackend
-from services.stream.servicer import StreamServicer
 
 
 def make_backend(settings: MeshSettings) -> StreamBackend:

@@ -7,15 +7,15 @@ from collections.abc import AsyncIterator
 import grpc
 
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.libs import identity
+from agentmesh.libs.errors import InvalidArgument, PermissionDenied, Shutdown, grpc_errors
+from agentmesh.libs.events import is_terminal
+from agentmesh.libs.identity import Signer
+from agentmesh.libs.ids import shown
+from agentmesh.services.stream.backend import StreamBackend
+from agentmesh.services.stream.mux import FollowCall, UserOf, WriteCall
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from agentmesh.stream.v1 import stream_service_pb2_grpc
-from libs import identity
-from libs.errors import InvalidArgument, PermissionDenied, Shutdown, grpc_errors
-from libs.events import is_terminal
-from libs.identity import Signer
-from libs.ids import shown
-from services.stream.backend import StreamBackend
-from services.stream.mux import FollowCall, UserOf, WriteCall
 
 MAX_DELETE = 10_000  # keys per DeleteStreams / RenewStreams
 MAX_BATCH_CREATE = 100  # buffers per BatchCreateStreams

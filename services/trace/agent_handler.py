@@ -8,11 +8,11 @@ from collections.abc import Sequence
 
 from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.agents.v1 import agent_service_pb2 as ag
-from libs.config import SubagentDefaults
-from libs.tools import AGENT_ROLE, BUILTIN, ROLES, ToolCatalog
-from services.trace import agents as rules
-from services.trace.domain import need_owner
-from services.trace.store.base import AgentStore
+from agentmesh.libs.config import SubagentDefaults
+from agentmesh.libs.tools import AGENT_ROLE, BUILTIN, ROLES, ToolCatalog
+from agentmesh.services.trace import agents as rules
+from agentmesh.services.trace.domain import need_owner
+from agentmesh.services.trace.store.base import AgentStore
 
 
 class AgentHandler:

@@ -14,10 +14,10 @@ import yaml
 from google.protobuf import field_mask_pb2, json_format, struct_pb2
 
 from agentmesh.agents.v1 import agent_pb2 as ap
-from libs.config import SubagentDefaults
-from libs.errors import InvalidArgument
-from libs.ids import SLUG_PATTERN
-from libs.tools import SUBAGENT, ToolCatalog, names
+from agentmesh.libs.config import SubagentDefaults
+from agentmesh.libs.errors import InvalidArgument
+from agentmesh.libs.ids import SLUG_PATTERN
+from agentmesh.libs.tools import SUBAGENT, ToolCatalog, names
 
 SLUG = re.compile(SLUG_PATTERN)
 REMOTE_URL = re.compile(r"https?://[^\s/?#@]+(/[^\s#]*)?", re.ASCII)

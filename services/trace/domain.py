@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.libs.errors import InvalidArgument
+from agentmesh.libs.ids import is_local_id
 from agentmesh.trace.v1 import trace_pb2 as tp
-from libs.errors import InvalidArgument
-from libs.ids import is_local_id
 
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 50, 200
 DEFAULT_LIMIT, MAX_LIMIT = 100, 1000

@@ -6,14 +6,12 @@ from collections import defaultdict
 
 from google.protobuf import json_format
 
-from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs import events
-from libs.errors import InvalidArgument
-from libs.ids import TraceRef
-from libs.turns import turn_start
-from services.trace.starts import TurnStarts
-from services.trace.store.base import (
+from agentmesh.libs import events
+from agentmesh.libs.errors import InvalidArgument
+from agentmesh.libs.ids import TraceRef
+from agentmesh.libs.turns import turn_start
+from agentmesh.services.trace.starts import TurnStarts
+from agentmesh.services.trace.store.base import (
     AgentStore,
     MessagePage,
     MessageQuery,
@@ -21,7 +19,9 @@ from services.trace.store.base import (
     TaskStore,
     TraceStore,
 )
-from services.trace.store.hybrid import HybridTraceStore
+from agentmesh.services.trace.store.hybrid import HybridTraceStore
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 
 class TraceHandler:

@@ -7,22 +7,22 @@ from prometheus_client import CollectorRegistry
 from agentmesh.agents.v1 import agent_service_pb2, agent_service_pb2_grpc
 from agentmesh.auth.v1 import auth_service_pb2, auth_service_pb2_grpc
 from agentmesh.leases.v1 import lease_service_pb2, lease_service_pb2_grpc
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.identity import Signer, signer_for
+from agentmesh.libs.metrics import PeerMetrics, TraceStoreMetrics
+from agentmesh.libs.peer_http import PeerClients
+from agentmesh.libs.peers import PeerRegistry
+from agentmesh.libs.rpc import Registration, ServiceServer, server_settings
+from agentmesh.services.trace.agent_handler import AgentHandler
+from agentmesh.services.trace.agents import load_catalog
+from agentmesh.services.trace.handler import TraceHandler
+from agentmesh.services.trace.servicer import AgentServicer, AuthServicer, LeaseServicer, TraceServicer
+from agentmesh.services.trace.starts import TurnStarts
+from agentmesh.services.trace.store.hybrid import HybridTraceStore
+from agentmesh.services.trace.store.sql import SqlStores
+from agentmesh.services.trace.store.sql.db import create_engine, migrate, time_queries
 from agentmesh.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-from libs.clients import Clients
-from libs.config import MeshSettings
-from libs.identity import Signer, signer_for
-from libs.metrics import PeerMetrics, TraceStoreMetrics
-from libs.peer_http import PeerClients
-from libs.peers import PeerRegistry
-from libs.rpc import Registration, ServiceServer, server_settings
-from services.trace.agent_handler import AgentHandler
-from services.trace.agents import load_catalog
-from services.trace.handler import TraceHandler
-from services.trace.servicer import AgentServicer, AuthServicer, LeaseServicer, TraceServicer
-from services.trace.starts import TurnStarts
-from services.trace.store.hybrid import HybridTraceStore
-from services.trace.store.sql import SqlStores
-from services.trace.store.sql.db import create_engine, migrate, time_queries
 
 
 async def build(

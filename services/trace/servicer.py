@@ -15,14 +15,11 @@ from agentmesh.auth.v1 import auth_service_pb2 as au
 from agentmesh.auth.v1 import auth_service_pb2_grpc
 from agentmesh.leases.v1 import lease_service_pb2 as ls
 from agentmesh.leases.v1 import lease_service_pb2_grpc
-from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
-from agentmesh.trace.v1 import trace_service_pb2_grpc
-from libs.errors import InvalidArgument, MeshError, PermissionDenied, grpc_errors
-from libs.identity import Principal, Signer, current, current_user, user_of
-from services.trace.agent_handler import AgentHandler
-from services.trace.handler import TraceHandler
-from services.trace.store.base import (
+from agentmesh.libs.errors import InvalidArgument, MeshError, PermissionDenied, grpc_errors
+from agentmesh.libs.identity import Principal, Signer, current, current_user, user_of
+from agentmesh.services.trace.agent_handler import AgentHandler
+from agentmesh.services.trace.handler import TraceHandler
+from agentmesh.services.trace.store.base import (
     Append,
     Deleted,
     InboundTaskQuery,
@@ -31,6 +28,9 @@ from services.trace.store.base import (
     MessageQuery,
     each_apart,
 )
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
+from agentmesh.trace.v1 import trace_service_pb2_grpc
 
 Ctx: TypeAlias = grpc.aio.ServicerContext
 MAX_SUBAGENT_UPDATES = 100  # per UpdateSubagentSessions (a delegate batch has at most 10 rows)

@@ -10,9 +10,9 @@ from collections.abc import Callable
 import grpc
 
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.libs.errors import from_rpc_error
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.stream.v1 import stream_service_pb2_grpc
-from libs.errors import from_rpc_error
 
 log = logging.getLogger(__name__)
 

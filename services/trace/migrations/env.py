@@ -9,7 +9,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from services.trace.store.sql.models import Base
+from agentmesh.services.trace.store.sql.models import Base
 
 config = context.config
 target_metadata = Base.metadata

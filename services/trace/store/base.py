@@ -17,9 +17,9 @@ from datetime import datetime
 from typing import TypeVar
 
 from agentmesh.agents.v1 import agent_pb2
+from agentmesh.libs.errors import MeshError
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs.errors import MeshError
 
 
 @dataclass

@@ -26,9 +26,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs.errors import (
+from agentmesh.libs.errors import (
     DeadlineExceeded,
     FailedPrecondition,
     MeshError,
@@ -36,10 +34,10 @@ from libs.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from libs.ids import TraceRef
-from libs.peer_http import NotSent, PeerClients
-from libs.peers import Peer, PeerRegistry
-from services.trace.store.base import (
+from agentmesh.libs.ids import TraceRef
+from agentmesh.libs.peer_http import NotSent, PeerClients
+from agentmesh.libs.peers import Peer, PeerRegistry
+from agentmesh.services.trace.store.base import (
     Append,
     CopyState,
     CopyStore,
@@ -49,7 +47,9 @@ from services.trace.store.base import (
     TraceStore,
     each_apart,
 )
-from services.trace.store.remote import RemoteTraceStore
+from agentmesh.services.trace.store.remote import RemoteTraceStore
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 log = logging.getLogger(__name__)
 UNREACHABLE = (Unavailable, DeadlineExceeded, ResourceExhausted)

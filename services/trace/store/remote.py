@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from agentmesh.libs.errors import FailedPrecondition, Unavailable
+from agentmesh.libs.peer_http import PeerClient
+from agentmesh.libs.protojson import from_json, to_json
+from agentmesh.services.trace.store.base import Deleted, MessagePage, MessageQuery, TraceStore
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs.errors import FailedPrecondition, Unavailable
-from libs.peer_http import PeerClient
-from libs.protojson import from_json, to_json
-from services.trace.store.base import Deleted, MessagePage, MessageQuery, TraceStore
 
 MODES: dict[int, str] = {ts.PATH_MODE_ALL: "all"}  # anything else: the main path
 # What a message sent home carries (ids, sequences and times are the peer's to give).

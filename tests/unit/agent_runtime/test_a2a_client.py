@@ -7,7 +7,7 @@ import pytest
 from a2a.client.errors import A2AClientError, A2AClientTimeoutError
 from a2a.utils.errors import InternalError, InvalidParamsError, TaskNotFoundError
 
-from libs.errors import (
+from agentmesh.libs.errors import (
     DeadlineExceeded,
     InvalidArgument,
     NotFound,
@@ -15,8 +15,8 @@ from libs.errors import (
     Unauthenticated,
     Unavailable,
 )
-from services.agent_runtime.a2a_client import RemoteAgent, _error, agent_url
-from services.agent_runtime.invoke import _same_url, credential
+from agentmesh.services.agent_runtime.a2a_client import RemoteAgent, _error, agent_url
+from agentmesh.services.agent_runtime.invoke import _same_url, credential
 
 
 def _status(code: int) -> BaseException:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from agentmesh.libs import events
+from agentmesh.services.agent_runtime.runner import history_to_openai, tool_text
 from agentmesh.trace.v1 import trace_pb2 as tp
-from libs import events
-from services.agent_runtime.runner import history_to_openai, tool_text
 
 
 def msg(role: int, content: str = "", metadata: dict | None = None) -> tp.Message:

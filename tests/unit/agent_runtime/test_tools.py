@@ -9,12 +9,19 @@ import pytest
 
 from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.events.v1 import events_pb2 as ev
-from libs.config import SubagentDefaults
-from libs.errors import InvalidArgument
-from services.agent_runtime import subagents
-from services.agent_runtime.server import build_registry
-from services.agent_runtime.tools import A2A_CALLEE, ROLES, SUBAGENT, SUPERVISOR, RunState, ToolContext
-from services.trace.agents import effective_subagent_config, load_catalog
+from agentmesh.libs.config import SubagentDefaults
+from agentmesh.libs.errors import InvalidArgument
+from agentmesh.services.agent_runtime import subagents
+from agentmesh.services.agent_runtime.server import build_registry
+from agentmesh.services.agent_runtime.tools import (
+    A2A_CALLEE,
+    ROLES,
+    SUBAGENT,
+    SUPERVISOR,
+    RunState,
+    ToolContext,
+)
+from agentmesh.services.trace.agents import effective_subagent_config, load_catalog
 from tests.mesh import TEST_CATALOG
 
 GLOBAL = SubagentDefaults(max_concurrent=3, timeout_ms=20000)

@@ -7,12 +7,12 @@ from a2a.types import a2a_pb2 as a2a
 
 from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.gateway.a2a.cards import agent_card
+from agentmesh.gateway.a2a.events import to_a2a
+from agentmesh.libs import events
+from agentmesh.libs.a2a import FINAL_A2A_STATES, from_a2a_state, to_a2a_state
+from agentmesh.libs.errors import Cancelled, ModelError
 from agentmesh.trace.v1 import trace_pb2 as tp
-from gateway.a2a.cards import agent_card
-from gateway.a2a.events import to_a2a
-from libs import events
-from libs.a2a import FINAL_A2A_STATES, from_a2a_state, to_a2a_state
-from libs.errors import Cancelled, ModelError
 
 
 def _at(event: ev.Event, offset: str) -> ev.Event:

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from starlette.requests import Request
 
-from gateway.params import MESSAGE_PATTERN, NO_NUL, OFFSET_PATTERN, U64, digits_at_most
-from gateway.routes.chat import ChatRequest
-from gateway.sse import resume_offset
-from libs.errors import InvalidArgument
+from agentmesh.gateway.params import MESSAGE_PATTERN, NO_NUL, OFFSET_PATTERN, U64, digits_at_most
+from agentmesh.gateway.routes.chat import ChatRequest
+from agentmesh.gateway.sse import resume_offset
+from agentmesh.libs.errors import InvalidArgument
 
 WHITESPACE = [chr(c) for c in range(0x3001) if chr(c).isspace()]
 
@@ -80,9 +80,9 @@ def test_no_nul(text: str) -> None:
 def test_the_trace_id_pattern_holds_every_id_the_parser_takes(text: str) -> None:
     import re
 
-    from gateway.params import TRACE_ID_PATTERN
-    from libs.errors import InvalidArgument
-    from libs.ids import TraceRef
+    from agentmesh.gateway.params import TRACE_ID_PATTERN
+    from agentmesh.libs.errors import InvalidArgument
+    from agentmesh.libs.ids import TraceRef
 
     try:
         TraceRef.parse(text)
@@ -94,7 +94,7 @@ def test_the_trace_id_pattern_holds_every_id_the_parser_takes(text: str) -> None
 def test_the_trace_id_pattern_on_every_form() -> None:
     import re
 
-    from gateway.params import TRACE_ID_PATTERN
+    from agentmesh.gateway.params import TRACE_ID_PATTERN
 
     for ok in (
         "abc-123",

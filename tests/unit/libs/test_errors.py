@@ -9,8 +9,8 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from agentmesh.events.v1 import events_pb2 as ev
-from libs import errors
-from libs.errors import (
+from agentmesh.libs import errors
+from agentmesh.libs.errors import (
     TABLE,
     Cancelled,
     DeadlineExceeded,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from google.protobuf import timestamp_pb2
 
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.libs import events
+from agentmesh.libs.errors import ModelError
+from agentmesh.libs.protojson import enum_to_str, str_to_enum, to_json
 from agentmesh.trace.v1 import trace_pb2 as tp
-from libs import events
-from libs.errors import ModelError
-from libs.protojson import enum_to_str, str_to_enum, to_json
 
 
 def row(i: int, status: int, call: str = "call-1", **kw: object) -> tp.SubagentSession:

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from libs import identity
-from libs.errors import Unauthenticated
-from libs.identity import LEEWAY_S, Principal, Signer, load_secret
+from agentmesh.libs import identity
+from agentmesh.libs.errors import Unauthenticated
+from agentmesh.libs.identity import LEEWAY_S, Principal, Signer, load_secret
 
 SECRET = b"unit-test-mesh-secret-0123456789"
 

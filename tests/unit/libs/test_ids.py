@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libs.errors import InvalidArgument
-from libs.ids import (
+from agentmesh.libs.errors import InvalidArgument
+from agentmesh.libs.ids import (
     MAX_REF,
     TraceRef,
     check_local_id,

@@ -10,8 +10,8 @@ import logging
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from libs import telemetry
-from libs.log import JsonFormatter
+from agentmesh.libs import telemetry
+from agentmesh.libs.log import JsonFormatter
 
 
 def line(message: str) -> dict[str, object]:

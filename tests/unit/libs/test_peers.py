@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libs.errors import FailedPrecondition, InvalidArgument, PermissionDenied
-from libs.ids import TraceRef
-from libs.peers import PeerConfigError, PeerRegistry
+from agentmesh.libs.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from agentmesh.libs.ids import TraceRef
+from agentmesh.libs.peers import PeerConfigError, PeerRegistry
 
 REGISTRY = PeerRegistry.parse(
     {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentmesh.agents.v1 import agent_pb2 as ap
-from libs.protojson import given_paths, to_json
+from agentmesh.libs.protojson import given_paths, to_json
 
 
 def test_given_paths():

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libs.errors import InvalidArgument
-from libs.ids import STREAM_KINDS, StreamKey, a2a_key, parse_stream_key, session_key, subagent_key
-from services.stream.backend import validate_key
+from agentmesh.libs.errors import InvalidArgument
+from agentmesh.libs.ids import STREAM_KINDS, StreamKey, a2a_key, parse_stream_key, session_key, subagent_key
+from agentmesh.services.stream.backend import validate_key
 
 BUILDERS = {"session": session_key, "a2a": a2a_key, "subagent": subagent_key}
 local_ids = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", fullmatch=True)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from libs import tools
-from libs.tools import A2A_CALLEE, BUILTIN, SUBAGENT, SUPERVISOR, ToolCatalog, ToolSpec
-from services.agent_runtime.builtin_tools import register_all
-from services.agent_runtime.tools import ToolRegistry
+from agentmesh.libs import tools
+from agentmesh.libs.tools import A2A_CALLEE, BUILTIN, SUBAGENT, SUPERVISOR, ToolCatalog, ToolSpec
+from agentmesh.services.agent_runtime.builtin_tools import register_all
+from agentmesh.services.agent_runtime.tools import ToolRegistry
 
 
 def test_choosable_tools_per_role():

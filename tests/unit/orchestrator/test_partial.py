@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.libs import events
+from agentmesh.libs.errors import Cancelled
+from agentmesh.libs.protojson import to_json
+from agentmesh.services.orchestrator.turns import Partial
 from agentmesh.trace.v1 import trace_pb2 as tp
-from libs import events
-from libs.errors import Cancelled
-from libs.protojson import to_json
-from services.orchestrator.turns import Partial
 
 
 def tool_in(call: str, name: str = "agent-invoke") -> ev.Event:

@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentmesh.events.v1 import events_pb2 as ev
-from libs import events
-from libs.errors import InvalidArgument
-from services.stream.backend import coalesce, validate_key
+from agentmesh.libs import events
+from agentmesh.libs.errors import InvalidArgument
+from agentmesh.services.stream.backend import coalesce, validate_key
 
 
 def deltas(*texts: str) -> list[ev.Event]:

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libs import events
-from libs.errors import InvalidArgument
-from services.stream.memory import MemoryBackend, format_offset, parse_offset
+from agentmesh.libs import events
+from agentmesh.libs.errors import InvalidArgument
+from agentmesh.services.stream.memory import MemoryBackend, format_offset, parse_offset
 
 MAX = 10**20 - 1  # 20 digits
 

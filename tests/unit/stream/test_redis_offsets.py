@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libs.errors import InvalidArgument
-from services.stream.redis_backend import check_offset
+from agentmesh.libs.errors import InvalidArgument
+from agentmesh.services.stream.redis_backend import check_offset
 
 U64 = 2**64 - 1
 ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")

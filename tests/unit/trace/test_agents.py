@@ -10,10 +10,10 @@ import pytest
 from google.protobuf import struct_pb2
 
 from agentmesh.agents.v1 import agent_pb2 as ap
-from libs.config import SubagentDefaults
-from libs.errors import InvalidArgument
-from libs.tools import BUILTIN
-from services.trace import agents
+from agentmesh.libs.config import SubagentDefaults
+from agentmesh.libs.errors import InvalidArgument
+from agentmesh.libs.tools import BUILTIN
+from agentmesh.services.trace import agents
 
 DEMO_CATALOG = Path(agents.__file__).parent / "demo_catalog.yaml"
 MINIMAL = {"slug": "x", "name": "X"}

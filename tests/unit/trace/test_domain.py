@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.libs.errors import InvalidArgument
+from agentmesh.services.trace import domain
 from agentmesh.trace.v1 import trace_pb2 as tp
-from libs.errors import InvalidArgument
-from services.trace import domain
 
 
 def _b64(raw: bytes) -> str:

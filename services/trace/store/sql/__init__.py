@@ -6,15 +6,15 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from libs.config import SubagentDefaults
-from services.trace.store.sql.agents import SqlAgentStore
-from services.trace.store.sql.common import Database
-from services.trace.store.sql.copies import SqlCopyStore
-from services.trace.store.sql.keys import SqlKeyStore
-from services.trace.store.sql.leases import SqlLeaseStore
-from services.trace.store.sql.subagents import SqlSubagentStore
-from services.trace.store.sql.tasks import SqlTaskStore
-from services.trace.store.sql.traces import SqlTraceStore
+from agentmesh.libs.config import SubagentDefaults
+from agentmesh.services.trace.store.sql.agents import SqlAgentStore
+from agentmesh.services.trace.store.sql.common import Database
+from agentmesh.services.trace.store.sql.copies import SqlCopyStore
+from agentmesh.services.trace.store.sql.keys import SqlKeyStore
+from agentmesh.services.trace.store.sql.leases import SqlLeaseStore
+from agentmesh.services.trace.store.sql.subagents import SqlSubagentStore
+from agentmesh.services.trace.store.sql.tasks import SqlTaskStore
+from agentmesh.services.trace.store.sql.traces import SqlTraceStore
 
 
 @dataclass

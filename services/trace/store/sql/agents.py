@@ -10,13 +10,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from agentmesh.agents.v1 import agent_pb2 as ap
-from libs.config import SubagentDefaults
-from libs.errors import AlreadyExists, NotFound, PermissionDenied, VersionMismatch
-from services.trace import agents as domain
-from services.trace.domain import need_owner
-from services.trace.store.base import AgentStore
-from services.trace.store.sql.common import AGENT_AS_READ, Database, now, own_first, ts
-from services.trace.store.sql.models import AgentRow, User
+from agentmesh.libs.config import SubagentDefaults
+from agentmesh.libs.errors import AlreadyExists, NotFound, PermissionDenied, VersionMismatch
+from agentmesh.services.trace import agents as domain
+from agentmesh.services.trace.domain import need_owner
+from agentmesh.services.trace.store.base import AgentStore
+from agentmesh.services.trace.store.sql.common import AGENT_AS_READ, Database, now, own_first, ts
+from agentmesh.services.trace.store.sql.models import AgentRow, User
 
 _IMPORT_ATTEMPTS = 3  # after one replica commits, every catalog slug exists: no insert is left to race
 _PARSED_MAX = 10_000

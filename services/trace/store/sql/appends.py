@@ -34,11 +34,10 @@ from sqlalchemy import TextClause, bindparam, insert, select, text, update
 from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agentmesh.trace.v1 import trace_pb2 as tp
-from libs.errors import InvalidArgument, MeshError, NotFound
-from libs.protojson import enum_to_str
-from services.trace.domain import need_owner
-from services.trace.store.sql.common import (
+from agentmesh.libs.errors import InvalidArgument, MeshError, NotFound
+from agentmesh.libs.protojson import enum_to_str
+from agentmesh.services.trace.domain import need_owner
+from agentmesh.services.trace.store.sql.common import (
     AGENTS,
     MESSAGES,
     MSG_STATUS,
@@ -52,6 +51,7 @@ from services.trace.store.sql.common import (
     now,
     ts,
 )
+from agentmesh.trace.v1 import trace_pb2 as tp
 
 MAX_BATCH = 500  # items per statement
 _M, _S, _A, _U = MESSAGES, SESSIONS, AGENTS, USERS

@@ -18,12 +18,19 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.libs.errors import InvalidArgument, NotFound, Unavailable
+from agentmesh.libs.protojson import enum_to_str, str_to_enum
+from agentmesh.services.trace.domain import aware, need_owner
+from agentmesh.services.trace.store.sql.db import session_factory
+from agentmesh.services.trace.store.sql.models import (
+    A2ATaskRow,
+    AgentRow,
+    MessageRow,
+    SessionRow,
+    SubagentRow,
+    User,
+)
 from agentmesh.trace.v1 import trace_pb2 as tp
-from libs.errors import InvalidArgument, NotFound, Unavailable
-from libs.protojson import enum_to_str, str_to_enum
-from services.trace.domain import aware, need_owner
-from services.trace.store.sql.db import session_factory
-from services.trace.store.sql.models import A2ATaskRow, AgentRow, MessageRow, SessionRow, SubagentRow, User
 
 log = logging.getLogger(__name__)
 CHUNK = 500  # ids per IN (...) clause

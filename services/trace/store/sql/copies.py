@@ -11,13 +11,13 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from agentmesh.libs.errors import FailedPrecondition
+from agentmesh.libs.protojson import enum_to_str
+from agentmesh.services.trace import domain
+from agentmesh.services.trace.store.base import CopyState, CopyStore
+from agentmesh.services.trace.store.sql.common import KIND, ROLE, Database, message_pb, name_of, now
+from agentmesh.services.trace.store.sql.models import MessageRow, SessionRow
 from agentmesh.trace.v1 import trace_pb2 as tp
-from libs.errors import FailedPrecondition
-from libs.protojson import enum_to_str
-from services.trace import domain
-from services.trace.store.base import CopyState, CopyStore
-from services.trace.store.sql.common import KIND, ROLE, Database, message_pb, name_of, now
-from services.trace.store.sql.models import MessageRow, SessionRow
 
 
 def _state(row: SessionRow, outbox: int = 0, pending_from: int = 0, outbox_pending: int = 0) -> CopyState:

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
-from services.trace.store.sql import sqlite_inline
+from agentmesh.services.trace.store.sql import sqlite_inline
 
 _OPERATIONS = frozenset({"select", "insert", "update", "delete", "with", "begin", "commit", "rollback"})
 HERE = Path(__file__).resolve().parents[2]  # services/trace: alembic.ini and migrations/

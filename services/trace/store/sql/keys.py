@@ -7,10 +7,10 @@ import secrets
 
 from sqlalchemy import select, update
 
-from libs.errors import InvalidArgument, Unauthenticated
-from services.trace.store.base import KeyStore
-from services.trace.store.sql.common import Database, now
-from services.trace.store.sql.models import ApiKey, User
+from agentmesh.libs.errors import InvalidArgument, Unauthenticated
+from agentmesh.services.trace.store.base import KeyStore
+from agentmesh.services.trace.store.sql.common import Database, now
+from agentmesh.services.trace.store.sql.models import ApiKey, User
 
 
 def _hash(api_key: str) -> str:

@@ -14,10 +14,10 @@ from typing import Any
 
 from sqlalchemy import and_, or_, select, update
 
-from libs.ids import a2a_key, session_key, subagent_key
-from services.trace.store.base import LeaseStore, Reaped
-from services.trace.store.sql.common import Database, chunks, now
-from services.trace.store.sql.models import A2ATaskRow, MessageRow, SessionRow, SubagentRow
+from agentmesh.libs.ids import a2a_key, session_key, subagent_key
+from agentmesh.services.trace.store.base import LeaseStore, Reaped
+from agentmesh.services.trace.store.sql.common import Database, chunks, now
+from agentmesh.services.trace.store.sql.models import A2ATaskRow, MessageRow, SessionRow, SubagentRow
 
 PENDING = ("pending",)
 OPEN_TASK = ("submitted", "working")

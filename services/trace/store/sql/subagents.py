@@ -10,15 +10,14 @@ from typing import Any
 from sqlalchemy import bindparam, insert, select, update
 
 from agentmesh.events.v1 import events_pb2 as ev
-from agentmesh.trace.v1 import trace_pb2 as tp
-from libs.errors import FailedPrecondition, InvalidArgument, NotFound
-from libs.ids import new_token_id
-from libs.protojson import enum_to_str
-from services.trace import domain
-from services.trace.domain import need_owner
-from services.trace.store.base import SubagentStore
-from services.trace.store.sql.appends import INSERT_MESSAGES, make_item, message_row, stored
-from services.trace.store.sql.common import (
+from agentmesh.libs.errors import FailedPrecondition, InvalidArgument, NotFound
+from agentmesh.libs.ids import new_token_id
+from agentmesh.libs.protojson import enum_to_str
+from agentmesh.services.trace import domain
+from agentmesh.services.trace.domain import need_owner
+from agentmesh.services.trace.store.base import SubagentStore
+from agentmesh.services.trace.store.sql.appends import INSERT_MESSAGES, make_item, message_row, stored
+from agentmesh.services.trace.store.sql.common import (
     AGENT_AS_READ,
     MESSAGES,
     SESSIONS,
@@ -39,7 +38,8 @@ from services.trace.store.sql.common import (
     ts,
     usage_json,
 )
-from services.trace.store.sql.models import SubagentRow
+from agentmesh.services.trace.store.sql.models import SubagentRow
+from agentmesh.trace.v1 import trace_pb2 as tp
 
 _SA = SUBAGENTS
 # What a change may set (`SqlSubagentStore._apply`): one executemany UPDATE writes them all.

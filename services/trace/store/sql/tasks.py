@@ -7,11 +7,10 @@ import uuid
 from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from agentmesh.trace.v1 import trace_pb2 as tp
-from libs.errors import FailedPrecondition, InvalidArgument
-from services.trace import domain
-from services.trace.store.base import InboundTaskQuery, TaskStore
-from services.trace.store.sql.common import (
+from agentmesh.libs.errors import FailedPrecondition, InvalidArgument
+from agentmesh.services.trace import domain
+from agentmesh.services.trace.store.base import InboundTaskQuery, TaskStore
+from agentmesh.services.trace.store.sql.common import (
     TASK_STATE,
     Database,
     from_struct,
@@ -20,7 +19,8 @@ from services.trace.store.sql.common import (
     number_of,
     task_pb,
 )
-from services.trace.store.sql.models import A2ATaskRow, SessionRow, User
+from agentmesh.services.trace.store.sql.models import A2ATaskRow, SessionRow, User
+from agentmesh.trace.v1 import trace_pb2 as tp
 
 
 class SqlTaskStore(TaskStore):

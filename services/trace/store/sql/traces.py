@@ -11,14 +11,19 @@ from sqlalchemy import ColumnElement, Select, and_, bindparam, delete, func, or_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
-from libs.errors import AlreadyExists, InvalidArgument, MeshError, NotFound
-from libs.ids import check_local_id
-from libs.protojson import enum_to_str
-from services.trace import domain
-from services.trace.store.base import Append, Deleted, MessagePage, MessageQuery, TraceStore, each_apart
-from services.trace.store.sql.appends import (
+from agentmesh.libs.errors import AlreadyExists, InvalidArgument, MeshError, NotFound
+from agentmesh.libs.ids import check_local_id
+from agentmesh.libs.protojson import enum_to_str
+from agentmesh.services.trace import domain
+from agentmesh.services.trace.store.base import (
+    Append,
+    Deleted,
+    MessagePage,
+    MessageQuery,
+    TraceStore,
+    each_apart,
+)
+from agentmesh.services.trace.store.sql.appends import (
     AppendBatcher,
     Item,
     make_item,
@@ -26,7 +31,7 @@ from services.trace.store.sql.appends import (
     sqlite_write,
     write_first,
 )
-from services.trace.store.sql.common import (
+from agentmesh.services.trace.store.sql.common import (
     AGENTS,
     KIND,
     MESSAGE_COLUMNS,
@@ -43,8 +48,10 @@ from services.trace.store.sql.common import (
     now,
     trace_pb,
 )
-from services.trace.store.sql.models import A2ATaskRow, MessageRow, SessionRow, SubagentRow
-from services.trace.store.sql.updates import Update, UpdateBatcher
+from agentmesh.services.trace.store.sql.models import A2ATaskRow, MessageRow, SessionRow, SubagentRow
+from agentmesh.services.trace.store.sql.updates import Update, UpdateBatcher
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 
 def _build_main_path() -> Select[tuple[int]]:

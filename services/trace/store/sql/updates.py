@@ -26,9 +26,8 @@ from typing import Any
 from sqlalchemy import Row, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agentmesh.trace.v1 import trace_pb2 as tp
-from libs.errors import NotFound
-from services.trace.store.sql.common import (
+from agentmesh.libs.errors import NotFound
+from agentmesh.services.trace.store.sql.common import (
     AGENTS,
     MESSAGES,
     SESSIONS,
@@ -40,6 +39,7 @@ from services.trace.store.sql.common import (
     now,
     owned_by_param,
 )
+from agentmesh.trace.v1 import trace_pb2 as tp
 
 MAX_BATCH = 500  # items per batch (ids per IN clause)
 _M, _S, _A, _U = MESSAGES, SESSIONS, AGENTS, USERS

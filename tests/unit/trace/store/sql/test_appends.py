@@ -1,6 +1,6 @@
 """services/trace/store/sql/appends.py, AppendBatcher: which appends go into which batch. The database
 is a stand-in that records each batch and answers when the test says so; what the statements do is
-tested against SQLite and PostgreSQL in tests/trace/test_appends.py."""
+tested against SQLite and PostgreSQL in tests/integration/trace/test_appends.py."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from agentmesh.services.trace.store.sql.appends import AppendBatcher, Item, make_item
 from agentmesh.trace.v1 import trace_pb2 as tp
-from services.trace.store.sql.appends import AppendBatcher, Item, make_item
 
 
 class FakeDb:

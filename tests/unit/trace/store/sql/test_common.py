@@ -9,10 +9,16 @@ import pytest
 from google.protobuf import struct_pb2, timestamp_pb2
 
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.libs.errors import InvalidArgument
+from agentmesh.services.trace.store.sql import common
+from agentmesh.services.trace.store.sql.models import (
+    A2ATaskRow,
+    AgentRow,
+    MessageRow,
+    SessionRow,
+    SubagentRow,
+)
 from agentmesh.trace.v1 import trace_pb2 as tp
-from libs.errors import InvalidArgument
-from services.trace.store.sql import common
-from services.trace.store.sql.models import A2ATaskRow, AgentRow, MessageRow, SessionRow, SubagentRow
 
 CREATED = datetime(2026, 11, 30, 12, 0, 0, 123456)  # naive: UTC
 UPDATED = datetime(2026, 11, 30, 13, 0, 0, tzinfo=UTC)

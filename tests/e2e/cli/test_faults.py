@@ -1,0 +1,152 @@
+"""Whatever dies, every stream ends and nothing stays pending. Each service runs as its own process
+(`agentmesh serve`); a turn with an agent-invoke callee and a subagent streams at a user's pace; one
+service is SIGKILLed mid-turn. Then: every reader of every key of the tree gets a terminal event within
+a bound (through a restarted gateway when the gateway is the one that died), the restarted service's
+orphans are settled within the lease time, the session takes a new turn, and on Redis nothing a
+reader saw before the kill is missing from the buffer. On SQLite + memory and PostgreSQL + Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agentmesh.libs import events as evlib
+from agentmesh.libs import identity
+from agentmesh.stream.v1 import stream_service_pb2 as ss
+from tests.mesh import (
+    BACKENDS,
+    TREE_RULE,
+    ProcessMesh,
+    SseReader,
+    backend_urls,
+    read_tree,
+    sse_events,
+    start_process_mesh,
+    wait_live,
+    wait_until,
+)
+
+LEASE_S = 2.0
+BOUND_S = 25.0  # the longest a reader may wait for its terminal event
+WORDS = 80  # at 20 tokens a second: four seconds of text per run
+RULES: dict[str, Any] = {
+    "rules": [
+        TREE_RULE,
+        {"system": r"\[general\]", "after_tool": True, "text": "after " * WORDS, "tokens_per_second": 20},
+        {"system": r"\[general\]", "text": "fine", "tokens_per_second": 50},
+        {"system": r"\[coder\]", "text": "callee " * WORDS, "tokens_per_second": 20},
+        {"system": r"\[helper\]", "text": "subagent " * WORDS, "tokens_per_second": 20},
+    ]
+}
+
+
+@pytest.fixture(params=BACKENDS)
+async def pmesh(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ProcessMesh]:
+    database_url, redis_url = backend_urls(request)
+    m = await start_process_mesh(
+        tmp_path, RULES, lease_s=LEASE_S, database_url=database_url, redis_url=redis_url
+    )
+    yield m
+    await m.stop()
+
+
+def follow(mesh: ProcessMesh, path: str) -> SseReader:
+    return SseReader(lambda: mesh.http(timeout=60), path, reconnect=True)
+
+
+async def settled(mesh: ProcessMesh, session: str) -> bool:
+    """No row of the tree is still pending, working or running (and the tree has its task and card)."""
+    tree = await read_tree(mesh, session)
+    return tree is not None and not tree.open_rows and bool(tree.tasks and tree.subagents)
+
+
+@pytest.mark.parametrize("victim", ["trace", "stream", "agent-runtime", "orchestrator", "gateway"])
+async def test_a_service_killed_mid_turn_leaves_no_stream_open_and_nothing_pending(
+    pmesh: ProcessMesh, victim: str
+) -> None:
+    mesh = pmesh
+    async with mesh.http(timeout=60) as http:
+        post = await http.send(
+            http.build_request("POST", "/api/chat", json={"agent": "general", "message": "tree"}), stream=True
+        )
+        assert post.status_code == 200
+        lines = sse_events(post)
+        head: list[dict[str, Any]] = []
+        task_id = sub_id = ""
+        async with asyncio.timeout(20):
+            async for event in lines:
+                head.append(event)
+                task_id = event.get("taskId", task_id)
+                if event["type"] == "subagent-update" and event["subagent"]["status"] == "running":
+                    sub_id = event["subagent"]["id"]
+                if task_id and sub_id:
+                    break
+        session = head[0]["sessionId"]
+        readers = [
+            follow(mesh, f"/api/sessions/{session}/stream"),
+            follow(mesh, f"/api/agents/a2a/stream?taskId={task_id}"),
+            follow(mesh, f"/api/subagents/{sub_id}/stream"),
+        ]
+        await wait_live(readers[1:], 15)
+
+        await mesh.kill(victim)
+        if victim == "gateway":
+            await mesh.start(victim)  # the readers reconnect to it and resume
+        async with asyncio.timeout(BOUND_S):
+            with contextlib.suppress(httpx.HTTPError):
+                async for (
+                    event
+                ) in lines:  # the POST itself ends with a terminal event too (but the gateway's death)
+                    head.append(event)
+            await asyncio.gather(*(r.task for r in readers))
+        await post.aclose()
+    for reader in readers:
+        assert reader.end.get("type") in ("done", "error"), (victim, reader.path, reader.events[-3:])
+    if victim != "gateway":
+        assert head[-1]["type"] in ("done", "error"), (victim, head[-3:])
+        await mesh.start(victim)
+
+    # The restarted service's orphans (and every row of the tree) are settled within the lease time.
+    await wait_until(lambda: settled(mesh, session), LEASE_S * 6, f"the tree settled after {victim} died")
+
+    # Nothing a reader saw is missing from a buffer that outlived the kill (Redis keeps them).
+    if mesh.env.get("AGENTMESH_STREAM__BACKEND") == "redis":
+        assert mesh.clients is not None
+        for reader, key in zip(
+            readers, (f"session:{session}", f"a2a:{task_id}", f"subagent:{sub_id}"), strict=True
+        ):
+            with identity.acting_as(mesh.user):
+                stored = [
+                    evlib.to_dict(r.event, with_offset=True)
+                    async for r in mesh.clients.stream.SubscribeStream(
+                        ss.SubscribeStreamRequest(key=key), timeout=10
+                    )
+                ]
+            by_offset = {e["offset"]: e for e in stored}
+            for seen in reader.events:  # every stored event seen (text deltas merge differently per read)
+                if seen.get("_id") and seen["type"] != "text-delta":
+                    assert by_offset[seen["_id"]]["type"] == seen["type"], (key, seen)
+            seen_text = "".join(e["textDelta"] for e in reader.events if e["type"] == "text-delta")
+            stored_text = "".join(e["textDelta"] for e in stored if e["type"] == "text-delta")
+            assert stored_text.startswith(seen_text), key
+
+    # The session takes a new turn (once the dead turn's buffer was ended, by its lease if need be).
+    async def new_turn() -> list[dict[str, Any]] | None:
+        async with mesh.http() as http:
+            async with http.stream(
+                "POST", "/api/chat", json={"agent": "general", "message": "again", "sessionId": session}
+            ) as resp:
+                if resp.status_code in (409, 503):  # the old buffer not ended yet, a channel reconnecting
+                    return None
+                assert resp.status_code == 200, await resp.aread()
+                got = [e async for e in sse_events(resp)]
+                return None if got[-1].get("code") == "unavailable" else got
+
+    again = await wait_until(new_turn, LEASE_S * 6, "the session to take a new turn")
+    assert again[-1]["type"] == "done", again[-3:]

@@ -1,0 +1,98 @@
+"""agentmesh/mock_llm/demo_rules.yaml drives the demo agents of services/trace/demo_catalog.yaml."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+import yaml
+
+from agentmesh.libs.config import MeshSettings
+from agentmesh.mock_llm import DEMO_RULES, MockLLM
+
+CATALOG = {a["slug"]: a for a in yaml.safe_load(MeshSettings().catalog.read_text())["agents"]}
+TOOLS = [
+    {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+    for name in ("agent-invoke", "delegate_task", "delegate_parallel")
+]
+
+
+@pytest.fixture
+def demo(mock_llm: MockLLM) -> MockLLM:
+    mock_llm.set_rules(DEMO_RULES.read_text())
+    return mock_llm
+
+
+def messages_for(slug: str, text: str) -> list[Any]:
+    return [{"role": "system", "content": CATALOG[slug]["systemPrompt"]}, {"role": "user", "content": text}]
+
+
+async def turn(client: openai.AsyncOpenAI, messages: list[Any], tools: list[Any] | None = None) -> Any:
+    """One streamed model turn, reassembled by the openai client's stream helper."""
+    async with client.chat.completions.stream(
+        model="mock-gpt", messages=messages, tools=tools or openai.omit
+    ) as stream:
+        return (await stream.get_final_completion()).choices[0]
+
+
+async def test_demo_rules_have_pacing(demo: MockLLM) -> None:
+    assert (demo.rules.ttft_ms, demo.rules.tokens_per_second) == (50, 200)
+
+
+async def test_general_asks_the_coder(demo: MockLLM, client: openai.AsyncOpenAI) -> None:
+    messages = messages_for("general", "Please ask the coding assistant to write fizzbuzz in Python")
+    first = await turn(client, messages, TOOLS)
+    assert first.finish_reason == "tool_calls"
+    (call,) = first.message.tool_calls
+    assert call.function.name == "agent-invoke"
+    assert json.loads(call.function.arguments) == {
+        "agentSlug": "coder",
+        "input": "to write fizzbuzz in Python",
+    }
+
+    coder = await turn(client, messages_for("coder", "to write fizzbuzz in Python"))
+    assert coder.finish_reason == "stop" and "```python" in coder.message.content
+    assert "to write fizzbuzz in Python" in coder.message.content
+
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump(exclude_none=True)]},
+        {"role": "tool", "tool_call_id": call.id, "content": coder.message.content},
+    ]
+    final = await turn(client, messages, TOOLS)
+    assert final.message.content == f"The coding assistant replied: {coder.message.content}"
+
+
+async def test_general_splits_into_subtasks(demo: MockLLM, client: openai.AsyncOpenAI) -> None:
+    messages = messages_for("general", "split this into subtasks: a todo app")
+    first = await turn(client, messages, TOOLS)
+    (call,) = first.message.tool_calls
+    assert call.function.name == "delegate_parallel"
+    tasks = json.loads(call.function.arguments)["tasks"]
+    assert tasks == [
+        {"goal": "Research: a todo app", "agentSlug": "researcher"},
+        {"goal": "Outline: a todo app"},
+        {"goal": "Write code for: a todo app", "agentSlug": "coder"},
+    ]
+
+    research = await turn(client, messages_for("researcher", tasks[0]["goal"]))
+    assert research.message.content.startswith('Summary of "Research: a todo app"')
+    outline = await turn(client, [{"role": "user", "content": tasks[1]["goal"]}])
+    assert outline.message.content.startswith("Outline for a todo app:")
+
+    results = "research done\noutline done\ncode done"
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump(exclude_none=True)]},
+        {"role": "tool", "tool_call_id": call.id, "content": results},
+    ]
+    final = await turn(client, messages, TOOLS)
+    assert final.finish_reason == "stop"
+    assert final.message.content.startswith('All three subtasks for "a todo app" are done.')
+    assert results in final.message.content
+
+
+async def test_anything_else_is_echoed(demo: MockLLM, client: openai.AsyncOpenAI) -> None:
+    reply = await turn(client, messages_for("general", "what is the weather?"), TOOLS)
+    assert reply.message.content.startswith('Hello! You said: "what is the weather?"')
+    assert reply.message.tool_calls in (None, [])

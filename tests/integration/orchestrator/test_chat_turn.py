@@ -1,0 +1,499 @@
+"""Foundation: one full chat turn through the whole mesh, over HTTP+SSE and WebSocket, on
+SQLite + memory streams and on PostgreSQL + Redis streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import websockets
+
+from agentmesh.libs import identity
+from agentmesh.libs.ids import parse_stream_key, session_key
+from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
+from tests.mesh import BACKENDS, Mesh, chat, mesh_on, sse_events
+
+# Paced (20 ms a token): a new session's run calls the model while its turn is stored, and what the
+# model said before the turn's `start` reaches the reader as one merged delta (a top-speed reply: all of it).
+ECHO = {
+    "rules": [],
+    "default": {"text": "Hello there, you said {user}. Have a nice day.", "tokens_per_second": 50},
+}
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+async def mesh(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Mesh]:
+    m = await mesh_on(request, tmp_path_factory.mktemp("mesh"), llm_timeout_s=2.0)
+    yield m
+    await m.stop()
+
+
+def assert_turn(events: list[dict], text: str) -> dict:
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "start", kinds
+    assert kinds[-2:] == ["finish", "done"], kinds
+    assert set(kinds[1:-2]) == {"text-delta"}, kinds
+    assert len(kinds) > 4, "the reply must arrive as several deltas"
+    start = events[0]
+    assert (
+        start["sessionId"]
+        and start["userMessageId"] > 0
+        and start["assistantMessageId"] > start["userMessageId"]
+    )
+    assert "".join(e["textDelta"] for e in events if e["type"] == "text-delta") == text
+    offsets = [e["_id"] for e in events]
+    assert all(offsets) and len(set(offsets)) == len(offsets), offsets
+    finish = events[-2]
+    assert finish["usage"]["inputTokens"] > 0 and finish["usage"]["outputTokens"] > 0
+    return start
+
+
+async def test_full_turn_over_sse(mesh: Mesh) -> None:
+    mesh.mock.set_rules(ECHO)
+    events = await chat(mesh, "general", "ping")
+    start = assert_turn(events, "Hello there, you said ping. Have a nice day.")
+    async with mesh.http() as http:
+        resp = await http.get(f"/api/sessions/{start['sessionId']}/messages")
+    assert resp.status_code == 200, resp.text
+    messages = resp.json()["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant"]
+    user, assistant = messages
+    assert user["id"] == start["userMessageId"] and user["content"] == "ping"
+    assert assistant["id"] == start["assistantMessageId"]
+    assert assistant["content"] == "Hello there, you said ping. Have a nice day."
+    assert assistant["status"] == "completed"
+    assert assistant["model"] == "mock-gpt"
+    assert assistant["usage"] == events[-2]["usage"]
+    # A second turn in the same session sees the first one (the model received the history).
+    mesh.mock.set_rules(ECHO)
+    before = len(mesh.mock.requests())
+    events2 = await chat(mesh, "general", "pong", session_id=start["sessionId"])
+    assert events2[0]["sessionId"] == start["sessionId"]
+    sent = mesh.mock.requests()[before]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+
+
+async def test_same_turn_over_websocket(mesh: Mesh) -> None:
+    mesh.mock.set_rules(ECHO)
+    sse = await chat(mesh, "general", "same")
+    url = mesh.url.replace("http://", "ws://") + "/api/ws"
+    async with websockets.connect(url, additional_headers={"Authorization": f"Bearer {mesh.api_key}"}) as ws:
+        await ws.send(json.dumps({"type": "chat", "agent": "general", "message": "same"}))
+        got: list[dict] = []
+        async with asyncio.timeout(30):
+            while not got or got[-1]["type"] not in ("done", "error"):
+                got.append(json.loads(await ws.recv()))
+
+    # Both read session:<id>, where consecutive text deltas a reader reads at once arrive merged: the
+    # same text and the same other events, the deltas maybe cut differently.
+    def text(events: list[dict]) -> str:
+        return "".join(e["textDelta"] for e in events if e["type"] == "text-delta")
+
+    assert text(got) == text(sse)
+    others, sse_others = ([e for e in events if e["type"] != "text-delta"] for events in (got, sse))
+    assert [e["type"] for e in others] == [e["type"] for e in sse_others]
+    for a, b in zip(others, sse_others, strict=True):
+        strip = {"sessionId", "userMessageId", "assistantMessageId", "_id", "offset"}
+        assert {k: v for k, v in a.items() if k not in strip} == {
+            k: v for k, v in b.items() if k not in strip
+        }
+    assert all(e["offset"] for e in got)
+
+
+async def test_bad_input(mesh: Mesh) -> None:
+    backend = mesh.servers["stream"].registrations[0].servicer.backend
+    open_before = await backend.open_buffers()
+    async with mesh.http() as http:
+        r = await http.post("/api/chat", json={"agent": "nobody", "message": "hi"})
+        assert r.status_code == 404 and r.json()["error"]["reason"] == "NOT_FOUND"
+    # The new session's buffer, made while the agent was read, ended with the refusal.
+    assert await backend.open_buffers() == open_before
+    async with mesh.http() as http:
+        r = await http.post("/api/chat", json={"agent": "general", "message": "   "})
+        assert r.status_code == 422 and "error" in r.json()
+        r = await http.post("/api/chat", json={"agent": "general"})
+        assert r.status_code == 422
+    async with mesh.http(api_key="") as http:
+        r = await http.post("/api/chat", json={"agent": "general", "message": "hi"})
+        assert r.status_code == 401 and r.json()["error"]["reason"] == "UNAUTHENTICATED"
+    async with mesh.http(api_key="am_wrong") as http:
+        r = await http.post("/api/chat", json={"agent": "general", "message": "hi"})
+        assert r.status_code == 401
+        r = await http.get("/api/sessions")
+        assert r.status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [("http_500", "model_error"), ("stall", "timeout"), ("stall_before", "timeout"), ("cut", "model_error")],
+)
+async def test_model_failure_marks_placeholder_failed(mesh: Mesh, fault: str, code: str) -> None:
+    mesh.mock.set_rules({"rules": [{"user": "boom", "fault": fault}]})
+    events = await chat(mesh, "general", "boom", timeout=40)
+    assert events[0]["type"] == "start"
+    assert events[-1]["type"] == "error", events
+    assert events[-1]["code"] == code, events[-1]
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{events[0]['sessionId']}/messages")).json()["messages"]
+    assert messages[-1]["status"] == "failed"
+    assert messages[-1]["metadata"]["error"]["code"] == events[-1]["code"]
+
+
+async def test_disconnected_turn_goes_on_and_resumes(mesh: Mesh) -> None:
+    mesh.mock.set_rules({"rules": [], "default": {"text": "word " * 60, "tokens_per_second": 200}})
+    async with mesh.http() as http:
+        async with http.stream("POST", "/api/chat", json={"agent": "general", "message": "long"}) as resp:
+            got = []
+            async for event in sse_events(resp):
+                got.append(event)
+                if sum(1 for e in got if e["type"] == "text-delta") == 3:
+                    break  # the client goes away mid-turn
+        session, last = got[0]["sessionId"], got[-1]["_id"]
+        async with http.stream(
+            "GET", f"/api/sessions/{session}/stream", headers={"Last-Event-ID": last}
+        ) as resp:
+            assert resp.status_code == 200
+            rest = [e async for e in sse_events(resp)]
+    assert rest[-1]["type"] == "done"
+    ids = [e["_id"] for e in got + rest]
+    assert len(ids) == len(set(ids)), "no duplicate across the reconnect"
+    whole = "".join(e["textDelta"] for e in got + rest if e["type"] == "text-delta")
+    assert whole == "word " * 60, "no gap across the reconnect"
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{session}/messages")).json()["messages"]
+    assert messages[-1]["status"] == "completed" and messages[-1]["content"] == "word " * 60
+
+
+async def test_second_turn_on_a_busy_session_is_refused(mesh: Mesh) -> None:
+    mesh.mock.set_rules({"rules": [], "default": {"text": "slow " * 40, "tokens_per_second": 100}})
+    async with mesh.http() as http:
+        async with http.stream("POST", "/api/chat", json={"agent": "general", "message": "one"}) as resp:
+            stream = sse_events(resp)
+            start = await anext(stream)
+            busy = await http.post(
+                "/api/chat", json={"agent": "general", "message": "two", "sessionId": start["sessionId"]}
+            )
+            assert busy.status_code == 409 and busy.json()["error"]["reason"] == "FAILED_PRECONDITION"
+            rest = [e async for e in stream]
+        assert rest[-1]["type"] == "done", "the running turn is not disturbed"
+        messages = (await http.get(f"/api/sessions/{start['sessionId']}/messages")).json()["messages"]
+        assert [m["content"] for m in messages if m["role"] == "user"] == ["one"]
+
+
+async def test_cancel_releases_a_session_whose_turn_died(mesh: Mesh) -> None:
+    """A turn whose process died leaves its buffer open; cancel closes it and the session works again."""
+    mesh.mock.set_rules(ECHO)
+    first = await chat(mesh, "general", "before the crash")
+    session = first[0]["sessionId"]
+    assert mesh.clients is not None
+    pending = tp.Message(trace_id=session, role=tp.MESSAGE_ROLE_ASSISTANT, status=tp.MESSAGE_STATUS_PENDING)
+    with identity.acting_as(mesh.user):
+        await mesh.clients.stream.CreateStream(ss.CreateStreamRequest(key=session_key(session)))
+        orphan = (await mesh.clients.trace.AppendMessage(ts.AppendMessageRequest(message=pending))).message
+    async with mesh.http() as http:
+        busy = await http.post("/api/chat", json={"agent": "general", "message": "x", "sessionId": session})
+        assert busy.status_code == 409
+        assert (await http.post(f"/api/sessions/{session}/cancel")).json() == {"cancelled": True}
+    events = await chat(mesh, "general", "after", session_id=session)
+    assert events[-1]["type"] == "done"
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{session}/messages", params={"mode": "all"})).json()[
+            "messages"
+        ]
+    assert next(m for m in messages if m["id"] == orphan.id)["status"] == "cancelled", (
+        "no placeholder left pending"
+    )
+
+
+async def test_long_trace_sends_the_newest_history(mesh: Mesh, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentmesh.services.agent_runtime import runner
+
+    monkeypatch.setattr(runner, "HISTORY_LIMIT", 3)
+    mesh.mock.set_rules(ECHO)
+    session = None
+    for text in ("one", "two", "three"):
+        events = await chat(mesh, "general", text, session_id=session)
+        session = events[0]["sessionId"]
+    sent = mesh.mock.requests()[-1]["messages"]
+    assert [(m["role"], m["content"]) for m in sent[1:]] == [
+        ("user", "two"),
+        ("assistant", "Hello there, you said two. Have a nice day."),
+        ("user", "three"),
+    ]
+
+
+async def test_another_users_session_is_not_found(mesh: Mesh) -> None:
+    mesh.mock.set_rules(ECHO)
+    mine = (await chat(mesh, "general", "private"))[0]["sessionId"]
+    other = await mesh.new_user("oscar")
+    async with mesh.http(api_key=other) as http:
+        r = await http.post("/api/chat", json={"agent": "general", "message": "hi", "sessionId": mine})
+        assert r.status_code == 404 and r.json()["error"]["reason"] == "NOT_FOUND"
+        r = await http.post(f"/api/sessions/{mine}/cancel")
+        assert r.status_code == 404
+        r = await http.get(f"/api/sessions/{mine}/stream")
+        assert r.status_code == 404
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{mine}/messages")).json()["messages"]
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["private"], "nothing was added"
+
+
+async def test_the_live_turn_is_read_from_the_stream_service(mesh: Mesh) -> None:
+    """ExecuteChat with events_from_stream says the session as soon as its buffer exists, and nothing
+    else while the turn runs: the caller reads session:<id> from its beginning, `start` first, whose
+    deltas arrive, paced, before the turn ends; over HTTP the same turn streams."""
+    from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
+
+    mesh.mock.set_rules({"rules": [], "default": {"text": "paced " * 20, "tokens_per_second": 40}})
+    assert mesh.clients is not None
+    with identity.acting_as(mesh.user):
+        call = mesh.clients.orchestrator.ExecuteChat(
+            orc.ExecuteChatRequest(agent="general", message="live", events_from_stream=True)
+        )
+        first = await call.read()
+        assert first.session_id and not first.events, first
+        follow = mesh.clients.stream.SubscribeStream(
+            ss.SubscribeStreamRequest(key=session_key(first.session_id), from_offset="")
+        )
+        rest: list[str] = []
+        offsets: list[str] = []
+        text_before_end = False
+        stored = tp.Message()
+        async with asyncio.timeout(20):
+            async for resp in follow:
+                kind = resp.event.WhichOneof("payload")
+                rest.append(kind)
+                offsets.append(resp.event.offset)
+                if kind == "start":
+                    assert resp.event.start.session_id == first.session_id
+                    start = resp.event
+                if kind == "text_delta" and not text_before_end:
+                    text_before_end = True
+                    assert not call.done(), "text arrives while the turn still runs"
+                if kind in ("done", "error"):
+                    # `finish` and `done` come in one close, after the write-back: a reader that
+                    # sees the end finds the reply stored.
+                    message_id = start.start.assistant_message_id
+                    got = await mesh.clients.trace.GetMessage(ts.GetMessageRequest(message_id=message_id))
+                    stored = got.message
+                    break
+            assert [r async for r in call] == [], "nothing after the session: every event is in the buffer"
+    assert rest[0] == "start", rest
+    assert text_before_end and rest[-2:] == ["finish", "done"], rest
+    assert set(rest[1:-2]) == {"text_delta"}, rest
+    assert offsets[-2] and offsets[-1] and offsets[-2] != offsets[-1]
+    assert stored.status == tp.MESSAGE_STATUS_COMPLETED and stored.content == "paced " * 20
+
+
+async def _paced_turn(mesh: Mesh, body: dict[str, Any]) -> list[tuple[float, dict[str, Any]]]:
+    """A turn at 30 tokens/s over SSE: each event with when it arrived; checks that the text came
+    token by token, long before the turn's end, after one `start`."""
+    mesh.mock.set_rules({"rules": [], "default": {"text": "tick " * 30, "tokens_per_second": 30}})
+    async with mesh.http() as http:
+        async with http.stream("POST", "/api/chat", json=body) as resp:
+            got: list[tuple[float, dict[str, Any]]] = []
+            loop = asyncio.get_running_loop()
+            async with asyncio.timeout(20):
+                async for event in sse_events(resp):
+                    got.append((loop.time(), event))
+    kinds = [e["type"] for _, e in got]
+    assert kinds[0] == "start" and kinds.count("start") == 1 and kinds[-2:] == ["finish", "done"], kinds
+    deltas = [t for t, e in got if e["type"] == "text-delta"]
+    assert len(deltas) >= 10, "paced tokens arrive one by one, not as one block"
+    assert got[-1][0] - deltas[0] > 0.5, "the first text came long before the turn's end"
+    assert "".join(e["textDelta"] for _, e in got if e["type"] == "text-delta") == "tick " * 30
+    return got
+
+
+async def test_paced_reply_streams_over_sse_before_the_turn_ends(mesh: Mesh) -> None:
+    await _paced_turn(mesh, {"agent": "general", "message": "pace"})
+
+
+async def test_a_paced_turn_of_an_existing_session_streams_before_it_ends(mesh: Mesh) -> None:
+    """A session's next turn (its buffer created first, then BeginTurn, which puts `start` in it):
+    `start` names the session and the placeholder the reply is stored in, and the text streams at the
+    model's pace before the turn ends."""
+    mesh.mock.set_rules(ECHO)
+    session = (await chat(mesh, "general", "first"))[0]["sessionId"]
+    got = await _paced_turn(mesh, {"agent": "general", "message": "again", "sessionId": session})
+    start = got[0][1]
+    assert start["sessionId"] == session, start
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{session}/messages")).json()["messages"]
+    last_two = [(m["role"], m["status"]) for m in messages[-2:]]
+    assert last_two == [("user", "completed"), ("assistant", "completed")], last_two
+    assert messages[-1]["id"] == start["assistantMessageId"] and messages[-1]["content"] == "tick " * 30
+
+
+async def test_a_buffer_ended_between_the_write_back_and_the_close(
+    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone ends the buffer after the reply is stored, before the turn's own close (`finish` and
+    `done` in one call): that call appends nothing after the end, the buffer keeps the one terminal
+    event it got, and the reply stays stored."""
+    from agentmesh.events.v1 import events_pb2 as ev
+    from agentmesh.libs import events
+    from agentmesh.services.orchestrator.turns import TurnEngine
+    from tests.mesh import read_buffer
+
+    mesh.mock.set_rules({"rules": [], "default": {"text": "ended " * 10, "tokens_per_second": 100}})
+    finish = TurnEngine._finish
+    ended: list[str] = []
+
+    async def ended_first(self: TurnEngine, key: str, event: ev.Event, on_event: Any, since: str) -> None:
+        cut = ev.StreamError(code=ev.ERROR_CODE_CANCELLED, message="ended elsewhere")
+        ended.append(key)  # (the turn's watcher may cancel it as soon as the close is out)
+        await self.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=cut))
+        await finish(self, key, event, on_event, since)
+
+    monkeypatch.setattr(TurnEngine, "_finish", ended_first)
+    got = await chat(mesh, "general", "cut short", timeout=20)
+    monkeypatch.undo()
+    assert len(ended) == 1 and got[-1]["type"] == "error", ([e["type"] for e in got], got[-3:])
+    buffered = await read_buffer(mesh, ended[0])
+    kinds = [events.kind(e) for e in buffered]
+    assert kinds[0] == "start" and kinds[-1] == "error" and "finish" not in kinds, kinds
+    assert buffered[-1].error.message == "ended elsewhere"
+    assert mesh.clients is not None
+    with identity.acting_as(mesh.user):
+        reply = await mesh.clients.trace.GetMessage(
+            ts.GetMessageRequest(message_id=buffered[0].start.assistant_message_id)
+        )
+    assert (reply.message.status, reply.message.content) == (tp.MESSAGE_STATUS_COMPLETED, "ended " * 10)
+
+
+async def test_a_turn_whose_buffer_was_replaced_leaves_the_new_one_alone(
+    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn's buffer is gone and the key holds a newer turn's buffer (an in-memory stream service
+    restarted and the next turn made the key again) when the turn ends: its `finish` and `done` name
+    its own buffer (the `start`'s offset), so they are refused (and so is the close of its failure
+    path), the newer buffer stays open and empty for its own turn, and the reply stored before
+    stays."""
+    from agentmesh.events.v1 import events_pb2 as ev
+    from agentmesh.services.orchestrator.turns import TurnEngine
+
+    mesh.mock.set_rules({"rules": [], "default": {"text": "mine " * 10, "tokens_per_second": 100}})
+    finish = TurnEngine._finish
+    replaced: list[str] = []
+
+    async def replaced_first(self: TurnEngine, key: str, event: ev.Event, on_event: Any, since: str) -> None:
+        replaced.append(key)
+        with identity.acting_as(mesh.user):  # the next turn of the session, as its user
+            lost = ev.StreamError(code=ev.ERROR_CODE_INTERRUPTED, message="lost")  # (what its readers get)
+            await self.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=lost))
+            await self.clients.stream.CreateStream(ss.CreateStreamRequest(key=key))
+        await finish(self, key, event, on_event, since)
+
+    monkeypatch.setattr(TurnEngine, "_finish", replaced_first)
+    hold_the_watcher(monkeypatch)  # the old buffer's close is not what ends the turn: its refused writes are
+    got = await chat(mesh, "general", "replaced", timeout=20)
+    monkeypatch.undo()
+    assert len(replaced) == 1 and got[-1]["type"] == "error", ([e["type"] for e in got], got[-3:])
+    assert mesh.clients is not None
+    with identity.acting_as(mesh.user):
+        newer = await mesh.clients.stream.GetStreamInfo(ss.GetStreamInfoRequest(key=replaced[0]))
+        placeholder = await mesh.clients.trace.GetMessage(
+            ts.GetMessageRequest(message_id=got[0]["assistantMessageId"])
+        )
+    assert newer.exists and not newer.closed and newer.length == 0, newer  # no finish, no done, no error
+    reply = (placeholder.message.status, placeholder.message.content)
+    assert reply == (tp.MESSAGE_STATUS_COMPLETED, "mine " * 10), reply  # stored before: it stays
+
+
+def hold_the_watcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The turn's watcher of its buffer never sees a close (it waits until the turn ends): only the
+    turn's own refused writes can tell it that its buffer was ended elsewhere."""
+    from agentmesh.services.orchestrator.chat import ChatOrchestrator
+
+    async def held(self: ChatOrchestrator, spec: Any, turn: Any) -> None:
+        await asyncio.Event().wait()  # (cancelled with the turn's end)
+
+    monkeypatch.setattr(ChatOrchestrator, "_watch", held)
+
+
+async def test_a_turn_cancelled_before_its_start_ends_cancelled(
+    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another replica cancels the turn while it is being stored, just before its `start` goes into the
+    buffer: the close fails the append of `start` (the trace service's, right after BeginTurn stored
+    the messages, then the orchestrator's), and the turn ends as the close said, whether or not its
+    watcher saw the close first (here it does not: it is held). The client is told `cancelled` (499),
+    the placeholder is marked cancelled, not failed."""
+    from agentmesh.events.v1 import events_pb2 as ev
+    from agentmesh.services.trace.starts import TurnStarts
+
+    mesh.mock.set_rules(ECHO)
+    append = TurnStarts.append
+    cut: list[str] = []
+
+    async def cancelled_first(self: TurnStarts, key: str, start: ev.TurnStart, within_s: Any = None) -> Any:
+        if not cut:
+            cut.append(key)
+            error = ev.StreamError(code=ev.ERROR_CODE_CANCELLED, message="cancelled elsewhere")
+            await self.stream().CloseStream(ss.CloseStreamRequest(key=key, error=error))
+        return await append(self, key, start, within_s)
+
+    monkeypatch.setattr(TurnStarts, "append", cancelled_first)
+    hold_the_watcher(monkeypatch)
+    async with mesh.http() as http:
+        resp = await http.post("/api/chat", json={"agent": "general", "message": "cut before start"})
+    monkeypatch.undo()
+    assert resp.status_code == 499, resp.text
+    assert resp.json()["error"]["reason"] == "CANCELLED", resp.json()
+    assert len(cut) == 1, cut
+    trace_id = parse_stream_key(cut[0]).id
+    assert mesh.clients is not None
+    with identity.acting_as(mesh.user):
+        listed = await mesh.clients.trace.ListMessages(ts.ListMessagesRequest(trace_id=trace_id))
+    placeholder = [m for m in listed.messages if m.role == tp.MESSAGE_ROLE_ASSISTANT]
+    assert [m.status for m in placeholder] == [tp.MESSAGE_STATUS_CANCELLED], listed.messages
+    assert placeholder[0].metadata["error"]["code"] == "cancelled", placeholder[0].metadata
+
+
+async def test_a_turn_closed_elsewhere_mid_reply_at_a_model_pace_ends_cancelled(
+    mesh: Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 20 tokens/s, another replica closes the buffer with `cancelled` once the reader has the first
+    text, while the turn's watcher is held (so only the run's refused write tells the turn): the reader
+    gets the text before the end and then the one terminal `cancelled`; the placeholder is marked
+    cancelled and keeps exactly the text the reader got."""
+    from agentmesh.events.v1 import events_pb2 as ev
+
+    mesh.mock.set_rules({"rules": [], "default": {"text": "step " * 40, "tokens_per_second": 20}})
+
+    hold_the_watcher(monkeypatch)
+    assert mesh.clients is not None
+    got: list[dict[str, Any]] = []
+    async with (
+        mesh.http(timeout=30) as http,
+        http.stream("POST", "/api/chat", json={"agent": "general", "message": "closed mid-reply"}) as resp,
+    ):
+        assert resp.status_code == 200, await resp.aread()
+        async with asyncio.timeout(20):
+            async for event in sse_events(resp):
+                got.append(event)
+                if event["type"] == "text-delta" and sum(e["type"] == "text-delta" for e in got) == 1:
+                    cut = ev.StreamError(code=ev.ERROR_CODE_CANCELLED, message="cancelled elsewhere")
+                    key = session_key(got[0]["sessionId"])
+                    with identity.acting_as(mesh.user):
+                        await mesh.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=cut))
+    monkeypatch.undo()
+    kinds = [e["type"] for e in got]
+    assert kinds[0] == "start" and "text-delta" in kinds and kinds[-1] == "error", kinds
+    assert got[-1]["code"] == "cancelled" and kinds.count("error") == 1, got[-1]
+    text = "".join(e["textDelta"] for e in got if e["type"] == "text-delta")
+    assert 0 < len(text) < len("step " * 40), text  # the end came long before the reply's
+    with identity.acting_as(mesh.user):
+        reply = await mesh.clients.trace.GetMessage(
+            ts.GetMessageRequest(message_id=got[0]["assistantMessageId"])
+        )
+    assert reply.message.status == tp.MESSAGE_STATUS_CANCELLED, reply.message
+    assert reply.message.content == text, (reply.message.content, text)

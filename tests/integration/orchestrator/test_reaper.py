@@ -1,0 +1,60 @@
+"""The orchestrator's reaper settles what a dead process left behind, and only that: a newer turn of the
+same session, whose live buffer has the same key, streams on. (Found by the chaos run: a session whose
+orchestrator died took a new turn once the old buffer's lease ended it, then the restarted orchestrator's
+reaper closed the new turn's buffer by key, and the turn failed with `stream ... is closed`.)"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agentmesh.libs import identity
+from agentmesh.libs.ids import session_key
+from agentmesh.services.orchestrator.reaper import Reaper
+from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
+from tests.mesh import BACKENDS, Mesh, mesh_on, wait_until
+
+LEASE_S = 0.3  # rows: reaped within a fraction of a second once nobody renews them
+
+
+@pytest.fixture(params=BACKENDS)
+async def mesh(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Mesh]:
+    # Rows' leases are short; the live buffer's lease outlasts the test.
+    tmp = tmp_path_factory.mktemp("reaper")
+    m = await mesh_on(request, tmp, lease_s=LEASE_S, stream_options={"lease_s": 60})
+    yield m
+    await m.stop()
+
+
+async def test_reaping_a_dead_turn_leaves_the_sessions_new_turn_streaming(mesh: Mesh) -> None:
+    assert mesh.clients is not None
+    t, s = mesh.clients.trace, mesh.clients.stream
+    with identity.acting_as(mesh.user):
+        trace = (
+            await t.CreateTrace(ts.CreateTraceRequest(trace=tp.Trace(agent="general", title="reaped")))
+        ).trace
+        dead = tp.Message(
+            trace_id=trace.id,
+            role=tp.MESSAGE_ROLE_ASSISTANT,
+            status=tp.MESSAGE_STATUS_PENDING,
+        )
+        orphan = (await t.AppendMessage(ts.AppendMessageRequest(message=dead))).message
+        # The new turn's buffer, under the same key, with a live lease.
+        await s.CreateStream(ss.CreateStreamRequest(key=session_key(trace.id)))
+
+    async def reaped() -> bool:
+        with identity.acting_as(mesh.user):
+            got = await t.GetMessage(ts.GetMessageRequest(message_id=orphan.id))
+        return got.message.status != tp.MESSAGE_STATUS_PENDING
+
+    await wait_until(reaped, 10, "the orphaned placeholder to be settled by the reaper")
+    # A reaper round that settled the row has run; one more full round to be sure it closed nothing.
+    await Reaper(mesh.clients, LEASE_S).reap()
+    with identity.acting_as(mesh.user):
+        info = await s.GetStreamInfo(ss.GetStreamInfoRequest(key=session_key(trace.id)))
+    assert info.exists and not info.closed, "the newer turn's live buffer was ended by the reaper"
