@@ -63,7 +63,7 @@ class StreamSettings(BaseModel):
 
 
 class SubagentDefaults(BaseModel):
-    """Global subagent defaults (seed 3, section 6.2)."""
+    """Global subagent defaults (docs/requirements.md#subagent-global-defaults)."""
 
     enabled: bool = True
     max_concurrent: int = 3

@@ -1,5 +1,6 @@
 """The event vocabulary: builders for the protobuf `Event` oneof, its browser JSON form, and the
-subagent cards (seed 3's SubagentBatch), built from stored rows by one function for the live card,
+subagent cards (docs/requirements.md#subagent-history-restore), built from stored rows by one function
+for the live card,
 the anchor's `metadata.subagents` and the history restore alike."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 - A local id (trace, task, subagent): 1-64 characters of [A-Za-z0-9_.-], not starting with "." or "-".
 - An agent's slug: 1-100 characters of [a-z0-9_-], not starting with "_" or "-".
 - A stream key: `session:<trace id>`, `a2a:<task id>` or `subagent:<subagent id>`.
-- A trace reference says where a trace lives (seed cross-device-trace-storage, "Trace ID格式"):
+- A trace reference says where a trace lives (docs/requirements.md#trace-ids):
   `abc-123` (here), `agent://host[:port]/abc-123` (on the mesh at that address), or
   `@alias/abc-123` (on a peer registered under that alias).
 """

@@ -1,16 +1,16 @@
-"""The peer registry (seed cross-device-trace-storage, "Agent注册表" and 方案4's configuration): the
+"""The peer registry (docs/requirements.md#peer-registry, #shared-database-mode): the
 meshes this one may contact, by alias. Every process that calls out reads it (the trace service for
 remote traces, the agent runtime for remote agents, the CLI for `agentmesh peers`).
 
 The file (`AGENTMESH_PEERS`, YAML) takes either shape:
 
-    peers:                              # or `agents:`, as in the seed
+    peers:                              # or `agents:`, as in docs/requirements.md#peer-registry
       terminal:
         url: http://127.0.0.1:8081
         credential: TERMINAL_API_KEY    # the NAME of an environment variable holding the key
         type: terminal                  # terminal | cloud | org
 
-    trace_store:                        # the seed's hybrid-mode shape (方案4)
+    trace_store:                        # the hybrid-mode shape (docs/requirements.md#shared-database-mode)
       internal: {type: database, url: postgresql://org-db/traces}
       external:
         type: remote
@@ -147,7 +147,8 @@ def _peer(alias: Any, spec: Any) -> Peer:
 
 @dataclass(frozen=True)
 class StoreConfig:
-    """The seed's `trace_store.internal`: the organisation's shared database (hybrid mode)."""
+    """`trace_store.internal`: the organisation's shared database
+    (docs/requirements.md#shared-database-mode)."""
 
     internal_url: str = ""
 

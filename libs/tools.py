@@ -1,5 +1,6 @@
 """The tool vocabulary: every built-in tool's name, the schema its model is shown, and the run roles
-that have a handler for it, plus the visibility rule of seed 3 section 3.2 (which of an agent's tools
+that have a handler for it, plus the visibility rule of
+docs/requirements.md#tool-layers (which of an agent's tools
 a run's model may see).
 
 Two processes read this table: the agent-runtime binds one handler to each tool

@@ -1,4 +1,4 @@
-"""The trace API (seed cross-device-trace-storage, "API端点"): what other meshes and agents call to
+"""The trace API (docs/requirements.md#trace-api): what other meshes and agents call to
 read, append to and continue traces. Thin: TraceService and OrchestratorService over gRPC.
 
 A trace id in these paths is any of the three forms (libs.ids.TraceRef): `abc-123`, `@alias/abc-123`

@@ -1,5 +1,5 @@
-"""agent-invoke: live, persisted, cancellable agent-to-agent calls (seed 1 section 2.1; seed 2's
-`agent` tool: a list of inputs run in parallel, continue_from a trace).
+"""agent-invoke: live, persisted, cancellable agent-to-agent calls (docs/requirements.md#invoke-live-stream;
+docs/requirements.md#one-invoke-engine: a list of inputs run in parallel, continue_from a trace).
 
 A callee is anything with `Callee.run`; `LocalCallee` runs an agent of this mesh as a child turn
 through the orchestrator. A remote A2A agent is one more implementation of the same interface.

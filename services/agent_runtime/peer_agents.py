@@ -1,4 +1,4 @@
-"""agent-invoke of a peer's agent (seed cross-device-trace-storage, "agent工具修改"): `agentSlug:
+"""agent-invoke of a peer's agent (docs/requirements.md#remote-agents): `agentSlug:
 "@alias/slug"` names agent `slug` of the registered peer `alias` (only registered peers are called).
 
 - without continueFrom: a new call over A2A, to `{peer url}/a2a/{slug}` with the peer's key

@@ -1,4 +1,5 @@
-"""Session subagents (seed 3): delegate_task / delegate_parallel for the supervisor role only.
+"""Session subagents
+(docs/requirements.md#session-subagents): delegate_task / delegate_parallel for the supervisor role only.
 
 Each subagent gets a subagent_sessions row anchored to the turn's assistant placeholder
 (`parentMessageId`), its own hidden session, and its live text on subagent:<id>. At most

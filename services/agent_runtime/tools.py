@@ -1,4 +1,4 @@
-"""The tool registry, in two separate layers (seed 3 section 3.2):
+"""The tool registry, in two separate layers (docs/requirements.md#tool-layers):
 
 - visibility: which tool schemas the model of a run is shown (catalog tools, role, subagent
   config, the run's own allow-list, the global blocked list for subagents);

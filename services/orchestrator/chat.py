@@ -1,4 +1,5 @@
-"""ChatOrchestrator: one chat turn, the single entry behind both HTTP and WebSocket (seed 3 section 3.1).
+"""ChatOrchestrator: one chat turn, the single entry behind both HTTP and WebSocket
+(docs/requirements.md#one-orchestration-layer).
 
 The turn runs as its own task: a caller that goes away stops reading, the turn goes on and can be
 resumed from session:<id>. A cancellation (CancelChat on any replica) closes session:<id> with an

@@ -1,5 +1,5 @@
 """The turn engine: one turn in one trace, the same for a chat turn, an agent-invoke callee and a
-subagent (seed 3's stable anchor; seed 1's persisted A2A messages).
+subagent (docs/requirements.md#stable-anchor; docs/requirements.md#invoke-message-provenance).
 
 create the live buffer -> save the user message -> pre-create the assistant placeholder (the
 anchor) -> `start` -> AgentRuntimeService.RunAgent streams the run (its events are already in the

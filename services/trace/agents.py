@@ -1,6 +1,7 @@
 """Agents as data: the catalog file (the built-in set), the JSON form of an agent, its defaults and
 validation, the rules of a user's write (the tools, callees and presets it names exist; masks), and
-the effective subagent config (agent > global default > system fallback, seed 3 section 6.1). The
+the effective subagent config (agent > global default > system fallback,
+docs/requirements.md#subagent-config-priority). The
 trace service is the only process that reads the catalog file."""
 
 from __future__ import annotations
@@ -163,7 +164,8 @@ def load_catalog(path: Path | str) -> list[ap.Agent]:
 def effective_subagent_config(
     agent: ap.Agent, defaults: SubagentDefaults | None
 ) -> ap.EffectiveSubagentConfig:
-    """Agent override > global default (mesh config) > system fallback (seed 3 section 6.1)."""
+    """Agent override > global default (mesh config) > system fallback
+    (docs/requirements.md#subagent-config-priority)."""
     own = agent.subagent_config
     out = ap.EffectiveSubagentConfig()
     out.enabled = own.enabled if own.HasField("enabled") else (defaults.enabled if defaults else False)

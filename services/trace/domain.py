@@ -21,7 +21,8 @@ MAX_PAGE_TOKEN = 512
 FINAL_TASK_STATES = frozenset(
     {tp.TASK_STATE_COMPLETED, tp.TASK_STATE_CANCELED, tp.TASK_STATE_FAILED, tp.TASK_STATE_REJECTED}
 )
-# Subagent status moves (seed 3): queued -> running -> completed | failed | cancelled;
+# Subagent status moves
+# (docs/requirements.md#subagent-rows): queued -> running -> completed | failed | cancelled;
 # queued -> failed | cancelled.
 SUBAGENT_MOVES: dict[int, frozenset[int]] = {
     ev.SUBAGENT_STATUS_QUEUED: frozenset(

@@ -87,7 +87,8 @@ class TraceHandler:
 
     async def list_messages(self, owner: str, query: MessageQuery, view: int) -> MessagePage:
         """A page of messages; in MESSAGE_VIEW_FULL an assistant message whose metadata lacks
-        `subagents` gets its batches rebuilt from the rows anchored to it (seed 3 section 11.1)."""
+        `subagents` gets its batches rebuilt from the rows anchored to it
+        (docs/requirements.md#subagent-history-restore)."""
         page = await self.traces.list_messages(owner, query)
         if view == ts.MESSAGE_VIEW_FULL and TraceRef.parse(query.trace_id).is_local:
             await self._restore_subagents(owner, query.trace_id, page.messages)

@@ -32,7 +32,8 @@ async def build(
     gRPC server. The returned server is started; its `stop()` also disposes the engine."""
     peer_registry = PeerRegistry.load(settings.peers)
     url = settings.sqlalchemy_url
-    if peer_registry.store.internal_url and not settings.database_url:  # the seed's trace_store.internal
+    # trace_store.internal (docs/requirements.md#shared-database-mode)
+    if peer_registry.store.internal_url and not settings.database_url:
         url = settings.model_copy(update={"database_url": peer_registry.store.internal_url}).sqlalchemy_url
     if url.startswith("sqlite"):
         settings.data_dir.mkdir(parents=True, exist_ok=True)

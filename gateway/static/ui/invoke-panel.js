@@ -1,4 +1,5 @@
-// The side panel (seed 1): read-only. An agent-invoke call opens it once its task exists
+// The side panel (docs/requirements.md#invoke-side-panel): read-only. An agent-invoke call opens it once its
+// task exists
 // (`a2a-task-started`; a call refused before that never opens it, its tool card shows the error); it
 // follows GET /api/agents/a2a/stream?taskId=... and shows the callee's reply as it streams (markdown,
 // re-rendered at most once per animation frame), then "done" or "error". A stream that drops for good

@@ -1,4 +1,5 @@
-// The message list. An assistant message is, top to bottom (seed 3 §12.2): its subagent batch cards,
+// The message list. An assistant message is, top to bottom
+// (docs/requirements.md#subagent-cards): its subagent batch cards,
 // its tool cards, its thinking block, its content (markdown, re-rendered at most once per animation
 // frame while it streams). Live turns and restored history use the same views.
 

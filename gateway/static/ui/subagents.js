@@ -1,4 +1,5 @@
-// Subagent batch cards (seed 3): one card per delegate batch, inline in the assistant message whose
+// Subagent batch cards
+// (docs/requirements.md#subagent-cards): one card per delegate batch, inline in the assistant message whose
 // id is the batch's parentMessageId. Live events and restored metadata.subagents build the same card.
 // A subagent's summary and its live text are markdown. Its live text comes from its buffer while that
 // exists, then from its stored trace; "open" shows the whole trace in the side panel (an `open-trace`

@@ -24,7 +24,7 @@ from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 @dataclass
 class MessageQuery:
-    """Which messages of a trace to list (seed 2's API)."""
+    """Which messages of a trace to list (docs/requirements.md#trace-api)."""
 
     trace_id: str
     mode: int = ts.PATH_MODE_MAIN_PATH
@@ -219,7 +219,7 @@ class InboundTaskQuery:
 
 
 class TaskStore(abc.ABC):
-    """Agent-invoke tasks (seed 1's a2aTaskSessions)."""
+    """Agent-invoke tasks (docs/requirements.md#invoke-task-rows)."""
 
     @abc.abstractmethod
     async def create_task(self, owner: str, task: tp.A2ATask, continue_trace_id: str = "") -> tp.A2ATask:
@@ -243,7 +243,7 @@ class TaskStore(abc.ABC):
 
 
 class SubagentStore(abc.ABC):
-    """Subagent rows (seed 3 section 5)."""
+    """Subagent rows (docs/requirements.md#subagent-rows)."""
 
     @abc.abstractmethod
     async def create_subagents(

@@ -1,4 +1,5 @@
-"""HybridTraceStore (seed cross-device-trace-storage, 方案1 + 方案3): one TraceStore that routes by trace
+"""HybridTraceStore (docs/requirements.md#hybrid-trace-store, #remote-trace-cache): one TraceStore
+that routes by trace
 reference. A local id goes to the local store; `@alias/id` or `agent://host[:port]/id` goes to the
 registered peer it names (libs.peers refuses anything else before any connection), read through a
 cached copy in our own database:

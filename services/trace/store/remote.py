@@ -1,4 +1,4 @@
-"""RemoteTraceStore (seed cross-device-trace-storage, 方案1): a peer's traces through its gateway's trace
+"""RemoteTraceStore (docs/requirements.md#remote-trace-store): a peer's traces through its gateway's trace
 API (`/api/traces`), over libs.peer_http (timeouts, bounded retries of reads, no redirects, gzip, a
 size bound, TLS verified). The peer decides who we are from the credential of its registry entry, so
 `owner` is not sent; what a peer's trace cannot do from here (rename, move its head, delete) is refused.

@@ -1,9 +1,11 @@
 """Three full meshes on loopback, each with its own ports and keys (issue 14's topology):
 
-- org A "cloud" and org A "terminal" share one PostgreSQL database (hybrid mode, the seed's 方案4: the
+- org A "cloud" and org A "terminal" share one PostgreSQL database (hybrid mode,
+  docs/requirements.md#shared-database-mode: the
   internal store named in the peer file's `trace_store.internal`), so their traces are local to each
   other with no HTTP;
-- org B has its own database (SQLite) and is reached over HTTP (方案1), in both directions: A's peer
+- org B has its own database (SQLite) and is reached over HTTP
+  (docs/requirements.md#remote-trace-store), in both directions: A's peer
   file registers B as `orgb`, B's registers A's cloud as `orga`.
 
 Each peer's key is in an environment variable the peer file names (never in the file).

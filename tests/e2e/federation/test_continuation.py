@@ -1,4 +1,5 @@
-"""The seed's two scenarios end to end, both ways, with the live side panel: an agent calls a peer's
+"""The two scenarios of docs/requirements.md#federation-scenarios end to end, both ways, with the live side
+panel: an agent calls a peer's
 agent (`agentSlug: "@alias/slug"`) and gets back the location-bearing id of the peer's trace with
 `remote: true`; continueFrom that id with the same peer's agent continues it there (its /run);
 continueFrom it with one of our agents reads the peer's main path as history and appends the turn to

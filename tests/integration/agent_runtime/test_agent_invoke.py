@@ -1,4 +1,5 @@
-"""agent-invoke end to end (seeds 1 and 2): live callee streams, provenance, errors, recursion,
+"""agent-invoke end to end (docs/requirements.md#agent-invoke-streaming, #one-invoke-engine): live callee
+streams, provenance, errors, recursion,
 cancellation down the tree, continueFrom; on SQLite + memory and PostgreSQL + Redis."""
 
 from __future__ import annotations

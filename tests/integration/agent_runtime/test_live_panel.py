@@ -1,4 +1,5 @@
-"""Seed 1's side panel at a user's pace: a reader that subscribes to the callee's stream the instant it
+"""The side panel (docs/requirements.md#invoke-side-panel) at a user's pace: a reader that subscribes to the
+callee's stream the instant it
 sees `a2a-task-started` always finds the buffer and receives the callee's text live, before the
 caller's tool call ends. 50 runs on each backend pair, the callee's model slowed."""
 

@@ -1,4 +1,5 @@
-"""Session subagents end to end (seed 3): concurrency, anchors, restore, config priority, tool
+"""Session subagents end to end
+(docs/requirements.md#session-subagents): concurrency, anchors, restore, config priority, tool
 visibility, failure isolation, HTTP = WebSocket, cascade delete, cancellation."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """AgentService: the catalog's built-in agents as the trace process imports and serves them, with the
-subagent config in force (agent > global default > system fallback, seed 3 section 6.1)."""
+subagent config in force (agent > global default > system fallback,
+docs/requirements.md#subagent-config-priority)."""
 
 from __future__ import annotations
 

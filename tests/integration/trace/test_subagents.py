@@ -1,4 +1,5 @@
-"""Subagent rows (seed 3 section 5): batches, hidden child traces, order, status moves, output-only times."""
+"""Subagent rows (docs/requirements.md#subagent-rows): batches, hidden child traces, order, status moves,
+output-only times."""
 
 from __future__ import annotations
 

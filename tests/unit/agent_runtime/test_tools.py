@@ -1,4 +1,5 @@
-"""The runtime's tool registry in two layers (seed 3 section 3.2), over the test catalog's agents as
+"""The runtime's tool registry in two layers
+(docs/requirements.md#tool-layers), over the test catalog's agents as
 the trace service serves them (services.trace.agents), and the subagent planning rules."""
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ class MessageRow(Base):
 
 
 class A2ATaskRow(Base):
-    """seed 1's a2aTaskSessions: the task and the callee's hidden session."""
+    """The task row (docs/requirements.md#invoke-task-rows): the task and the callee's hidden session."""
 
     __tablename__ = "a2a_tasks"
     __table_args__ = (
@@ -202,7 +202,8 @@ class A2ATaskRow(Base):
 
 
 class SubagentRow(Base):
-    """seed 3 section 5: one delegated subagent, anchored on its supervisor's assistant message."""
+    """One delegated subagent (docs/requirements.md#subagent-rows), anchored on its supervisor's
+    assistant message."""
 
     __tablename__ = "subagent_sessions"
     __table_args__ = (

@@ -1,4 +1,5 @@
-"""Subagent rows in SQL (seed 3 section 5), each with its own hidden trace; a batch in one transaction."""
+"""Subagent rows in SQL
+(docs/requirements.md#subagent-rows), each with its own hidden trace; a batch in one transaction."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Agent-invoke tasks in SQL (seed 1's a2aTaskSessions), each with its callee's hidden trace."""
+"""Agent-invoke tasks in SQL (docs/requirements.md#invoke-task-rows), each with its callee's hidden trace."""
 
 from __future__ import annotations
 
