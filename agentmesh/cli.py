@@ -175,8 +175,8 @@ def _chat(args: argparse.Namespace) -> int:
         key = _dev_key_file(settings).read_text().strip()
     url = args.url or f"http://{settings.gateway_host}:{settings.gateway_port}"
     body: dict[str, str] = {"agent": args.agent, "message": args.text}
-    if args.session:
-        body["sessionId"] = args.session
+    if args.trace:
+        body["traceId"] = args.trace
     headers = {"Authorization": f"Bearer {key}"}
     with httpx.stream("POST", f"{url}/api/chat", json=body, headers=headers, timeout=None) as resp:
         if resp.status_code != 200:
@@ -189,7 +189,7 @@ def _chat(args: argparse.Namespace) -> int:
             event = json.loads(line[5:])
             kind = event.get("type")
             if kind == "start":
-                print(f"[session {event['sessionId']}]", file=sys.stderr)
+                print(f"[trace {event['traceId']}]", file=sys.stderr)
             elif kind == "text-delta":
                 print(event["textDelta"], end="", flush=True)
             elif kind == "tool-input-available":
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     health.add_argument("--timeout", type=float, default=3.0, help="deadline in seconds")
     chat = sub.add_parser("chat", help="stream one chat turn to the terminal")
     chat.add_argument("--agent", required=True)
-    chat.add_argument("--session", default="")
+    chat.add_argument("--trace", "--session", dest="trace", default="", help="the trace (chat) to continue")
     chat.add_argument("--api-key", default="")
     chat.add_argument("--url", default="")
     chat.add_argument("text")

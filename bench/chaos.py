@@ -161,8 +161,8 @@ class Chaos:
 
         def on_event(event: dict[str, Any]) -> bool:
             nonlocal deltas
-            if not state["session"] and event.get("sessionId"):
-                state["session"] = event["sessionId"]
+            if not state["session"] and event.get("traceId"):
+                state["session"] = event["traceId"]
                 reader.path = f"/api/sessions/{state['session']}/stream"
             if event["type"] == "a2a-task-started" and event["taskId"] not in children:
                 children.add(event["taskId"])

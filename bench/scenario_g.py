@@ -56,7 +56,7 @@ async def run(rounds: int = 20, work: Path | None = None) -> dict[str, Any]:
         async with home.http() as http:
             created = await http.post("/api/chat", json={"agent": "general", "message": "hello"})
             start = next(line for line in created.text.splitlines() if '"start"' in line)
-            tid = json.loads(start[5:])["sessionId"]
+            tid = json.loads(start[5:])["traceId"]
             for i in range(0, MESSAGES - 2, 100):
                 batch = [{"role": "user", "content": f"message {i + j} " + "x" * 200} for j in range(100)]
                 resp = await http.post(

@@ -27,6 +27,12 @@ RESPONSE_ARTIFACT = "response"  # the id of the artifact a task's reply streams 
 BEARER_SCHEME = "bearer"  # the name of the security scheme in our agent cards
 MAX_DEPTH = 10
 
+
+def agent_url(base_url: str, slug: str) -> str:
+    """Where agent `slug` of an agentmesh gateway answers A2A (its card below it)."""
+    return f"{base_url.rstrip('/')}/a2a/{slug}"
+
+
 _TO_A2A: dict[int, Any] = {
     tp.TASK_STATE_SUBMITTED: a2a.TASK_STATE_SUBMITTED,
     tp.TASK_STATE_WORKING: a2a.TASK_STATE_WORKING,

@@ -2,7 +2,10 @@
 
 - A local id (trace, task, subagent): 1-64 characters of [A-Za-z0-9_.-], not starting with "." or "-".
 - An agent's slug: 1-100 characters of [a-z0-9_-], not starting with "_" or "-".
-- A stream key: `session:<trace id>`, `a2a:<task id>` or `subagent:<subagent id>`.
+- A message id: a random positive integer below 2**53 (exact in JavaScript), so that ids say
+  nothing about how many messages exist and the owner of a turn names its messages before storing
+  them (docs/design/turns.md).
+- A stream key: `trace:<trace id>`, `a2a:<task id>` or `subagent:<subagent id>`.
 - A trace reference says where a trace lives (docs/requirements.md#trace-ids):
   `abc-123` (here), `agent://host[:port]/abc-123` (on the mesh at that address), or
   `@alias/abc-123` (on a peer registered under that alias).
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from agentmesh.libs.errors import InvalidArgument
 
 MAX_ID = 64
+MAX_MESSAGE_ID = 2**53  # exclusive: message ids are exact as JSON numbers
 MAX_REF = 300
 LOCAL_ID_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"  # also what the gateway's OpenAPI document states
 SLUG_PATTERN = r"[a-z0-9][a-z0-9_-]{0,99}"  # an agent's slug (services/trace/agents.py, the gateway)
@@ -39,6 +43,11 @@ def new_id() -> str:
     return str(uuid.uuid4())
 
 
+def new_message_id() -> int:
+    """A fresh random message id in [1, 2**53)."""
+    return secrets.randbelow(MAX_MESSAGE_ID - 1) + 1
+
+
 def new_token_id() -> str:
     """A fresh random id that cannot be enumerated, shorter than a UUID: subagents."""
     return secrets.token_hex(12)
@@ -56,20 +65,20 @@ def check_local_id(value: str, what: str = "id") -> str:
 
 # ---- stream keys -----------------------------------------------------------------------------------
 
-STREAM_KINDS = ("session", "a2a", "subagent")
+STREAM_KINDS = ("trace", "a2a", "subagent")
 
 
 @dataclass(frozen=True)
 class StreamKey:
-    kind: str  # session | a2a | subagent
+    kind: str  # trace | a2a | subagent
     id: str
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.id}"
 
 
-def session_key(trace_id: str) -> str:
-    return f"session:{trace_id}"
+def trace_key(trace_id: str) -> str:
+    return f"trace:{trace_id}"
 
 
 def a2a_key(task_id: str) -> str:
@@ -81,11 +90,11 @@ def subagent_key(subagent_id: str) -> str:
 
 
 def parse_stream_key(key: str) -> StreamKey:
-    """`session|a2a|subagent:<local id>`, or InvalidArgument."""
+    """`trace|a2a|subagent:<local id>`, or InvalidArgument."""
     kind, sep, ident = key.partition(":")
     if not sep or kind not in STREAM_KINDS:
         raise InvalidArgument(
-            f"invalid stream key {shown(key, 80)}: expected session:<id>, a2a:<id> or subagent:<id>"
+            f"invalid stream key {shown(key, 80)}: expected trace:<id>, a2a:<id> or subagent:<id>"
         )
     if not is_local_id(ident):
         raise InvalidArgument(

@@ -7,7 +7,10 @@ from a2a.types import a2a_pb2 as a2a
 from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0, TransportProtocol
 
 from agentmesh.agents.v1 import agent_pb2 as ap
+from agentmesh.agents.v1 import agent_service_pb2 as ag
 from agentmesh.libs.a2a import BEARER_SCHEME
+from agentmesh.libs.clients import Clients
+from agentmesh.libs.errors import InvalidArgument, NotFound, rpc
 
 
 def agent_card(agent: ap.Agent, base_url: str, grpc_url: str) -> a2a.AgentCard:
@@ -51,3 +54,14 @@ def agent_card(agent: ap.Agent, base_url: str, grpc_url: str) -> a2a.AgentCard:
         default_output_modes=["text/plain"],
         skills=[a2a.AgentSkill(id=agent.slug, name=agent.name, description=description, tags=["agentmesh"])],
     )
+
+
+async def public_agent(clients: Clients, slug: str) -> ap.Agent | None:
+    """The public agent `slug` as the calling user sees it (theirs or built-in), or None."""
+    if not slug:
+        return None
+    try:
+        agent = (await rpc(clients.agents.GetAgent(ag.GetAgentRequest(slug=slug)))).agent
+    except (NotFound, InvalidArgument):
+        return None
+    return agent if agent.public and not agent.HasField("remote") else None

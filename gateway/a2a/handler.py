@@ -12,11 +12,9 @@ the mesh does better than a handler whose tasks live in one process:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import AsyncGenerator
 
-import grpc
 from a2a.server.context import ServerCallContext
 from a2a.server.events import Event
 from a2a.server.request_handlers import DefaultRequestHandler
@@ -29,16 +27,15 @@ from agentmesh.gateway.a2a.calls import header
 from agentmesh.gateway.a2a.events import to_a2a
 from agentmesh.gateway.a2a.executor import InboundTasks, MeshAgentExecutor
 from agentmesh.gateway.a2a.store import MeshTaskStore
+from agentmesh.gateway.drain import Drain
 from agentmesh.libs import events
 from agentmesh.libs.a2a import FINAL_A2A_STATES, RESUME_HEADER, to_a2a_state
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.config import MeshSettings
-from agentmesh.libs.errors import Cancelled, FailedPrecondition, NotFound, rpc
+from agentmesh.libs.errors import NotFound, rpc
 from agentmesh.libs.ids import a2a_key
-from agentmesh.libs.leases import LeaseKeeper
-from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 MAX_OFFSET_CHARS = 64
 
@@ -74,14 +71,12 @@ logging.getLogger("a2a.server.agent_execution.active_task").addFilter(_TaskExist
 
 
 class MeshRequestHandler(DefaultRequestHandler):
-    def __init__(
-        self, clients: Clients, settings: MeshSettings, leases: LeaseKeeper, default_agent: str
-    ) -> None:
+    def __init__(self, clients: Clients, settings: MeshSettings, drain: Drain, default_agent: str) -> None:
         self.store = MeshTaskStore(clients)
         self.clients = clients
         self.settings = settings
         super().__init__(
-            agent_executor=MeshAgentExecutor(clients, settings, leases),
+            agent_executor=MeshAgentExecutor(clients, settings, drain),
             task_store=self.store,
             agent_card=handler_card(),
             request_context_builder=InboundTasks(clients, default_agent),
@@ -134,16 +129,5 @@ class MeshRequestHandler(DefaultRequestHandler):
             raise TaskNotFoundError
         if to_a2a_state(row.state) in FINAL_A2A_STATES:
             raise TaskNotCancelableError
-        with contextlib.suppress(grpc.aio.AioRpcError):  # no buffer: nothing runs; the row is settled below
-            await self.clients.stream.CloseStream(
-                ss.CloseStreamRequest(
-                    key=a2a_key(row.id), error=Cancelled("cancelled by the caller").to_event()
-                )
-            )
-        with contextlib.suppress(FailedPrecondition):  # it ended meanwhile
-            await rpc(
-                self.clients.trace.UpdateA2ATask(
-                    ts.UpdateA2ATaskRequest(task_id=row.id, state=tp.TASK_STATE_CANCELED)
-                )
-            )
+        await rpc(self.clients.orchestrator.CancelTurn(orc.CancelTurnRequest(task_id=row.id)))
         return await self.store.get(row.id, context)

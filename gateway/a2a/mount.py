@@ -1,5 +1,5 @@
 """The A2A server's parts for one gateway process, started and stopped with the app: the request
-handler (and the lease keeper of the tasks it runs), the JSON-RPC dispatcher, the gRPC binding."""
+handler, the JSON-RPC dispatcher, the gRPC binding."""
 
 from __future__ import annotations
 
@@ -14,14 +14,12 @@ from agentmesh.gateway.a2a.grpc_server import A2AGrpcServer
 from agentmesh.gateway.a2a.handler import MeshRequestHandler
 from agentmesh.gateway.a2a.routes import dispatcher
 from agentmesh.libs.config import MeshSettings
-from agentmesh.libs.leases import LeaseKeeper
 
 
 @dataclass
 class A2AServer:
     handler: MeshRequestHandler
     dispatcher: JsonRpcDispatcher
-    leases: LeaseKeeper
     grpc: A2AGrpcServer | None = None
     grpc_url: str = ""  # what cards name as the gRPC interface ("" when there is none)
 
@@ -30,14 +28,11 @@ class A2AServer:
             await self.grpc.stop(grace_s)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.handler.aclose(), grace_s + 5)
-        await self.leases.stop()
 
 
 async def start(app_state: Any, settings: MeshSettings) -> A2AServer:
-    leases = LeaseKeeper(app_state.clients, settings.lease_s)
-    leases.start()
-    handler = MeshRequestHandler(app_state.clients, settings, leases, settings.a2a.default_agent)
-    server = A2AServer(handler, dispatcher(handler), leases)
+    handler = MeshRequestHandler(app_state.clients, settings, app_state.drain, settings.a2a.default_agent)
+    server = A2AServer(handler, dispatcher(handler))
     if settings.a2a.grpc_listen:
         listen, max_queued_s = settings.a2a.grpc_listen, settings.stream_rpc_timeout_s
         grpc_server = A2AGrpcServer(app_state, handler, listen, max_queued_s)

@@ -20,8 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request as StarletteRequest
 
 from agentmesh.gateway.a2a.calls import AGENT_KEY
-from agentmesh.gateway.a2a.cards import agent_card
-from agentmesh.gateway.a2a.executor import public_agent
+from agentmesh.gateway.a2a.cards import agent_card, public_agent
 from agentmesh.gateway.deps import authenticate
 from agentmesh.gateway.params import Slug
 from agentmesh.libs import identity

@@ -5,8 +5,6 @@ request addresses: anything else answers exactly like a missing task."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from a2a.server.context import ServerCallContext
 from a2a.server.tasks import TaskStore
 from a2a.types import a2a_pb2 as a2a
@@ -15,19 +13,14 @@ from agentmesh.gateway.a2a.calls import addressed_agent
 from agentmesh.gateway.a2a.events import agent_text
 from agentmesh.libs.a2a import RESPONSE_ARTIFACT, from_a2a_state, to_a2a_state
 from agentmesh.libs.clients import Clients
-from agentmesh.libs.errors import FailedPrecondition, InvalidArgument, NotFound, rpc
+from agentmesh.libs.errors import InvalidArgument, NotFound, rpc
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-
-_REMEMBERED = 10_000
 
 
 class MeshTaskStore(TaskStore):
     def __init__(self, clients: Clients) -> None:
         self.clients = clients
-        # The state each task was last saved in by this process: the SDK saves the task on every event
-        # (each text delta), the trace service hears only of state changes.
-        self._saved: OrderedDict[str, int] = OrderedDict()
 
     async def row(self, task_id: str, context: ServerCallContext | None) -> tp.A2ATask | None:
         """Our task row, or None when it is missing, another user's, not inbound or another agent's."""
@@ -41,17 +34,7 @@ class MeshTaskStore(TaskStore):
         return task
 
     async def save(self, task: a2a.Task, context: ServerCallContext) -> None:
-        state = from_a2a_state(task.status.state)
-        if not state or self._saved.get(task.id) == state:
-            return
-        try:
-            await rpc(self.clients.trace.UpdateA2ATask(ts.UpdateA2ATaskRequest(task_id=task.id, state=state)))
-        except FailedPrecondition:
-            pass  # already final: settled by another writer (a cancel, the reaper)
-        self._saved[task.id] = state
-        self._saved.move_to_end(task.id)
-        while len(self._saved) > _REMEMBERED:
-            self._saved.popitem(last=False)
+        """Nothing: the orchestrator owns the task's state (the SDK's copy follows from our events)."""
 
     async def get(self, task_id: str, context: ServerCallContext) -> a2a.Task | None:
         """The task's state (the SDK reads it on every start and cancel; GetTask adds the messages:

@@ -1,5 +1,6 @@
-"""Chat entries: POST /api/chat (SSE) and GET /api/ws (WebSocket) both call OrchestratorService.ExecuteChat;
-POST /api/sessions/{id}/cancel. (The agent routes are in agents.py.)"""
+"""Chat entries: POST /api/chat (SSE) and GET /api/ws (WebSocket) both ask OrchestratorService.RunTurn
+for a chat turn (gateway/turns.py); POST /api/sessions/{id}/cancel. (The agent routes are in
+agents.py.)"""
 
 from __future__ import annotations
 
@@ -10,37 +11,30 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import grpc
 import orjson
 from fastapi import APIRouter, Depends, Request, WebSocket, WebSocketDisconnect
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sse_starlette.sse import EventSourceResponse
 
-from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.gateway.deps import authenticate, clients_dep, current_user, settings
 from agentmesh.gateway.drain import Drain
 from agentmesh.gateway.errors import READ, SSE, WRITE, responses
 from agentmesh.gateway.openapi import obj, ok
 from agentmesh.gateway.params import ID_PATTERN, MESSAGE_PATTERN, NO_NUL, SessionId
-from agentmesh.gateway.sse import drain_options, follow, sse_message, subscribe
+from agentmesh.gateway.sse import drain_options, sse_message
+from agentmesh.gateway.turns import start_turn, turn_events
 from agentmesh.libs import events
 from agentmesh.libs.clients import Clients
-from agentmesh.libs.config import MeshSettings
 from agentmesh.libs.errors import (
     FailedPrecondition,
-    Internal,
     InvalidArgument,
     MeshError,
-    from_event,
-    from_rpc_error,
     rpc,
 )
-from agentmesh.libs.ids import MAX_ID, session_key
-from agentmesh.libs.streams import Follow
+from agentmesh.libs.ids import MAX_ID
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 
 router = APIRouter()
-END_WAIT_S = 10.0  # the longest a live turn's terminal event waits for the turn to be over
 log = logging.getLogger(__name__)
 
 
@@ -54,7 +48,22 @@ class ChatRequest(BaseModel):
         json_schema_extra={"pattern": MESSAGE_PATTERN},  # checked below, with a clearer message
         examples=["hello"],
     )
-    session_id: str | None = Field(default=None, alias="sessionId", pattern=ID_PATTERN, max_length=MAX_ID)
+    session_id: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("traceId", "sessionId"),
+        serialization_alias="traceId",
+        pattern=ID_PATTERN,
+        max_length=MAX_ID,
+        description="The trace to continue (a chat's id; `sessionId` is accepted too); none: a new chat.",
+    )
+    parent_sequence: int | None = Field(
+        default=None,
+        alias="parentSequence",
+        ge=1,
+        le=2**53 - 1,
+        description="Branch off this message of the trace (retry, regenerate, edit): the turn follows it "
+        "instead of the head, and the trace's main path follows the new branch.",
+    )
 
     @field_validator("message")
     @classmethod
@@ -66,132 +75,14 @@ class ChatRequest(BaseModel):
         return value
 
 
-def _execute(c: Clients, body: ChatRequest) -> grpc.aio.UnaryStreamCall:
-    request = orc.ExecuteChatRequest(
-        agent=body.agent, message=body.message, session_id=body.session_id or "", events_from_stream=True
+def _request(body: ChatRequest) -> orc.RunTurnRequest:
+    return orc.RunTurnRequest(
+        trace_id=body.session_id or "",
+        agent=body.agent,
+        input=body.message,
+        parent_sequence=body.parent_sequence or 0,
+        chat=orc.ChatCaller(),
     )
-    return c.orchestrator.ExecuteChat(request)
-
-
-async def _begin(c: Clients, mesh: MeshSettings, call: grpc.aio.UnaryStreamCall) -> _Turn:
-    """The turn's `start`, read from its buffer: ExecuteChat says as soon as session:<id> exists (while
-    the turn is being stored), the subscription opens from the buffer's beginning then, so `start` and
-    the run's first events come straight from the stream service. A buffer that ends before its
-    `start` may have been given up for another session (the agent changed while the turn began): the
-    call says that one next, and it is read instead. A turn that does not begin (its refusal, the
-    buffer's first event, or the call's error) raises: an HTTP error, not a broken stream."""
-    turn = _Turn(call, idle_ms=int(mesh.turn_timeout_s * 1000))
-    try:
-        session_id = await turn.created
-        while True:
-            turn.key = session_key(session_id)
-            turn.subscription = subscribe(c, turn.key, "", turn.idle_ms)
-            first = await turn.first_event()
-            if first.HasField("start"):
-                turn.start = first
-                return turn
-            given_up = bool(first.offset) and first.error.code == ev.ERROR_CODE_CANCELLED  # (a move's mark)
-            moved = await turn.moved_to() if given_up else None
-            if moved is None:
-                raise (
-                    from_event(first.error) if first.HasField("error") else Internal("the turn did not start")
-                )
-            turn.subscription.cancel()
-            session_id = moved
-    except BaseException:
-        turn.close()
-        raise
-
-
-class _Turn:
-    """A turn ExecuteChat started (events_from_stream), read from its buffer `key`. The call stays open
-    while the turn runs, read by `watcher`: `created` is its first answer (the session whose buffer
-    exists), `moved` a second one (the session the turn runs in instead), `outcome` an end the buffer
-    could not store, or the call's failure (the orchestrator went away)."""
-
-    def __init__(self, call: grpc.aio.UnaryStreamCall, idle_ms: int) -> None:
-        loop = asyncio.get_running_loop()
-        self.call, self.idle_ms = call, idle_ms
-        self.key = ""
-        self.start: ev.Event | None = None
-        self.subscription: Follow | None = None
-        self.created: asyncio.Future[str] = loop.create_future()
-        self.moved: asyncio.Future[str] = loop.create_future()
-        self.outcome: asyncio.Future[ev.Event] = loop.create_future()
-        self.watcher = asyncio.create_task(self._watch(), name="watch:turn")
-
-    async def _watch(self) -> None:
-        try:
-            async for response in self.call:
-                if response.session_id and not self.created.done():
-                    self.created.set_result(response.session_id)
-                elif response.session_id and not self.moved.done():
-                    self.moved.set_result(response.session_id)
-                for event in response.events:
-                    if not events.is_terminal(event) or event.offset:
-                        continue
-                    if not self.created.done():
-                        self.created.set_exception(from_event(event.error))
-                    elif not self.outcome.done():
-                        self.outcome.set_result(event)
-            if not self.created.done():
-                self.created.set_exception(Internal("the turn ended before it started"))
-        except grpc.aio.AioRpcError as exc:
-            err = from_rpc_error(exc)
-            if not self.created.done():
-                self.created.set_exception(err)
-            elif exc.code() != grpc.StatusCode.CANCELLED and not self.outcome.done():
-                self.outcome.set_result(events.error(err))
-
-    async def first_event(self) -> ev.Event:
-        """The buffer's first event, or the turn's end as the call reports it when that comes first."""
-        assert self.subscription is not None
-        first = asyncio.ensure_future(anext(self.subscription))
-        try:
-            await asyncio.wait({first, self.outcome}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not first.done():
-                first.cancel()
-        if not first.done() or first.cancelled():
-            return self.outcome.result()
-        try:
-            return first.result()
-        except StopAsyncIteration:
-            return events.error(Internal("the turn's buffer ended before it started"))
-
-    async def moved_to(self) -> str | None:
-        """After a buffer that ended before its `start`: the session the turn moved to, or None once
-        the call has ended without saying one (the turn did not begin: the buffer's end says why)."""
-        either: set[asyncio.Future[Any]] = {self.moved, self.watcher}
-        await asyncio.wait(either, timeout=END_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
-        return self.moved.result() if self.moved.done() else None
-
-    def close(self) -> None:
-        """Stops reading (a client that left): the turn itself goes on."""
-        if self.subscription is not None:
-            self.subscription.cancel()
-        self.call.cancel()
-        self.watcher.cancel()
-
-
-async def _turn_events(c: Clients, turn: _Turn, drain: Drain) -> AsyncIterator[ev.Event]:
-    """The events of a turn `_begin` started: its `start`, then session:<id> from the stream service,
-    one hop from the runtime that writes it (the path a resume takes). When the orchestrator goes away,
-    or reports an end the buffer could not store, that ends the reading."""
-    assert turn.start is not None
-    try:
-        yield turn.start
-        follow_turn = follow(
-            c, turn.key, turn.start.offset, turn.idle_ms, drain, turn.outcome, turn.subscription
-        )
-        async for event in follow_turn:
-            if events.is_terminal(event) and event.offset:
-                # The buffer ended (a cancel, the turn's own end): the stream ends once the turn
-                # is over too, so the reply it settled is stored when the client reads it.
-                await asyncio.wait({turn.watcher}, timeout=END_WAIT_S)
-            yield event
-    finally:
-        turn.close()
 
 
 @router.post("/api/chat", response_class=EventSourceResponse, responses={200: SSE, **responses(*WRITE, 409)})
@@ -199,11 +90,11 @@ async def chat(
     body: ChatRequest, request: Request, user: str = Depends(current_user), c: Clients = Depends(clients_dep)
 ) -> EventSourceResponse:
     mesh = settings(request)
-    turn = await _begin(c, mesh, _execute(c, body))
+    turn = await start_turn(c, _request(body))
     drain: Drain = request.app.state.drain
 
     async def stream() -> AsyncIterator[dict[str, str]]:
-        async for event in _turn_events(c, turn, drain):
+        async for event in turn_events(c, turn, int(mesh.turn_timeout_s * 1000), drain):
             yield sse_message(event)
 
     return EventSourceResponse(stream(), ping=mesh.stream.heartbeat_s, **drain_options(mesh))
@@ -216,7 +107,7 @@ async def chat(
 async def cancel(
     session_id: SessionId, user: str = Depends(current_user), c: Clients = Depends(clients_dep)
 ) -> dict[str, bool]:
-    resp = await rpc(c.orchestrator.CancelChat(orc.CancelChatRequest(session_id=session_id)))
+    resp = await rpc(c.orchestrator.CancelTurn(orc.CancelTurnRequest(trace_id=session_id)))
     return {"cancelled": resp.cancelled}
 
 
@@ -261,11 +152,12 @@ async def ws(socket: WebSocket) -> None:
 
     async def run_turn(body: ChatRequest) -> None:
         try:
-            turn = await _begin(c, socket.app.state.settings, _execute(c, body))
+            turn = await start_turn(c, _request(body))
         except MeshError as err:
             await send(_ws_error(err))
             return
-        async for event in _turn_events(c, turn, drain):
+        idle_ms = int(socket.app.state.settings.turn_timeout_s * 1000)
+        async for event in turn_events(c, turn, idle_ms, drain):
             await send(events.to_dict(event, with_offset=True))
 
     async def handle(data: Any) -> None:
@@ -280,8 +172,8 @@ async def ws(socket: WebSocket) -> None:
                 raise InvalidArgument(str(exc.errors()[0]["msg"])) from exc
             turn = asyncio.create_task(run_turn(body))
         elif kind == "cancel":
-            request = orc.CancelChatRequest(session_id=str(data.get("sessionId", "")))
-            resp = await rpc(c.orchestrator.CancelChat(request))
+            request = orc.CancelTurnRequest(trace_id=str(data.get("traceId") or data.get("sessionId") or ""))
+            resp = await rpc(c.orchestrator.CancelTurn(request))
             await send({"type": "cancel-result", "cancelled": resp.cancelled})
         else:
             raise InvalidArgument("type must be chat or cancel")

@@ -98,14 +98,14 @@ async def rename_session(
 @router.delete("/{session_id}", responses={**ok(obj(deleted={"const": True})), **responses(*READ)})
 async def delete_session(request: Request, user: User, session_id: SessionId) -> dict[str, bool]:
     """Deletes the session and everything under it; a running turn stops and its streams end."""
-    await rpc(clients(request).orchestrator.DeleteSession(orc.DeleteSessionRequest(session_id=session_id)))
+    await rpc(clients(request).orchestrator.DeleteTrace(orc.DeleteTraceRequest(trace_id=session_id)))
     return {"deleted": True}
 
 
 @router.delete("", responses={**ok(obj(deletedCount=INTEGER)), **responses(*AUTH)})
 async def delete_sessions(request: Request, user: User) -> dict[str, int]:
     """Deletes all of the caller's sessions: {"deletedCount": n} (traces of every kind)."""
-    resp = await rpc(clients(request).orchestrator.DeleteSessions(orc.DeleteSessionsRequest()))
+    resp = await rpc(clients(request).orchestrator.DeleteTraces(orc.DeleteTracesRequest()))
     return {"deletedCount": resp.deleted_traces}
 
 

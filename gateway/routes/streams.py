@@ -14,7 +14,7 @@ from agentmesh.gateway.params import RESUME_PARAMETERS, SessionId, SubagentId, T
 from agentmesh.gateway.sse import stream_response
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.config import MeshSettings
-from agentmesh.libs.ids import a2a_key, session_key, subagent_key
+from agentmesh.libs.ids import a2a_key, subagent_key, trace_key
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 router = APIRouter(tags=["streams"])
@@ -45,7 +45,7 @@ async def session_stream(
     async def owns() -> bool:
         return await _found(clients.trace.GetTrace(ts.GetTraceRequest(trace_id=session_id)))
 
-    return await stream_response(request, clients, settings, session_key(session_id), owns)
+    return await stream_response(request, clients, settings, trace_key(session_id), owns)
 
 
 @router.get("/api/agents/a2a/stream", responses=STREAM, openapi_extra=RESUME_PARAMETERS)

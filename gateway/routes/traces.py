@@ -9,12 +9,10 @@ missing one. Answers are gzip-compressed when the client accepts it (not the SSE
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-import grpc
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
@@ -25,9 +23,11 @@ from agentmesh.gateway.errors import READ, SSE, WRITE, responses
 from agentmesh.gateway.openapi import INTEGER, MESSAGE, TRACE, obj, ok
 from agentmesh.gateway.params import MESSAGE_PATTERN, NO_NUL, SLUG_PATTERN, TRACE_ID_PATTERN
 from agentmesh.gateway.routes.sessions import messages_page
+from agentmesh.gateway.sse import drain_options, sse_message
+from agentmesh.gateway.turns import ended_event, start_turn, turn_events
 from agentmesh.libs import events
 from agentmesh.libs.clients import Clients
-from agentmesh.libs.errors import InvalidArgument, MeshError, from_rpc_error, rpc
+from agentmesh.libs.errors import InvalidArgument, rpc
 from agentmesh.libs.ids import MAX_REF, TraceRef
 from agentmesh.libs.protojson import from_json, to_json
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
@@ -190,77 +190,32 @@ async def run(
     if not body.input.strip():
         raise InvalidArgument("input must not be empty")
     c: Clients = clients(request)
-    call = c.orchestrator.ContinueTrace(
-        orc.ContinueTraceRequest(trace_id=tid, input=body.input, agent=body.agent)
-    )
-    first = await rpc(call.read())
+    request_turn = orc.RunTurnRequest(trace_id=tid, input=body.input, agent=body.agent, chat=orc.ChatCaller())
+    turn = await start_turn(c, request_turn)
+    mesh = settings(request)
     if "text/event-stream" in request.headers.get("accept", ""):
-        return _sse(request, call, first)
-    collected: list[Any] = []
+        drain: Drain = request.app.state.drain
+
+        async def stream() -> AsyncIterator[dict[str, str]]:
+            async for event in turn_events(c, turn, int(mesh.turn_timeout_s * 1000), drain):
+                yield sse_message(event)
+
+        return EventSourceResponse(stream(), ping=mesh.stream.heartbeat_s, **drain_options(mesh))
     try:
-        response = first
-        while response is not grpc.aio.EOF:
-            collected.extend(response.events)
-            response = await call.read()
-    except grpc.aio.AioRpcError as exc:
-        collected.append(events.error(from_rpc_error(exc)))
-    except asyncio.CancelledError:
-        call.cancel()
-        raise
-    return await _result(c, tid, collected)
-
-
-async def _result(c: Clients, trace_id: str, collected: list[Any]) -> dict[str, Any]:
-    message_id = 0
-    error: dict[str, Any] | None = None
-    for event in collected:
-        kind = events.kind(event)
-        if kind == "start":
-            message_id = event.start.assistant_message_id
-        elif kind == "error":
-            error = {"code": events.to_dict(event).get("code", ""), "message": event.error.message}
-    output = ""
-    if message_id:
-        try:
-            output = (
-                await rpc(c.trace.GetMessage(ts.GetMessageRequest(message_id=message_id)))
-            ).message.content
-        except MeshError:
-            output = ""
+        ended = await turn.ended
+    finally:
+        turn.close()
+    error = None
+    if ended is None or ended.HasField("error"):
+        failure = events.to_dict(ended_event(ended))
+        error = {"code": failure.get("code", ""), "message": failure.get("message", "")}
     return {
-        "traceId": trace_id,
+        "traceId": tid,
         "ok": error is None,
-        "output": output,
-        "messageId": message_id,
+        "output": ended.message.content if ended is not None else "",
+        "messageId": turn.begun.start.start.assistant_message_id,
         "error": error,
     }
-
-
-def _sse(request: Request, call: grpc.aio.UnaryStreamCall, first: Any) -> EventSourceResponse:
-    """The run's events as SSE; the gateway's shutdown ends it with `shutdown` (the run goes on)."""
-    from agentmesh.gateway.sse import drain_options, sse_message
-
-    drain: Drain = request.app.state.drain
-
-    async def stream() -> AsyncIterator[dict[str, str]]:
-        try:
-            with drain.cancels(call):
-                response = first
-                while response is not grpc.aio.EOF:
-                    for event in response.events:
-                        yield sse_message(event)
-                    response = await call.read()
-        except grpc.aio.AioRpcError as exc:
-            yield sse_message(events.error(from_rpc_error(exc)))
-        except asyncio.CancelledError:
-            if not drain.ended_it():
-                raise
-            yield sse_message(events.error(drain.farewell()))
-        finally:
-            call.cancel()
-
-    mesh = settings(request)
-    return EventSourceResponse(stream(), ping=mesh.stream.heartbeat_s, **drain_options(mesh))
 
 
 @router.get(

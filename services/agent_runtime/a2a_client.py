@@ -44,7 +44,7 @@ from a2a.utils.errors import (
 )
 
 from agentmesh.libs import telemetry
-from agentmesh.libs.a2a import DEPTH_KEY, FINAL_A2A_STATES, TRACEPARENT_KEY, USAGE_KEY
+from agentmesh.libs.a2a import DEPTH_KEY, FINAL_A2A_STATES, TRACEPARENT_KEY, USAGE_KEY, agent_url
 from agentmesh.libs.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -59,11 +59,6 @@ from agentmesh.libs.errors import (
 OnText = Callable[[str], Awaitable[None] | None]
 OnTask = Callable[[str, str], Awaitable[None] | None]  # (remote task id, remote context id)
 CANCEL_TIMEOUT_S = 5.0
-
-
-def agent_url(base_url: str, slug: str) -> str:
-    """Where agent `slug` of an agentmesh gateway answers A2A (its card below it)."""
-    return f"{base_url.rstrip('/')}/a2a/{slug}"
 
 
 @dataclass

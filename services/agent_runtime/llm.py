@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,11 +93,8 @@ class LLM:
         max_tokens: int,
         on_text: Callable[[str], object],
         on_reasoning: Callable[[str], object],
-        hold: Callable[[], Awaitable[object]] | None = None,
     ) -> Step:
-        """Streams one completion; calls on_text/on_reasoning per delta; returns the whole step. `hold`:
-        awaited once the first text or reasoning is out, before the rest of the reply is read (a run
-        whose turn is still being stored leaves the cores to that, the reply waiting in its socket)."""
+        """Streams one completion; calls on_text/on_reasoning per delta; returns the whole step."""
         # The messages and tools go in the body as they are (`extra_body`, which takes precedence over
         # the named parameters): the client's parameter transform would walk every message and tool
         # schema of every request (most of its CPU with a long history), and ours are plain JSON.
@@ -107,7 +104,7 @@ class LLM:
         kwargs: dict[str, Any] = {"extra_body": body}
         with telemetry.model_span(model, str(self.client.base_url)) as span:
             kwargs["extra_headers"] = telemetry.headers()  # the model server may join the trace
-            out = await self._step(model, max_tokens, on_text, on_reasoning, kwargs, hold)
+            out = await self._step(model, max_tokens, on_text, on_reasoning, kwargs)
             span.set_attribute("gen_ai.usage.input_tokens", out.input_tokens)
             span.set_attribute("gen_ai.usage.output_tokens", out.output_tokens)
             return out
@@ -119,7 +116,6 @@ class LLM:
         on_text: Callable[[str], object],
         on_reasoning: Callable[[str], object],
         kwargs: dict[str, Any],
-        hold: Callable[[], Awaitable[object]] | None = None,
     ) -> Step:
         out = Step(model=model)
         calls: dict[int, ToolCall] = {}
@@ -172,9 +168,6 @@ class LLM:
                             out.finish_reason = FINISH_REASONS.get(
                                 choice["finish_reason"], ev.FINISH_REASON_STOP
                             )
-                    if hold is not None and (out.content or out.reasoning):
-                        held, hold = hold, None
-                        await held()
                     # A fast model fills the socket buffer: without a pause the loop would parse the
                     # whole reply before the sink's writer ever ran. Let it run at the first delta, then
                     # every few milliseconds (so deltas still travel in batches).

@@ -21,6 +21,7 @@ from agentmesh.libs.metrics import RuntimeMetrics
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.services.agent_runtime.directory import AgentDirectory
 from agentmesh.services.agent_runtime.llm import LLM, ToolCall
+from agentmesh.services.agent_runtime.remotes import RemoteRuns
 from agentmesh.services.agent_runtime.sink import EventSink
 from agentmesh.services.agent_runtime.tools import RunState, ToolContext, ToolOutcome, ToolRegistry
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -28,6 +29,7 @@ from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 log = logging.getLogger(__name__)
 HISTORY_LIMIT = 1000
+DEADLINE_MARGIN_S = 0.5  # a run ends this long before its call's deadline, so that it can say why
 
 
 def history_to_openai(messages: list[tp.Message]) -> list[dict[str, Any]]:
@@ -98,31 +100,40 @@ class AgentRunner:
         self.registry = registry
         self.leases = leases
         self.metrics = metrics or llm.metrics
+        self.remotes = RemoteRuns(clients)
 
     async def history(self, req: rt.RunAgentRequest) -> list[dict[str, Any]]:
-        if req.history_given:  # the caller knew it (a new trace: its user message)
-            return history_to_openai(list(req.history))
-        if not req.trace_id:
-            return []
-        request = ts.ListMessagesRequest(
-            trace_id=req.trace_id,
-            mode=ts.PATH_MODE_MAIN_PATH,
-            head_sequence=req.history_head_sequence,
-            limit=HISTORY_LIMIT,
-        )
-        resp = await rpc(self.clients.trace.ListMessages(request))
-        if resp.total > len(resp.messages):  # a long trace: the model gets its newest messages
-            request.offset = resp.total - HISTORY_LIMIT
+        """The trace's main path up to `history_head_sequence`, then the turn's input: at most
+        HISTORY_LIMIT messages, the newest."""
+        messages: list[tp.Message] = []
+        if req.trace_id and req.history_head_sequence and HISTORY_LIMIT > 1:
+            limit = HISTORY_LIMIT - 1
+            request = ts.ListMessagesRequest(
+                trace_id=req.trace_id,
+                mode=ts.PATH_MODE_MAIN_PATH,
+                head_sequence=req.history_head_sequence,
+                limit=limit,
+            )
             resp = await rpc(self.clients.trace.ListMessages(request))
-        return history_to_openai(list(resp.messages))
+            if resp.total > len(resp.messages):  # a long trace: the model gets its newest messages
+                request.offset = resp.total - limit
+                resp = await rpc(self.clients.trace.ListMessages(request))
+            messages = list(resp.messages)
+        messages.append(tp.Message(role=tp.MESSAGE_ROLE_USER, content=req.input))
+        return history_to_openai(messages)
 
-    async def run(self, req: rt.RunAgentRequest, sink: EventSink) -> rt.RunResult:
+    async def run(
+        self, req: rt.RunAgentRequest, sink: EventSink, time_left_s: float | None = None
+    ) -> rt.RunResult:
+        """The run, within the call's deadline (`time_left_s`; it ends a moment before, so that it says
+        why) or else the agent's own limit."""
         role = role_name(req.role)
         outcome = "internal"
         self.metrics.running.inc()
-        with telemetry.span(f"run {req.agent}", agent=req.agent, role=role, trace_id=req.trace_id) as span:
+        slug = req.agent.slug
+        with telemetry.span(f"run {slug}", agent=slug, role=role, trace_id=req.trace_id) as span:
             try:
-                result = await self._run(req, sink)
+                result = await self._run(req, sink, time_left_s)
                 outcome = "ok"
                 return result
             except MeshError as err:
@@ -137,25 +148,24 @@ class AgentRunner:
                 if outcome != "ok":
                     telemetry.fail(span, outcome)
 
-    async def _run(self, req: rt.RunAgentRequest, sink: EventSink) -> rt.RunResult:
+    async def _run(self, req: rt.RunAgentRequest, sink: EventSink, time_left_s: float | None) -> rt.RunResult:
         if req.depth < 0:
             raise InvalidArgument("depth must not be negative")
-        agents = AgentDirectory(self.clients)
-        if req.HasField("resolved_agent") and req.resolved_agent.slug == req.agent:
-            agents.remember(req.resolved_agent)  # read by the caller for this very run
-        # The agent (read for every run: an edit applies to the next one) and the history at once;
-        # a history handed over needs no read (nor tasks that a busy loop would schedule late).
-        if req.history_given:
-            agent, history = await agents.get(req.agent), await self.history(req)
-        else:
-            agent, history = await asyncio.gather(agents.get(req.agent), self.history(req))
-        role = req.role or rt.RUN_ROLE_SUPERVISOR
-        timeout_ms = req.timeout_ms or agent.limits.timeout_ms
+        agent = req.agent
+        limit_s = agent.limits.timeout_ms / 1000 if agent.limits.timeout_ms else None
+        if time_left_s is not None:
+            limit_s = max(0.0, time_left_s - DEADLINE_MARGIN_S)
         try:
-            async with asyncio.timeout(timeout_ms / 1000):
-                return await self._loop(req, agent, role, sink, agents, history)
+            async with asyncio.timeout(limit_s):
+                if agent.HasField("remote"):
+                    return await self.remotes.run(req, sink)
+                agents = AgentDirectory(self.clients)
+                agents.remember(agent)
+                history = await self.history(req)
+                return await self._loop(req, agent, req.role or rt.RUN_ROLE_SUPERVISOR, sink, agents, history)
         except TimeoutError as exc:
-            raise DeadlineExceeded(f"agent {agent.slug} did not finish within {timeout_ms} ms") from exc
+            shown = int((limit_s or 0) * 1000 + (DEADLINE_MARGIN_S * 1000 if time_left_s else 0))
+            raise DeadlineExceeded(f"agent {agent.slug} did not finish within {shown} ms") from exc
 
     async def _loop(
         self,
@@ -189,12 +199,7 @@ class AgentRunner:
                 max_tokens=max_tokens,
                 on_text=lambda t: sink.emit(events.text_delta(t)),
                 on_reasoning=lambda t: sink.emit(events.reasoning_delta(t)),
-                # A turn not stored yet: its first delta waits for `start`, and so does the rest.
-                hold=sink.start if step_no == 0 and sink.started is not None else None,
             )
-            if step_no == 0 and sink.started is not None:
-                # The first step ran while the turn began: its tools need the anchor, the placeholder.
-                req.anchor_message_id = (await sink.start()).assistant_message_id
             if sink.failure is not None:
                 raise sink.failure
             used_in += step.input_tokens

@@ -6,12 +6,10 @@ call, so per-delta work on the hot path is a list append, and the events of many
 once share each message. A sink's first batch goes at once; later ones may wait a few milliseconds for
 other runs' (AGENTMESH_STREAM__LINGER_MS). A batch nobody waits for goes without asking for an answer
 (`defer_answer`), and a sink sends its next batch while the one before is unanswered; it asks for an
-answer where someone needs the offsets: `await sink.store(e)` (a2a-task-started before the callee
-starts), `flush()` and the close (an empty batch asks when nothing else is queued), the turn's
-`start` (below), and every batch of a `live` sink, whose `committed()` the runtime forwards as they are
-stored. An answer carries the offsets of the batches it answers and of every deferred one before it;
-`committed()` yields the batches, events carrying their offsets, in order, once answered. A sink waits
-for the answer to a batch that asked before it sends another.
+answer where someone needs the offsets: `await sink.store(e)` (a2a-task-started before the caller's
+panel may open it), `flush()` and the close (an empty batch asks when nothing else is queued). An
+answer carries the offsets of the batches it answers and of every deferred one before it. A sink
+waits for the answer to a batch that asked before it sends another.
 
 Whatever fails, the sink learns of it whether or not it waits for an answer: the stream service
 answers a failed writer with its error (its later batches are not appended), and a call that ends
@@ -19,19 +17,13 @@ tells every writer on it; the sink fails and the run ends with its terminal even
 ended with every batch answered goes on on a new one; a batch without an answer is never sent twice,
 except after SHUTDOWN (a stopping stream service answers every batch it took, then says SHUTDOWN, and
 the batches still unanswered were not appended) or when the request never reached the service.
-
-With `await_start` (a run started before its turn was stored: RunAgentRequest.await_start) the
-first batch travels with WriteStreamRequest.await_start: the stream service holds it until the
-turn's `start` is the buffer's first event and appends it right after (no round trip back to the
-run in between), answering with that `start` (`started`: the placeholder the run's tools anchor
-to). A buffer that ends first fails the sink: nothing of the run is stored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -64,29 +56,20 @@ class _Sent:
 
     entries: list[_Entry]
     asked: bool  # it asked for its answer (no defer_answer): an answer ends with it
-    start: bool  # it awaits the turn's start: only an answer carrying `start` answers it
     ticket: Ticket  # the request it went in
 
 
 class EventSink:
-    def __init__(
-        self, clients: Clients, key: str, await_start: bool = False, live: bool = False, since: str = ""
-    ) -> None:
+    def __init__(self, clients: Clients, key: str, since: str = "") -> None:
         self.writer: Writer = clients.writes
         self.key = key
         self._signer = clients.signer
         principal = identity.current()
         self._user = "" if principal is None else principal.user  # the buffer's writer
-        # The turn's `start`, once the stream service holds it before this sink's first batch.
-        self.started: asyncio.Future[events_pb2.TurnStart] | None = None
-        if await_start:
-            self.started = asyncio.get_running_loop().create_future()
-        self._live = live  # every batch asks for its answer: committed() yields it once stored
         # An offset of its buffer (the turn's `start`, then its own latest answered one): named when it
         # binds to a call, so that after a stream service's restart it fails instead of writing into a
         # newer buffer of its key (another turn's).
         self._since = since
-        self._start_wanted = False  # someone needs `started` before anything was emitted
         self._flush_wanted = False  # someone waits until everything emitted is stored
         self._pending: list[_Entry] = []
         self._unanswered: collections.deque[_Sent] = collections.deque()
@@ -94,7 +77,6 @@ class EventSink:
         self._id = 0
         self._idle = asyncio.Event()  # nothing queued and nothing unanswered
         self._idle.set()
-        self._out: asyncio.Queue[list[events_pb2.Event] | None] = asyncio.Queue()
         self._sent_any = False
         self._closed = False
         self._last_sent = False  # the writer's last batch went: the service forgets it once answered
@@ -125,33 +107,21 @@ class EventSink:
     def failure(self) -> MeshError | None:
         return self._failure
 
-    async def start(self) -> events_pb2.TurnStart:
-        """The turn's `start` (a sink made with `await_start`); asks for it with an empty batch when
-        nothing was emitted yet. Raises the sink's failure."""
-        assert self.started is not None, "this sink does not await its turn's start"
-        if not self.started.done() and self._failure is None:
-            self._start_wanted = True
-            self._idle.clear()
-            self.writer.ready(self, urgent=True)
-        return await asyncio.shield(self.started)
-
     # --- what the Writer asks (libs.streams.Batches) ----------------------------------------------
 
     def take(self, current: WritesCall, slot: Callable[[WritesCall], tuple[StreamBatch, Ticket]]) -> None:
         """The next batch, when one is due: the queued events, or an empty one asking for the answer
-        that `start()`, a flush or the close waits for. On `current`, or on the call this sink is bound
+        that a flush or the close waits for. On `current`, or on the call this sink is bound
         to while that one owes it answers (a batch goes after the one before it on the same call)."""
         if self._failure is not None or self._finished:
             return
         if self._unanswered and self._unanswered[-1].asked:
             return  # its answer comes first (then the sink is ready again)
-        start = self.started is not None and not self.started.done()
         closing = self._closed and self._call is not None and not self._last_sent  # a last batch is owed
         flushing = self._flush_wanted and bool(self._unanswered)
-        starting = start and self._start_wanted and not self._unanswered
         # its call retired: what it owes answers for is asked for there, even with nothing to send
         settling = self._call is not None and self._call.retired and bool(self._unanswered)
-        if not (self._pending or closing or flushing or starting or settling):
+        if not (self._pending or closing or flushing or settling):
             self._leave_retired()
             return
         count = self._batch_length()
@@ -171,9 +141,7 @@ class EventSink:
         entries, self._pending = self._pending[:count], self._pending[count:]
         last = self._closed and not self._pending
         asked = (
-            start
-            or self._live
-            or last
+            last
             or call is not current  # the old call must answer it before the sink moves on
             or any(fut is not None for _, fut in entries)
             or (self._flush_wanted and not self._pending)
@@ -186,11 +154,10 @@ class EventSink:
             item.batch.since = self._since
             item.identity = self._signer.mint(self._user) if self._user else ""
         item.batch.events.extend(event for event, _ in entries)
-        item.batch.await_start = start
         item.batch.defer_answer = not asked
         item.last = last
         self._last_sent = last
-        self._unanswered.append(_Sent(entries, asked, start, ticket))
+        self._unanswered.append(_Sent(entries, asked, ticket))
         self._sent_any = True
         if self._pending and not asked:
             self.writer.ready(self)
@@ -267,9 +234,6 @@ class EventSink:
         if self._pending or (self._closed and self._call is not None and not self._last_sent):
             self.writer.ready(self, urgent=self._closed or self._flush_wanted)
             return
-        if self._start_wanted and self.started is not None and not self.started.done():
-            self.writer.ready(self, urgent=True)
-            return
         self._flush_wanted = False
         self._idle.set()
         if self._closed:
@@ -287,7 +251,6 @@ class EventSink:
             if self._call is not None:
                 self._call.unbind(self._id)
                 self._call = None
-            self._out.put_nowait(None)
 
     def _settle(self, resp: WriteStreamResponse) -> None:
         """Gives an answer's offsets to the oldest unanswered batches, in order, up to the one that
@@ -296,7 +259,7 @@ class EventSink:
         while self._unanswered:
             sent = self._unanswered[0]
             size = len(sent.entries)
-            if used + size > len(offsets) or (sent.start and not resp.HasField("start")):
+            if used + size > len(offsets):
                 break
             self._unanswered.popleft()
             for (event, fut), offset in zip(sent.entries, offsets[used : used + size], strict=True):
@@ -305,10 +268,6 @@ class EventSink:
                     fut.set_result(offset)
             used += size
             settled += 1
-            if sent.start and self.started is not None and not self.started.done():
-                self.started.set_result(resp.start)
-            if sent.entries:
-                self._out.put_nowait([event for event, _ in sent.entries])
             if sent.asked:
                 break
         if used != len(offsets) or not settled:
@@ -320,10 +279,7 @@ class EventSink:
 
     def _fail(self, err: MeshError) -> None:
         self._failure = err
-        if self.started is not None and not self.started.done():
-            self.started.set_exception(err)
         self._drop_all(err)
-        self._out.put_nowait(None)
         if self._call is not None:
             self._call.unbind(self._id)
             self._call = None
@@ -348,7 +304,7 @@ class EventSink:
             raise self._failure
 
     async def aclose(self) -> None:
-        """Flushes and ends the writer (its last batch); `committed()` ends after the last event."""
+        """Flushes and ends the writer (its last batch)."""
         if self._closed:
             return
         self._closed = True
@@ -365,19 +321,8 @@ class EventSink:
         """Gives up: nothing more is sent (what was is not waited for). Whoever waits for an event to be
         stored (`store`) learns that it may never be: Cancelled, not a wait for ever."""
         self._closed = True
-        if self.started is not None and not self.started.done():
-            self.started.cancel()
         self._drop_all(Cancelled(f"the writer of {self.key} gave up before this event was stored"))
         if self._call is not None:
             self._call.abandon(self._id)
             self._call = None
-        if not self._finished:
-            self._finished = True
-            self._out.put_nowait(None)
-
-    async def committed(self) -> AsyncIterator[list[events_pb2.Event]]:
-        while True:
-            batch = await self._out.get()
-            if batch is None:
-                return
-            yield batch
+        self._finished = True

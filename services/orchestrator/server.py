@@ -1,4 +1,4 @@
-"""The orchestrator process: chat turns (the entry of HTTP and WebSocket) and child turns."""
+"""The orchestrator process: the owner of every turn (docs/design/turns.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from agentmesh.libs.leases import LeaseKeeper
 from agentmesh.libs.metrics import OrchestratorMetrics
 from agentmesh.libs.rpc import Registration, ServiceServer, server_settings
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2, orchestrator_service_pb2_grpc
-from agentmesh.services.orchestrator.chat import ChatOrchestrator
+from agentmesh.services.orchestrator.orchestrator import Orchestrator
 from agentmesh.services.orchestrator.reaper import Reaper
 from agentmesh.services.orchestrator.servicer import OrchestratorServicer
 
@@ -25,21 +25,21 @@ async def build(
     metrics = OrchestratorMetrics(registry)
     leases = LeaseKeeper(clients, settings.lease_s)
     reaper = Reaper(clients, settings.lease_s, metrics)
-    chat = ChatOrchestrator(settings, clients, leases, metrics)
+    orchestrator = Orchestrator(settings, clients, leases, metrics)
     server = ServiceServer(
         [
             Registration.of(
                 orchestrator_service_pb2,
                 "OrchestratorService",
                 orchestrator_service_pb2_grpc.add_OrchestratorServiceServicer_to_server,
-                OrchestratorServicer(chat),
+                OrchestratorServicer(orchestrator),
             )
         ],
         signer=signer,
         registry=registry,
         **{**server_settings(settings, "orchestrator"), **({"address": address} if address else {})},
     )
-    server.on_stop.append(lambda: chat.drain(server.stop_grace_s))
+    server.on_stop.append(lambda: orchestrator.drain(server.stop_grace_s))
     server.on_stop.append(reaper.stop)
     server.on_stop.append(leases.stop)
     server.on_stop.append(clients.close)

@@ -1,4 +1,4 @@
-"""OrchestratorService: a thin adapter over ChatOrchestrator and its turn engine."""
+"""OrchestratorService: a thin adapter over the Orchestrator (docs/design/turns.md)."""
 
 from __future__ import annotations
 
@@ -6,73 +6,48 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from agentmesh.libs.errors import Internal, InvalidArgument, grpc_errors
+from agentmesh.libs.errors import InvalidArgument, grpc_errors
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2_grpc as orc_grpc
-from agentmesh.services.orchestrator.chat import ChatOrchestrator
+from agentmesh.services.orchestrator.orchestrator import Orchestrator
 
 
 class OrchestratorServicer(orc_grpc.OrchestratorServiceServicer):
-    def __init__(self, chat: ChatOrchestrator) -> None:
-        self.chat = chat
-
-    @grpc_errors
-    async def ExecuteChat(
-        self, request: orc.ExecuteChatRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[orc.ExecuteChatResponse]:
-        turn = self.chat.execute(
-            request.agent, request.message, request.session_id, events_from_stream=request.events_from_stream
-        )
-        async for batch in turn:
-            if isinstance(batch, str):  # the buffer session:<id> exists
-                yield orc.ExecuteChatResponse(session_id=batch)
-            else:
-                yield orc.ExecuteChatResponse(events=batch)
-
-    @grpc_errors
-    async def ContinueTrace(
-        self, request: orc.ContinueTraceRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[orc.ContinueTraceResponse]:
-        if not request.trace_id:
-            raise InvalidArgument("trace_id is required")
-        async for batch in self.chat.execute(request.agent, request.input, request.trace_id, any_kind=True):
-            assert not isinstance(batch, str)  # said only to a caller that reads the buffer
-            yield orc.ContinueTraceResponse(events=batch)
-
-    @grpc_errors
-    async def CancelChat(
-        self, request: orc.CancelChatRequest, context: grpc.aio.ServicerContext
-    ) -> orc.CancelChatResponse:
-        return orc.CancelChatResponse(cancelled=await self.chat.cancel(request.session_id))
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self.orchestrator = orchestrator
 
     @grpc_errors
     async def RunTurn(
         self, request: orc.RunTurnRequest, context: grpc.aio.ServicerContext
-    ) -> orc.RunTurnResponse:
-        if not request.trace_id or not request.agent or not request.stream_key:
-            raise InvalidArgument("trace_id, agent and stream_key are required")
-        outcome = await self.chat.run_turn(request)
-        resp = orc.RunTurnResponse(
-            user_message_id=outcome.user_message.id if outcome.user_message else 0,
-            assistant_message_id=outcome.assistant_message.id if outcome.assistant_message else 0,
-        )
-        if outcome.ok:
-            assert outcome.result is not None
-            resp.result.CopyFrom(outcome.result)
-        else:
-            resp.error.CopyFrom((outcome.error or Internal("the turn failed")).to_event())
-        return resp
+    ) -> AsyncIterator[orc.RunTurnResponse]:
+        async for response in self.orchestrator.run_turn(request):
+            yield response
 
     @grpc_errors
-    async def DeleteSession(
-        self, request: orc.DeleteSessionRequest, context: grpc.aio.ServicerContext
-    ) -> orc.DeleteSessionResponse:
-        traces, streams = await self.chat.delete(request.session_id)
-        return orc.DeleteSessionResponse(deleted_traces=traces, deleted_streams=streams)
+    async def RunSubagents(
+        self, request: orc.RunSubagentsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[orc.RunSubagentsResponse]:
+        if not request.trace_id or not request.anchor_message_id:
+            raise InvalidArgument("trace_id and anchor_message_id are required")
+        async for response in self.orchestrator.run_subagents(request):
+            yield response
 
     @grpc_errors
-    async def DeleteSessions(
-        self, request: orc.DeleteSessionsRequest, context: grpc.aio.ServicerContext
-    ) -> orc.DeleteSessionsResponse:
-        traces, streams = await self.chat.delete(None)
-        return orc.DeleteSessionsResponse(deleted_traces=traces, deleted_streams=streams)
+    async def CancelTurn(
+        self, request: orc.CancelTurnRequest, context: grpc.aio.ServicerContext
+    ) -> orc.CancelTurnResponse:
+        return orc.CancelTurnResponse(cancelled=await self.orchestrator.cancel(request))
+
+    @grpc_errors
+    async def DeleteTrace(
+        self, request: orc.DeleteTraceRequest, context: grpc.aio.ServicerContext
+    ) -> orc.DeleteTraceResponse:
+        traces, streams = await self.orchestrator.delete(request.trace_id)
+        return orc.DeleteTraceResponse(deleted_traces=traces, deleted_streams=streams)
+
+    @grpc_errors
+    async def DeleteTraces(
+        self, request: orc.DeleteTracesRequest, context: grpc.aio.ServicerContext
+    ) -> orc.DeleteTracesResponse:
+        traces, streams = await self.orchestrator.delete(None)
+        return orc.DeleteTracesResponse(deleted_traces=traces, deleted_streams=streams)

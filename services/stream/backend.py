@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -22,8 +22,6 @@ from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs import events
 from agentmesh.libs.config import StreamSettings
 from agentmesh.libs.errors import (
-    Cancelled,
-    FailedPrecondition,
     IdleTimeout,
     Interrupted,
     InvalidArgument,
@@ -35,7 +33,6 @@ from agentmesh.libs.ids import parse_stream_key, shown
 from agentmesh.libs.metrics import StreamMetrics
 
 BATCH = 256  # events a subscriber reads (and holds) at once
-CREATE_WAIT_S = 2.0  # how long a run's first batch waits for a buffer whose CreateStream is under way
 
 T = TypeVar("T")
 
@@ -285,30 +282,6 @@ class StreamBackend(abc.ABC):
             self._subscribers -= 1
             self.metrics.subscribers.dec()
 
-    async def await_start(self, key: str, reader: str = "", idle_timeout_ms: int = 0) -> ev.TurnStart:
-        """The turn's `start` that opens `key`, once it is there: a run started before its turn was
-        stored holds its first batch until then (WriteStreamRequest.await_start). The run may have
-        started beside its buffer's CreateStream: a buffer not there yet is waited for, up to
-        CREATE_WAIT_S. Cancelled when the buffer ends first (the turn failed to begin),
-        FailedPrecondition when it holds anything else first; NotFound and Shutdown as `subscribe`."""
-        for pause in _create_waits():
-            found = self.subscribe(key, "", reader, idle_timeout_ms)
-            try:
-                async for event in found:
-                    if event.HasField("start"):
-                        return event.start
-                    if is_terminal(event):
-                        raise Cancelled(f"{key} ended before its turn started")
-                    raise FailedPrecondition(f"{key} holds {events.kind(event)} before its turn's start")
-                raise Interrupted(f"{key} ended before its turn started")  # subscribe ends with a terminal
-            except NotFound:
-                if pause is None:
-                    raise
-            finally:
-                await found.aclose()
-            await asyncio.sleep(pause)
-        raise AssertionError("unreachable")
-
     async def until_shutdown(self, items: AsyncIterable[T]) -> AsyncGenerator[T, None]:
         """The items of `items` (a writer's batches) until it ends; Shutdown once the service stops while
         waiting for the next one. An item is either yielded or, when Shutdown is raised, never taken: a
@@ -364,14 +337,3 @@ class StreamBackend(abc.ABC):
 def interrupted() -> ev.Event:
     """The terminal event of a buffer whose writer stopped renewing its lease."""
     return events.error(Interrupted("the run writing this stream stopped; resume is not possible"))
-
-
-def _create_waits() -> Iterator[float | None]:
-    """The pauses between looks for a buffer being created (2 ms doubling to 50 ms, CREATE_WAIT_S in
-    all), then None: give up."""
-    pause, spent = 0.002, 0.0
-    while spent < CREATE_WAIT_S:
-        yield pause
-        spent += pause
-        pause = min(pause * 2, 0.05)
-    yield None

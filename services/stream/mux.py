@@ -312,7 +312,7 @@ class WriteCall:
         return writer
 
     async def _write(self, writer: _Writer) -> None:
-        """Appends the writer's queued batches in order; answers those that ask (and await_start)."""
+        """Appends the writer's queued batches in order; answers those that ask."""
         try:
             await self._write_queued(writer)
         finally:
@@ -324,7 +324,6 @@ class WriteCall:
             batch = item.batch
             try:
                 writer.since = batch.since or writer.since
-                start = await self.backend.await_start(writer.key, writer.user) if batch.await_start else None
                 offsets = await self.backend.append(writer.key, batch.events, writer.user, writer.since)
             except Shutdown:
                 writer.queue.appendleft(item)  # not taken: the writer sends it again elsewhere
@@ -336,10 +335,10 @@ class WriteCall:
                 log.warning("a write to %s failed", shown(writer.key, 80), exc_info=True)
                 self._fail(writer, as_mesh_error(exc))
                 return
-            if batch.defer_answer and start is None:
+            if batch.defer_answer:
                 writer.deferred += offsets
             else:
-                self._answer(writer, pb.WriteStreamResponse(offsets=writer.deferred + offsets, start=start))
+                self._answer(writer, pb.WriteStreamResponse(offsets=writer.deferred + offsets))
             if item.last:
                 self.writers.pop(writer.id, None)
                 return

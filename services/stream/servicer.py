@@ -95,12 +95,11 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
                         f"one WriteStream call writes one key: {key}, not {shown(message.key, 80)}"
                     )
                 since = message.since or since
-                start = await self.backend.await_start(key, writer) if message.await_start else None
                 offsets = await self.backend.append(key, message.events, writer, since)
-                if message.defer_answer and start is None:
+                if message.defer_answer:
                     deferred += offsets
                     continue
-                yield pb.WriteStreamResponse(offsets=deferred + offsets, start=start)
+                yield pb.WriteStreamResponse(offsets=deferred + offsets)
                 deferred = []
         except Shutdown:
             if deferred:  # what was taken is answered: the writer sends again only what was not

@@ -9,8 +9,6 @@ from google.protobuf import json_format
 from agentmesh.libs import events
 from agentmesh.libs.errors import InvalidArgument
 from agentmesh.libs.ids import TraceRef
-from agentmesh.libs.turns import turn_start
-from agentmesh.services.trace.starts import TurnStarts
 from agentmesh.services.trace.store.base import (
     AgentStore,
     MessagePage,
@@ -31,27 +29,15 @@ class TraceHandler:
         tasks: TaskStore,
         subagents: SubagentStore,
         agents: AgentStore | None = None,
-        starts: TurnStarts | None = None,
     ) -> None:
         self.traces = traces
         self.tasks = tasks
         self.subagents = subagents
         self.agents = agents
-        self.starts = starts
 
-    async def begin_turn(
-        self, owner: str, request: ts.BeginTurnRequest, within_s: float | None = None
-    ) -> ts.BeginTurnResponse:
-        """The turn's user message and placeholder (and its new trace), stored together; with
-        `resolve_agent`, the turn's agent read first, as the owner reads it (NotFound stores nothing).
-        With `start_key`, the turn's `start` is appended to that buffer then (`within_s`: what is left
-        of the caller's deadline), unless the agent read is not `start_if_agent`."""
-        if request.start_key and not request.HasField("start"):
-            raise InvalidArgument("start_key needs the turn's start (its agent)")
+    async def begin_turn(self, owner: str, request: ts.BeginTurnRequest) -> ts.BeginTurnResponse:
+        """The turn's user message and placeholder (and its new trace), stored together."""
         out = ts.BeginTurnResponse()
-        if request.resolve_agent:
-            assert self.agents is not None, "a trace handler that resolves agents needs the agent store"
-            out.agent.CopyFrom(await self.agents.get_agent(owner, request.resolve_agent))
         messages = [request.user_message, request.assistant_message]
         if request.HasField("new_trace"):
             if request.HasField("parent_sequence"):
@@ -65,12 +51,6 @@ class TraceHandler:
             user, placeholder = await self.traces.append_messages(owner, request.trace_id, messages, parent)
         out.user_message.CopyFrom(user)
         out.assistant_message.CopyFrom(placeholder)
-        expected = not request.HasField("start_if_agent") or out.agent == request.start_if_agent
-        if self.starts is not None and request.start_key and expected:
-            start = turn_start(user.trace_id, user.id, placeholder.id, request.start.agent)
-            out.start_offset, error = await self.starts.append(request.start_key, start.start, within_s)
-            if error is not None:
-                out.start_error.CopyFrom(error)
         return out
 
     async def create_task(self, owner: str, task: tp.A2ATask, continue_trace_id: str) -> tp.A2ATask:

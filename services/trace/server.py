@@ -7,7 +7,6 @@ from prometheus_client import CollectorRegistry
 from agentmesh.agents.v1 import agent_service_pb2, agent_service_pb2_grpc
 from agentmesh.auth.v1 import auth_service_pb2, auth_service_pb2_grpc
 from agentmesh.leases.v1 import lease_service_pb2, lease_service_pb2_grpc
-from agentmesh.libs.clients import Clients
 from agentmesh.libs.config import MeshSettings
 from agentmesh.libs.identity import Signer, signer_for
 from agentmesh.libs.metrics import PeerMetrics, TraceStoreMetrics
@@ -18,7 +17,6 @@ from agentmesh.services.trace.agent_handler import AgentHandler
 from agentmesh.services.trace.agents import load_catalog
 from agentmesh.services.trace.handler import TraceHandler
 from agentmesh.services.trace.servicer import AgentServicer, AuthServicer, LeaseServicer, TraceServicer
-from agentmesh.services.trace.starts import TurnStarts
 from agentmesh.services.trace.store.hybrid import HybridTraceStore
 from agentmesh.services.trace.store.sql import SqlStores
 from agentmesh.services.trace.store.sql.db import create_engine, migrate, time_queries
@@ -49,9 +47,7 @@ async def build(
             stores.traces, stores.copies, peer_registry, peers, page_size=settings.federation.page_size
         )
         signer = signer or signer_for(settings)
-        clients = Clients(settings, signer)  # the stream service, for turns' `start` (BeginTurn)
-        starts = TurnStarts(lambda: clients.stream, settings.turn_timeout_s)
-        handler = TraceHandler(traces, stores.tasks, stores.subagents, stores.agents, starts)
+        handler = TraceHandler(traces, stores.tasks, stores.subagents, stores.agents)
         server = ServiceServer(
             [
                 Registration.of(
@@ -80,7 +76,7 @@ async def build(
                 ),
             ],
             signer=signer,
-            on_stop=[engine.dispose, peers.close, clients.close],
+            on_stop=[engine.dispose, peers.close],
             registry=registry,
             **{**server_settings(settings, "trace"), **({"address": address} if address else {})},
         )

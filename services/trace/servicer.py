@@ -157,7 +157,7 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
 
     @grpc_errors
     async def BeginTurn(self, request: ts.BeginTurnRequest, context: Ctx) -> ts.BeginTurnResponse:
-        return await self.h.begin_turn(current_user(), request, context.time_remaining())
+        return await self.h.begin_turn(current_user(), request)
 
     @grpc_errors
     async def UpdateMessage(self, request: ts.UpdateMessageRequest, context: Ctx) -> ts.UpdateMessageResponse:

@@ -131,7 +131,7 @@ export class ChatController {
 
   /** `start`: the session and the assistant message (the anchor) of the turn. */
   start(ev) {
-    this.sessionId = ev.sessionId;
+    this.sessionId = ev.traceId;
     const saved = this.view.assistant(ev.assistantMessageId);
     if (saved) {
       saved.reset(); // a resumed turn replays from its first event
@@ -143,7 +143,7 @@ export class ChatController {
     }
     this.current.setStreaming(true);
     this.started = true;
-    this.onSession(ev.sessionId);
+    this.onSession(ev.traceId);
     if (this.cancelRequested) this.cancel().catch((err) => this.fail(err));
   }
 

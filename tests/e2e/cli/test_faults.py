@@ -87,7 +87,7 @@ async def test_a_service_killed_mid_turn_leaves_no_stream_open_and_nothing_pendi
                     sub_id = event["subagent"]["id"]
                 if task_id and sub_id:
                     break
-        session = head[0]["sessionId"]
+        session = head[0]["traceId"]
         readers = [
             follow(mesh, f"/api/sessions/{session}/stream"),
             follow(mesh, f"/api/agents/a2a/stream?taskId={task_id}"),
@@ -119,7 +119,7 @@ async def test_a_service_killed_mid_turn_leaves_no_stream_open_and_nothing_pendi
     if mesh.env.get("AGENTMESH_STREAM__BACKEND") == "redis":
         assert mesh.clients is not None
         for reader, key in zip(
-            readers, (f"session:{session}", f"a2a:{task_id}", f"subagent:{sub_id}"), strict=True
+            readers, (f"trace:{session}", f"a2a:{task_id}", f"subagent:{sub_id}"), strict=True
         ):
             with identity.acting_as(mesh.user):
                 stored = [

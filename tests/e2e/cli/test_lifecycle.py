@@ -306,7 +306,7 @@ async def test_sigterm_ends_every_live_stream_with_a_terminal_event_within_the_g
                     ) as r:
                         async for event in sse_events(r):
                             if event["type"] == "start":
-                                trace = event["sessionId"]
+                                trace = event["traceId"]
                                 assert (await http.post(f"/api/sessions/{trace}/cancel")).status_code == 200
                     run = f"/api/traces/{trace}/run"
                     headers = {"Accept": "text/event-stream"}

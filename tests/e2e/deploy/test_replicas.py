@@ -140,7 +140,7 @@ async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(mesh:
                 head.append(event)
                 if event["type"] == "text-delta":
                     break
-        session = head[0]["sessionId"]
+        session = head[0]["traceId"]
         running = [o for o in mesh.names("orchestrator") if await in_flight(mesh, o, "ExecuteChat")]
         async with mesh.http(gateway="gateway-1") as http:
             cancelled = await http.post(f"/api/sessions/{session}/cancel")
@@ -168,7 +168,7 @@ async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(mesh:
     def drop_after_five(event: dict[str, Any]) -> bool:
         nonlocal deltas
         if event["type"] == "start":
-            reader.path = f"/api/sessions/{event['sessionId']}/stream"
+            reader.path = f"/api/sessions/{event['traceId']}/stream"
         deltas += event["type"] == "text-delta"
         return deltas == 5
 
@@ -203,13 +203,13 @@ async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(mesh:
     readers: list[tuple[SseReader, str]] = []  # every one reads through gateway-1 (the first up)
     for _, session, task_id, sub_id in trees:
         for path, key in (
-            (f"/api/sessions/{session}/stream", f"session:{session}"),
+            (f"/api/sessions/{session}/stream", f"trace:{session}"),
             (f"/api/agents/a2a/stream?taskId={task_id}", f"a2a:{task_id}"),
             (f"/api/subagents/{sub_id}/stream", f"subagent:{sub_id}"),
         ):
             readers.append((SseReader(lambda: mesh.http(timeout=60, gateway=""), path, reconnect=True), key))
     # The callees' and subagents' text is flowing (the sessions' own text comes after their tools).
-    children = [r for r, key in readers if not key.startswith("session:")]
+    children = [r for r, key in readers if not key.startswith("trace:")]
     await wait_live(children, 15)
     await wait_until(lambda: all(r.events for r, _ in readers), 10, "every reader to be reading")
     sessions = {session for _, session, _, _ in trees}

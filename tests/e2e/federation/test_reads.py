@@ -23,7 +23,7 @@ async def new_trace(mesh: Mesh, n: int, api_key: str | None = None) -> str:
         )
     import json
 
-    tid = json.loads(trace_id[5:])["sessionId"]
+    tid = json.loads(trace_id[5:])["traceId"]
     if n:
         await append(mesh, tid, [f"m{i}" for i in range(n)], api_key)
     return str(tid)

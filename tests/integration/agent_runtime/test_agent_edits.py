@@ -89,7 +89,7 @@ async def test_an_edit_is_used_by_the_next_turn_on_every_replica(replicas: Repli
             for n in range(1, 11):
                 events = await chat(mesh, "editable", f"turn {n}")
                 assert events[-1]["type"] == "done", events[-1]
-                sessions.append(events[0]["sessionId"])
+                sessions.append(events[0]["traceId"])
                 seen = [prompts(mock1, starts[0]), prompts(mock2, starts[1])]
                 if all(prompt in p for p in seen):
                     return n
@@ -139,7 +139,7 @@ async def test_deleting_an_agent_lets_its_running_turn_finish(replicas: Replicas
                         deleted = True
         assert deleted and events[-1]["type"] == "done", events[-1]
         assert "".join(e["textDelta"] for e in events if e["type"] == "text-delta") == SLOW
-        session = next(e for e in events if e["type"] == "start")["sessionId"]
+        session = next(e for e in events if e["type"] == "start")["traceId"]
         saved = (await http.get(f"/api/sessions/{session}/messages")).json()["messages"]
         assert [(m["role"], m["status"]) for m in saved] == [
             ("user", "completed"),

@@ -157,7 +157,7 @@ async def test_general_invokes_coder_live_and_persisted(mesh: Mesh) -> None:
     assert callee_text == out["output"]["output"]
 
     # Persisted: the task, its hidden session and the callee messages with provenance and usage.
-    session_id = events[0]["sessionId"]
+    session_id = events[0]["traceId"]
     tasks = await tasks_of(mesh, session_id)
     assert [t.id for t in tasks] == [task_id]
     task = tasks[0]
@@ -230,7 +230,7 @@ async def test_stream_routes_without_a_buffer(mesh: Mesh) -> None:
 
 async def test_a2a_session_visible_in_sidebar_is_listed(mesh: Mesh) -> None:
     events = await chat(mesh, "general", "invoke coder: show me")
-    task = (await tasks_of(mesh, events[0]["sessionId"]))[0]
+    task = (await tasks_of(mesh, events[0]["traceId"]))[0]
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
         await mesh.clients.trace.UpdateTrace(
@@ -252,7 +252,7 @@ async def test_list_input_runs_two_tasks(mesh: Mesh) -> None:
     results = out["output"]["results"]
     assert [r["ok"] for r in results] == [True, True]
     assert sorted(out["metadata"]["taskIds"]) == sorted(s["taskId"] for s in started)
-    tasks = await tasks_of(mesh, events[0]["sessionId"])
+    tasks = await tasks_of(mesh, events[0]["traceId"])
     assert {t.state for t in tasks} == {tp.TASK_STATE_COMPLETED} and len(tasks) == 2
     for s in started:
         buf = await buffer(mesh, a2a_key(s["taskId"]))
@@ -273,7 +273,7 @@ async def test_callee_failure_fails_task_and_turn_goes_on(mesh: Mesh, callee: st
     assert out["output"]["taskId"] == started["taskId"]
     assert kinds(events)[-2:] == ["finish", "done"], "the caller's turn goes on"
     assert "Result:" in "".join(e["textDelta"] for e in events if e["type"] == "text-delta")
-    task = (await tasks_of(mesh, events[0]["sessionId"]))[0]
+    task = (await tasks_of(mesh, events[0]["traceId"]))[0]
     assert task.state == tp.TASK_STATE_FAILED
     buf = await buffer(mesh, a2a_key(task.id))
     assert buf[-1]["type"] == "error" and buf[-1]["code"] == code
@@ -290,14 +290,14 @@ async def test_refused_callee_creates_nothing(mesh: Mesh, callee: str, needle: s
     assert "a2a-task-started" not in kinds(events)
     out = next(e for e in events if e["type"] == "tool-output-available")
     assert out["ok"] is False and needle in out["output"]["error"] and out["output"]["code"] == code
-    assert await tasks_of(mesh, events[0]["sessionId"]) == []
+    assert await tasks_of(mesh, events[0]["traceId"]) == []
 
 
 async def test_recursion_stops_at_the_limit(mesh: Mesh) -> None:
     # general -> loop-a (depth 1) -> loop-b (2) -> loop-a (3) -> loop-b would be 4 > 3: refused.
     events = await chat(mesh, "general", "invoke loop-a: spin", timeout=40)
     assert kinds(events)[-1] == "done"
-    session = events[0]["sessionId"]
+    session = events[0]["traceId"]
     chain = []
     for _ in range(5):
         tasks = await tasks_of(mesh, session)
@@ -333,12 +333,12 @@ async def test_cancel_goes_down_the_tree(mesh: Mesh) -> None:
                     break
             # Wait until the leaf (loop-b) is streaming from the model server.
             await wait_request(mesh.mock, lambda b: "[loop-b]" in system_of(b), timeout=10, start=before)
-            r = await http.post(f"/api/sessions/{got[0]['sessionId']}/cancel")
+            r = await http.post(f"/api/sessions/{got[0]['traceId']}/cancel")
             assert r.status_code == 200 and r.json() == {"cancelled": True}
             async for event in stream:
                 got.append(event)
     assert got[-1]["type"] == "error" and got[-1]["code"] == "cancelled"
-    session = got[0]["sessionId"]
+    session = got[0]["traceId"]
     top = (await tasks_of(mesh, session))[0]
 
     async def tree_cancelled() -> bool:

@@ -159,7 +159,7 @@ async def test_parallel_batch_respects_max_concurrent(mesh: Mesh) -> None:
             assert live[-1]["type"] == "done"
             assert "".join(e["textDelta"] for e in live if e["type"] == "text-delta") == item["summary"]
     # Written back onto the anchor as SubagentBatch[].
-    msgs = await messages(mesh, events[0]["sessionId"])
+    msgs = await messages(mesh, events[0]["traceId"])
     batches = msgs[-1]["metadata"]["subagents"]
     assert len(batches) == 1 and batches[0]["parentMessageId"] == anchor
     assert batches[0]["summary"] == SUMMARY_DONE
@@ -178,7 +178,7 @@ async def test_each_turn_anchors_its_own_batch_and_restore_matches_rows(mesh: Me
     for turn in range(1, 6):
         message = "delegate one" if turn in (2, 5) else f"hello {turn}"
         events = await chat(mesh, "general", message, session_id=session)
-        session = events[0]["sessionId"]
+        session = events[0]["traceId"]
         for e in subagent_events(events):
             assert e["parentMessageId"] == events[0]["assistantMessageId"]
         if turn in (2, 5):
@@ -292,7 +292,7 @@ async def test_a_batch_that_cannot_run_fails_fast_and_creates_nothing(
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
         rows = await mesh.clients.trace.ListSubagentSessions(
-            ts.ListSubagentSessionsRequest(trace_id=events[0]["sessionId"])
+            ts.ListSubagentSessionsRequest(trace_id=events[0]["traceId"])
         )
     assert list(rows.subagents) == [], "no row, no hidden trace"
 
@@ -361,7 +361,7 @@ async def test_http_and_websocket_give_the_same_events(mesh: Mesh) -> None:
 async def test_delete_cascade_leaves_no_rows(mesh: Mesh) -> None:
     mesh.mock.set_rules(rules())
     events = await chat(mesh, "general", "delegate one")
-    session = events[0]["sessionId"]
+    session = events[0]["traceId"]
     item = next(e for e in events if e["type"] == "subagent-update")["subagent"]
     engine = create_engine(mesh.settings.sqlalchemy_url)
     try:
@@ -402,7 +402,7 @@ async def test_cancel_mid_batch_cancels_every_subagent(mesh: Mesh) -> None:
                     running += 1
                     if running == 2:
                         break
-            r = await http.post(f"/api/sessions/{got[0]['sessionId']}/cancel")
+            r = await http.post(f"/api/sessions/{got[0]['traceId']}/cancel")
             assert r.json() == {"cancelled": True}
             async for event in stream:
                 got.append(event)
@@ -412,7 +412,7 @@ async def test_cancel_mid_batch_cancels_every_subagent(mesh: Mesh) -> None:
     async def all_cancelled() -> bool:
         with identity.acting_as(mesh.user):
             rows = await mesh.clients.trace.ListSubagentSessions(  # type: ignore[union-attr]
-                ts.ListSubagentSessionsRequest(trace_id=got[0]["sessionId"])
+                ts.ListSubagentSessionsRequest(trace_id=got[0]["traceId"])
             )
         return len(rows.subagents) == 3 and all(
             r.status == ev_pb.SUBAGENT_STATUS_CANCELLED for r in rows.subagents
@@ -422,7 +422,7 @@ async def test_cancel_mid_batch_cancels_every_subagent(mesh: Mesh) -> None:
     await mesh.mock.wait_idle(timeout=10)
     with identity.acting_as(mesh.user):
         rows = await mesh.clients.trace.ListSubagentSessions(
-            ts.ListSubagentSessionsRequest(trace_id=got[0]["sessionId"])
+            ts.ListSubagentSessionsRequest(trace_id=got[0]["traceId"])
         )
 
     async def settled(row: Any) -> bool:
@@ -495,7 +495,7 @@ async def test_a_subagent_turn_is_stored_with_its_row_and_runs_at_once(
     out = next(e for e in events if e["type"] == "tool-output-available")["output"]
     assert [r["status"] for r in out["results"]] == ["completed"], out
     assert out["results"][0]["summary"] == "helped with early part"
-    row = await only_row(mesh, events[0]["sessionId"])
+    row = await only_row(mesh, events[0]["traceId"])
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
         child = await mesh.clients.trace.ListMessages(

@@ -370,7 +370,7 @@ async def test_hostile_last_event_ids_are_422_on_a_live_session(
     mesh: Mesh, offset: str, shown: str, how: str
 ) -> None:
     events = await chat(mesh, "general", "hello")
-    session = events[0]["sessionId"]
+    session = events[0]["traceId"]
     kw: dict[str, Any] = (
         {"headers": {"Last-Event-ID": offset.encode()}}
         if how == "header"
@@ -394,7 +394,7 @@ async def test_percent_encoded_superscript_two(mesh: Mesh) -> None:
 async def test_a_trailing_slash_is_not_redirected(mesh: Mesh) -> None:
     """Starlette redirected /api/sessions/ to /api/sessions with 307, method kept: DELETE of an empty
     id (`DELETE /api/sessions/`) became DELETE /api/sessions, every session of the caller."""
-    session = (await chat(mesh, "general", "keep me"))[0]["sessionId"]
+    session = (await chat(mesh, "general", "keep me"))[0]["traceId"]
     async with mesh.http() as http:
         for method in ("DELETE", "GET"):
             r = await http.request(method, "/api/sessions/")

@@ -150,7 +150,7 @@ async def test_any_subagent_or_task_id_is_404_or_422(mesh: Mesh) -> None:
 async def test_any_last_event_id_on_a_finished_turn(mesh: Mesh) -> None:
     """A closed buffer: a valid offset replays what follows it (200, an event stream that ends), any
     other string is the 422 of resume_offset."""
-    session = (await chat(mesh, "general", "offsets"))[0]["sessionId"]
+    session = (await chat(mesh, "general", "offsets"))[0]["traceId"]
     path = f"/api/sessions/{session}/stream"
     digits = st.integers(min_value=0, max_value=2**66).map(str)
     shaped = st.one_of(digits, st.tuples(digits, digits).map("-".join))
@@ -178,7 +178,7 @@ async def test_any_last_event_id_on_a_finished_turn(mesh: Mesh) -> None:
 async def test_text_with_u0000_is_a_422_on_both_backends(mesh: Mesh) -> None:
     """PostgreSQL cannot store U+0000 (it was a 500 there, and stored on SQLite): the gateway refuses
     it in what it passes on, alike on both."""
-    session = (await chat(mesh, "general", "nul"))[0]["sessionId"]
+    session = (await chat(mesh, "general", "nul"))[0]["traceId"]
     async with mesh.http() as http:
         cases = [
             ("POST", "/api/chat", {"agent": "general", "message": "a\x00b"}, "body.message"),

@@ -45,7 +45,7 @@ async def known_ids(mesh: Mesh, key: str) -> dict[str, list[str]]:
     ):
         for event in await chat(mesh, "general", text, api_key=key):
             if event["type"] == "start":
-                found["session"].add(event["sessionId"])
+                found["session"].add(event["traceId"])
             elif event["type"] == "a2a-task-started":
                 found["task"].add(event["taskId"])
             elif event["type"] == "subagent-update":

@@ -34,7 +34,7 @@ from tests.integration.stream.conftest import (  # noqa: F401 - fixtures used by
 from tests.mesh import wait_until
 
 ROUTES = [
-    ("session:{}", "/api/sessions/{}/stream", {}),
+    ("trace:{}", "/api/sessions/{}/stream", {}),
     ("a2a:{}", "/api/agents/a2a/stream", {"taskId": "{}"}),
     ("subagent:{}", "/api/subagents/{}/stream", {}),
 ]

@@ -38,7 +38,7 @@ async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
 async def test_every_outgoing_rpc_gets_a_deadline(mesh: Mesh) -> None:
     """A subscription on an idle open buffer, made without a timeout, ends at the channel's default."""
     assert mesh.clients is not None
-    key = "session:deadline-probe"
+    key = "trace:deadline-probe"
     with identity.acting_as(mesh.user):
         await mesh.clients.stream.CreateStream(ss.CreateStreamRequest(key=key))
         async with channel(mesh.settings.addresses.stream, mesh.signer, 0.3, 0.3) as ch:
@@ -57,7 +57,7 @@ def _calls(mesh: Mesh, ch: grpc.aio.Channel) -> dict[str, object]:
     return {
         "orchestrator": lambda **kw: orch.CancelChat(orc.CancelChatRequest(session_id="nope"), **kw),
         "agent-runtime": lambda **kw: runtime.RunAgent(
-            rt.RunAgentRequest(agent="general", stream_key="session:nope"), **kw
+            rt.RunAgentRequest(agent="general", stream_key="trace:nope"), **kw
         ).read(),
     }
 
@@ -101,7 +101,7 @@ async def test_a_stream_outlives_its_connections_age(tmp_path_factory: pytest.Te
     )
     try:
         assert mesh.clients is not None
-        key = "session:aged-connection"
+        key = "trace:aged-connection"
         with identity.acting_as(mesh.user):
             stream = mesh.clients.stream
             await stream.CreateStream(ss.CreateStreamRequest(key=key))
@@ -206,7 +206,7 @@ async def test_a_server_slow_to_answer_a_new_connection_is_waited_for(mesh: Mesh
         async with channel(relayed, mesh.signer) as ch:
             stub = stream_service_pb2_grpc.StreamServiceStub(ch)
             with identity.acting_as(mesh.user):
-                info = await stub.GetStreamInfo(ss.GetStreamInfoRequest(key="session:slow-hello"), timeout=10)
+                info = await stub.GetStreamInfo(ss.GetStreamInfoRequest(key="trace:slow-hello"), timeout=10)
         assert not info.exists
     finally:
         server.close()

@@ -8,11 +8,12 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 import pytest
 import websockets
 
 from agentmesh.libs import identity
-from agentmesh.libs.ids import parse_stream_key, session_key
+from agentmesh.libs.ids import parse_stream_key, trace_key
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
@@ -43,9 +44,10 @@ def assert_turn(events: list[dict], text: str) -> dict:
     assert len(kinds) > 4, "the reply must arrive as several deltas"
     start = events[0]
     assert (
-        start["sessionId"]
-        and start["userMessageId"] > 0
-        and start["assistantMessageId"] > start["userMessageId"]
+        start["traceId"]
+        and 0 < start["userMessageId"] < 2**53
+        and 0 < start["assistantMessageId"] < 2**53
+        and start["assistantMessageId"] != start["userMessageId"]
     )
     assert "".join(e["textDelta"] for e in events if e["type"] == "text-delta") == text
     offsets = [e["_id"] for e in events]
@@ -60,7 +62,7 @@ async def test_full_turn_over_sse(mesh: Mesh) -> None:
     events = await chat(mesh, "general", "ping")
     start = assert_turn(events, "Hello there, you said ping. Have a nice day.")
     async with mesh.http() as http:
-        resp = await http.get(f"/api/sessions/{start['sessionId']}/messages")
+        resp = await http.get(f"/api/sessions/{start['traceId']}/messages")
     assert resp.status_code == 200, resp.text
     messages = resp.json()["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant"]
@@ -74,8 +76,8 @@ async def test_full_turn_over_sse(mesh: Mesh) -> None:
     # A second turn in the same session sees the first one (the model received the history).
     mesh.mock.set_rules(ECHO)
     before = len(mesh.mock.requests())
-    events2 = await chat(mesh, "general", "pong", session_id=start["sessionId"])
-    assert events2[0]["sessionId"] == start["sessionId"]
+    events2 = await chat(mesh, "general", "pong", session_id=start["traceId"])
+    assert events2[0]["traceId"] == start["traceId"]
     sent = mesh.mock.requests()[before]["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
 
@@ -100,7 +102,7 @@ async def test_same_turn_over_websocket(mesh: Mesh) -> None:
     others, sse_others = ([e for e in events if e["type"] != "text-delta"] for events in (got, sse))
     assert [e["type"] for e in others] == [e["type"] for e in sse_others]
     for a, b in zip(others, sse_others, strict=True):
-        strip = {"sessionId", "userMessageId", "assistantMessageId", "_id", "offset"}
+        strip = {"traceId", "userMessageId", "assistantMessageId", "_id", "offset"}
         assert {k: v for k, v in a.items() if k not in strip} == {
             k: v for k, v in b.items() if k not in strip
         }
@@ -141,7 +143,7 @@ async def test_model_failure_marks_placeholder_failed(mesh: Mesh, fault: str, co
     assert events[-1]["type"] == "error", events
     assert events[-1]["code"] == code, events[-1]
     async with mesh.http() as http:
-        messages = (await http.get(f"/api/sessions/{events[0]['sessionId']}/messages")).json()["messages"]
+        messages = (await http.get(f"/api/sessions/{events[0]['traceId']}/messages")).json()["messages"]
     assert messages[-1]["status"] == "failed"
     assert messages[-1]["metadata"]["error"]["code"] == events[-1]["code"]
 
@@ -155,7 +157,7 @@ async def test_disconnected_turn_goes_on_and_resumes(mesh: Mesh) -> None:
                 got.append(event)
                 if sum(1 for e in got if e["type"] == "text-delta") == 3:
                     break  # the client goes away mid-turn
-        session, last = got[0]["sessionId"], got[-1]["_id"]
+        session, last = got[0]["traceId"], got[-1]["_id"]
         async with http.stream(
             "GET", f"/api/sessions/{session}/stream", headers={"Last-Event-ID": last}
         ) as resp:
@@ -178,12 +180,12 @@ async def test_second_turn_on_a_busy_session_is_refused(mesh: Mesh) -> None:
             stream = sse_events(resp)
             start = await anext(stream)
             busy = await http.post(
-                "/api/chat", json={"agent": "general", "message": "two", "sessionId": start["sessionId"]}
+                "/api/chat", json={"agent": "general", "message": "two", "sessionId": start["traceId"]}
             )
             assert busy.status_code == 409 and busy.json()["error"]["reason"] == "FAILED_PRECONDITION"
             rest = [e async for e in stream]
         assert rest[-1]["type"] == "done", "the running turn is not disturbed"
-        messages = (await http.get(f"/api/sessions/{start['sessionId']}/messages")).json()["messages"]
+        messages = (await http.get(f"/api/sessions/{start['traceId']}/messages")).json()["messages"]
         assert [m["content"] for m in messages if m["role"] == "user"] == ["one"]
 
 
@@ -191,11 +193,11 @@ async def test_cancel_releases_a_session_whose_turn_died(mesh: Mesh) -> None:
     """A turn whose process died leaves its buffer open; cancel closes it and the session works again."""
     mesh.mock.set_rules(ECHO)
     first = await chat(mesh, "general", "before the crash")
-    session = first[0]["sessionId"]
+    session = first[0]["traceId"]
     assert mesh.clients is not None
     pending = tp.Message(trace_id=session, role=tp.MESSAGE_ROLE_ASSISTANT, status=tp.MESSAGE_STATUS_PENDING)
     with identity.acting_as(mesh.user):
-        await mesh.clients.stream.CreateStream(ss.CreateStreamRequest(key=session_key(session)))
+        await mesh.clients.stream.CreateStream(ss.CreateStreamRequest(key=trace_key(session)))
         orphan = (await mesh.clients.trace.AppendMessage(ts.AppendMessageRequest(message=pending))).message
     async with mesh.http() as http:
         busy = await http.post("/api/chat", json={"agent": "general", "message": "x", "sessionId": session})
@@ -220,7 +222,7 @@ async def test_long_trace_sends_the_newest_history(mesh: Mesh, monkeypatch: pyte
     session = None
     for text in ("one", "two", "three"):
         events = await chat(mesh, "general", text, session_id=session)
-        session = events[0]["sessionId"]
+        session = events[0]["traceId"]
     sent = mesh.mock.requests()[-1]["messages"]
     assert [(m["role"], m["content"]) for m in sent[1:]] == [
         ("user", "two"),
@@ -231,7 +233,7 @@ async def test_long_trace_sends_the_newest_history(mesh: Mesh, monkeypatch: pyte
 
 async def test_another_users_session_is_not_found(mesh: Mesh) -> None:
     mesh.mock.set_rules(ECHO)
-    mine = (await chat(mesh, "general", "private"))[0]["sessionId"]
+    mine = (await chat(mesh, "general", "private"))[0]["traceId"]
     other = await mesh.new_user("oscar")
     async with mesh.http(api_key=other) as http:
         r = await http.post("/api/chat", json={"agent": "general", "message": "hi", "sessionId": mine})
@@ -246,50 +248,49 @@ async def test_another_users_session_is_not_found(mesh: Mesh) -> None:
 
 
 async def test_the_live_turn_is_read_from_the_stream_service(mesh: Mesh) -> None:
-    """ExecuteChat with events_from_stream says the session as soon as its buffer exists, and nothing
-    else while the turn runs: the caller reads session:<id> from its beginning, `start` first, whose
-    deltas arrive, paced, before the turn ends; over HTTP the same turn streams."""
+    """RunTurn answers `begun` once the turn's messages are stored and its buffer holds `start`, then
+    nothing until the turn ends: the caller reads trace:<id> from `start` on, whose deltas arrive,
+    paced, before the turn ends; the last answer is the end, with the reply as stored."""
     from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 
     mesh.mock.set_rules({"rules": [], "default": {"text": "paced " * 20, "tokens_per_second": 40}})
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
-        call = mesh.clients.orchestrator.ExecuteChat(
-            orc.ExecuteChatRequest(agent="general", message="live", events_from_stream=True)
+        call = mesh.clients.orchestrator.RunTurn(
+            orc.RunTurnRequest(agent="general", input="live", chat=orc.ChatCaller())
         )
         first = await call.read()
-        assert first.session_id and not first.events, first
-        follow = mesh.clients.stream.SubscribeStream(
-            ss.SubscribeStreamRequest(key=session_key(first.session_id), from_offset="")
-        )
+        begun = first.begun
+        assert begun.trace_id and begun.stream_key == trace_key(begun.trace_id), first
+        assert begun.start.start.trace_id == begun.trace_id and begun.start.offset, begun
+        follow = mesh.clients.follows.follow(begun.stream_key, "")
         rest: list[str] = []
         offsets: list[str] = []
         text_before_end = False
-        stored = tp.Message()
         async with asyncio.timeout(20):
-            async for resp in follow:
-                kind = resp.event.WhichOneof("payload")
+            async for event in follow:
+                kind = event.WhichOneof("payload")
                 rest.append(kind)
-                offsets.append(resp.event.offset)
+                offsets.append(event.offset)
                 if kind == "start":
-                    assert resp.event.start.session_id == first.session_id
-                    start = resp.event
+                    assert event.offset == begun.start.offset and event.start == begun.start.start
                 if kind == "text_delta" and not text_before_end:
                     text_before_end = True
                     assert not call.done(), "text arrives while the turn still runs"
                 if kind in ("done", "error"):
-                    # `finish` and `done` come in one close, after the write-back: a reader that
-                    # sees the end finds the reply stored.
-                    message_id = start.start.assistant_message_id
-                    got = await mesh.clients.trace.GetMessage(ts.GetMessageRequest(message_id=message_id))
-                    stored = got.message
                     break
-            assert [r async for r in call] == [], "nothing after the session: every event is in the buffer"
+            last = await call.read()
+            assert await call.read() is grpc.aio.EOF
+    ended = last.ended
     assert rest[0] == "start", rest
     assert text_before_end and rest[-2:] == ["finish", "done"], rest
     assert set(rest[1:-2]) == {"text_delta"}, rest
     assert offsets[-2] and offsets[-1] and offsets[-2] != offsets[-1]
+    assert ended.end.offset == offsets[-1] and ended.end.HasField("done"), ended
+    stored = ended.message
+    assert stored.id == begun.start.start.assistant_message_id
     assert stored.status == tp.MESSAGE_STATUS_COMPLETED and stored.content == "paced " * 20
+    assert ended.result.content == "paced " * 20 and ended.trace_ref == begun.trace_id
 
 
 async def _paced_turn(mesh: Mesh, body: dict[str, Any]) -> list[tuple[float, dict[str, Any]]]:
@@ -321,10 +322,10 @@ async def test_a_paced_turn_of_an_existing_session_streams_before_it_ends(mesh: 
     `start` names the session and the placeholder the reply is stored in, and the text streams at the
     model's pace before the turn ends."""
     mesh.mock.set_rules(ECHO)
-    session = (await chat(mesh, "general", "first"))[0]["sessionId"]
+    session = (await chat(mesh, "general", "first"))[0]["traceId"]
     got = await _paced_turn(mesh, {"agent": "general", "message": "again", "sessionId": session})
     start = got[0][1]
-    assert start["sessionId"] == session, start
+    assert start["traceId"] == session, start
     async with mesh.http() as http:
         messages = (await http.get(f"/api/sessions/{session}/messages")).json()["messages"]
     last_two = [(m["role"], m["status"]) for m in messages[-2:]]
@@ -347,11 +348,11 @@ async def test_a_buffer_ended_between_the_write_back_and_the_close(
     finish = TurnEngine._finish
     ended: list[str] = []
 
-    async def ended_first(self: TurnEngine, key: str, event: ev.Event, on_event: Any, since: str) -> None:
+    async def ended_first(self: TurnEngine, turn: Any, begun: Any, result: Any) -> ev.Event:
         cut = ev.StreamError(code=ev.ERROR_CODE_CANCELLED, message="ended elsewhere")
-        ended.append(key)  # (the turn's watcher may cancel it as soon as the close is out)
-        await self.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=cut))
-        await finish(self, key, event, on_event, since)
+        ended.append(turn.stream_key)  # (the turn's watcher may cancel it as soon as the close is out)
+        await self.clients.stream.CloseStream(ss.CloseStreamRequest(key=turn.stream_key, error=cut))
+        return await finish(self, turn, begun, result)
 
     monkeypatch.setattr(TurnEngine, "_finish", ended_first)
     got = await chat(mesh, "general", "cut short", timeout=20)
@@ -384,13 +385,14 @@ async def test_a_turn_whose_buffer_was_replaced_leaves_the_new_one_alone(
     finish = TurnEngine._finish
     replaced: list[str] = []
 
-    async def replaced_first(self: TurnEngine, key: str, event: ev.Event, on_event: Any, since: str) -> None:
+    async def replaced_first(self: TurnEngine, turn: Any, begun: Any, result: Any) -> ev.Event:
+        key = turn.stream_key
         replaced.append(key)
         with identity.acting_as(mesh.user):  # the next turn of the session, as its user
             lost = ev.StreamError(code=ev.ERROR_CODE_INTERRUPTED, message="lost")  # (what its readers get)
             await self.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=lost))
             await self.clients.stream.CreateStream(ss.CreateStreamRequest(key=key))
-        await finish(self, key, event, on_event, since)
+        return await finish(self, turn, begun, result)
 
     monkeypatch.setattr(TurnEngine, "_finish", replaced_first)
     hold_the_watcher(monkeypatch)  # the old buffer's close is not what ends the turn: its refused writes are
@@ -411,43 +413,42 @@ async def test_a_turn_whose_buffer_was_replaced_leaves_the_new_one_alone(
 def hold_the_watcher(monkeypatch: pytest.MonkeyPatch) -> None:
     """The turn's watcher of its buffer never sees a close (it waits until the turn ends): only the
     turn's own refused writes can tell it that its buffer was ended elsewhere."""
-    from agentmesh.services.orchestrator.chat import ChatOrchestrator
+    from agentmesh.services.orchestrator.turns import TurnEngine
 
-    async def held(self: ChatOrchestrator, spec: Any, turn: Any) -> None:
+    async def held(self: TurnEngine, key: str, call: Any, ended: Any) -> None:
         await asyncio.Event().wait()  # (cancelled with the turn's end)
 
-    monkeypatch.setattr(ChatOrchestrator, "_watch", held)
+    monkeypatch.setattr(TurnEngine, "_watch", held)
 
 
-async def test_a_turn_cancelled_before_its_start_ends_cancelled(
+async def test_a_turn_cancelled_before_its_run_ends_cancelled(
     mesh: Mesh, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Another replica cancels the turn while it is being stored, just before its `start` goes into the
-    buffer: the close fails the append of `start` (the trace service's, right after BeginTurn stored
-    the messages, then the orchestrator's), and the turn ends as the close said, whether or not its
-    watcher saw the close first (here it does not: it is held). The client is told `cancelled` (499),
-    the placeholder is marked cancelled, not failed."""
+    """Another replica cancels the turn right after it began, before its run wrote anything: the run's
+    first write is refused, and the turn ends as the close said, whether or not its watcher saw the
+    close first (here it does not: it is held). The reader gets `start` and the one terminal
+    `cancelled`; the placeholder is marked cancelled, not failed."""
     from agentmesh.events.v1 import events_pb2 as ev
-    from agentmesh.services.trace.starts import TurnStarts
+    from agentmesh.services.orchestrator.turns import TurnEngine
 
     mesh.mock.set_rules(ECHO)
-    append = TurnStarts.append
+    begin = TurnEngine.begin
     cut: list[str] = []
 
-    async def cancelled_first(self: TurnStarts, key: str, start: ev.TurnStart, within_s: Any = None) -> Any:
+    async def cancelled_first(self: TurnEngine, turn: Any) -> Any:
+        begun = await begin(self, turn)
         if not cut:
-            cut.append(key)
+            cut.append(turn.stream_key)
             error = ev.StreamError(code=ev.ERROR_CODE_CANCELLED, message="cancelled elsewhere")
-            await self.stream().CloseStream(ss.CloseStreamRequest(key=key, error=error))
-        return await append(self, key, start, within_s)
+            await self.clients.stream.CloseStream(ss.CloseStreamRequest(key=turn.stream_key, error=error))
+        return begun
 
-    monkeypatch.setattr(TurnStarts, "append", cancelled_first)
+    monkeypatch.setattr(TurnEngine, "begin", cancelled_first)
     hold_the_watcher(monkeypatch)
-    async with mesh.http() as http:
-        resp = await http.post("/api/chat", json={"agent": "general", "message": "cut before start"})
+    got = await chat(mesh, "general", "cut before the run", timeout=20)
     monkeypatch.undo()
-    assert resp.status_code == 499, resp.text
-    assert resp.json()["error"]["reason"] == "CANCELLED", resp.json()
+    assert [e["type"] for e in got] == ["start", "error"], got
+    assert got[-1]["code"] == "cancelled", got[-1]
     assert len(cut) == 1, cut
     trace_id = parse_stream_key(cut[0]).id
     assert mesh.clients is not None
@@ -482,7 +483,7 @@ async def test_a_turn_closed_elsewhere_mid_reply_at_a_model_pace_ends_cancelled(
                 got.append(event)
                 if event["type"] == "text-delta" and sum(e["type"] == "text-delta" for e in got) == 1:
                     cut = ev.StreamError(code=ev.ERROR_CODE_CANCELLED, message="cancelled elsewhere")
-                    key = session_key(got[0]["sessionId"])
+                    key = trace_key(got[0]["traceId"])
                     with identity.acting_as(mesh.user):
                         await mesh.clients.stream.CloseStream(ss.CloseStreamRequest(key=key, error=cut))
     monkeypatch.undo()

@@ -77,7 +77,7 @@ async def test_deleting_a_running_session_ends_every_stream_and_leaves_nothing_r
                     subagent_id = event["subagent"]["id"]
                 if task_id and subagent_id:
                     break
-        session = got[0]["sessionId"]
+        session = got[0]["traceId"]
         paths = [
             f"/api/sessions/{session}/stream",
             f"/api/agents/a2a/stream?taskId={task_id}",
@@ -117,7 +117,7 @@ async def test_cancel_keeps_what_was_streamed(mesh: Mesh) -> None:
                 got.append(event)
                 if sum(e["type"] == "text-delta" for e in got) == 5:
                     break
-            assert (await http.post(f"/api/sessions/{got[0]['sessionId']}/cancel")).json() == {
+            assert (await http.post(f"/api/sessions/{got[0]['traceId']}/cancel")).json() == {
                 "cancelled": True
             }
             async for event in stream:
@@ -126,7 +126,7 @@ async def test_cancel_keeps_what_was_streamed(mesh: Mesh) -> None:
     seen = "".join(e["textDelta"] for e in got if e["type"] == "text-delta")
     assert seen.startswith("I am thinking")
     async with mesh.http() as http:
-        messages = (await http.get(f"/api/sessions/{got[0]['sessionId']}/messages")).json()["messages"]
+        messages = (await http.get(f"/api/sessions/{got[0]['traceId']}/messages")).json()["messages"]
     assistant = messages[-1]
     assert assistant["status"] == "cancelled" and assistant["metadata"]["error"]["code"] == "cancelled"
     assert assistant["content"].startswith(seen), "what the user saw stays"
@@ -151,7 +151,7 @@ async def test_cancel_keeps_the_callees_text_and_the_callers_tool_call(mesh: Mes
             await wait_until(
                 lambda: sum(e["type"] == "text-delta" for e in callee.events) >= 5, 10, "callee text"
             )
-            assert (await http.post(f"/api/sessions/{got[0]['sessionId']}/cancel")).json() == {
+            assert (await http.post(f"/api/sessions/{got[0]['traceId']}/cancel")).json() == {
                 "cancelled": True
             }
             async for event in stream:
@@ -161,7 +161,7 @@ async def test_cancel_keeps_the_callees_text_and_the_callers_tool_call(mesh: Mes
     caller_text = "".join(e["textDelta"] for e in got if e["type"] == "text-delta")
     callee_text = "".join(e["textDelta"] for e in callee.events if e["type"] == "text-delta")
     async with mesh.http() as http:
-        caller = (await http.get(f"/api/sessions/{got[0]['sessionId']}/messages")).json()["messages"][-1]
+        caller = (await http.get(f"/api/sessions/{got[0]['traceId']}/messages")).json()["messages"][-1]
         trace = next(e for e in got if e["type"] == "a2a-task-started")["traceId"]
         callee_msg = (await http.get(f"/api/sessions/{trace}/messages")).json()["messages"][-1]
     assert caller["status"] == "cancelled" and caller["content"] == caller_text == "Asking the coder first. "

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agentmesh.libs import identity
-from agentmesh.libs.ids import session_key
+from agentmesh.libs.ids import trace_key
 from agentmesh.services.orchestrator.reaper import Reaper
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -45,7 +45,7 @@ async def test_reaping_a_dead_turn_leaves_the_sessions_new_turn_streaming(mesh: 
         )
         orphan = (await t.AppendMessage(ts.AppendMessageRequest(message=dead))).message
         # The new turn's buffer, under the same key, with a live lease.
-        await s.CreateStream(ss.CreateStreamRequest(key=session_key(trace.id)))
+        await s.CreateStream(ss.CreateStreamRequest(key=trace_key(trace.id)))
 
     async def reaped() -> bool:
         with identity.acting_as(mesh.user):
@@ -56,5 +56,5 @@ async def test_reaping_a_dead_turn_leaves_the_sessions_new_turn_streaming(mesh: 
     # A reaper round that settled the row has run; one more full round to be sure it closed nothing.
     await Reaper(mesh.clients, LEASE_S).reap()
     with identity.acting_as(mesh.user):
-        info = await s.GetStreamInfo(ss.GetStreamInfoRequest(key=session_key(trace.id)))
+        info = await s.GetStreamInfo(ss.GetStreamInfoRequest(key=trace_key(trace.id)))
     assert info.exists and not info.closed, "the newer turn's live buffer was ended by the reaper"

@@ -84,7 +84,7 @@ class Follows:
 
 
 async def test_a_follow_replays_then_follows_live_to_its_end(stream: StreamHarness, unique: str) -> None:
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     await append(stream, key, reasoning("a", "b"))
     follows = Follows(stream)
@@ -107,7 +107,7 @@ async def test_follows_read_as_the_user_of_their_token_and_fail_alone(
 ) -> None:
     """Another user's buffer reads as missing, a forged token is refused, a bad key is named: each
     follow ends with its reason and the call goes on; no token reads as the call's caller."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key, owner="alice")
     await append(stream, key, reasoning("x"))
     forged = signer.mint("alice")[:-4] + "AAAA"
@@ -117,7 +117,7 @@ async def test_follows_read_as_the_user_of_their_token_and_fail_alone(
             follow(1, key, identity=signer.mint("bob")),
             follow(2, key, identity=forged),
             follow(3, "nonsense", identity=signer.mint("alice")),
-            follow(4, f"session:{unique}-none", identity=signer.mint("alice")),
+            follow(4, f"trace:{unique}-none", identity=signer.mint("alice")),
             follow(5, key, identity=signer.mint("alice"), idle_timeout_ms=200),
             follow(6, key, idle_timeout_ms=200),  # the call's caller: the mesh
         ]
@@ -132,7 +132,7 @@ async def test_follows_read_as_the_user_of_their_token_and_fail_alone(
 
 
 async def test_a_follow_of_a_user_call_is_that_users(stream: StreamHarness, unique: str) -> None:
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key, owner="alice")
     follows = Follows(stream, caller="bob")
     follows.send(follows=[follow(1, key)])
@@ -147,7 +147,7 @@ async def test_what_is_ready_for_several_follows_goes_in_one_response(
     h = await stream_factory()
     if not isinstance(h.backend, MemoryBackend):
         pytest.skip("appends in one pass of the loop: the memory backend")
-    keys = [f"session:{unique}-{i}" for i in range(5)]
+    keys = [f"trace:{unique}-{i}" for i in range(5)]
     for key in keys:
         await create(h, key)
     follows = Follows(h)
@@ -166,7 +166,7 @@ async def test_what_is_ready_for_several_follows_goes_in_one_response(
 async def test_a_follow_is_sent_no_more_than_its_window_beyond_its_grants(
     stream: StreamHarness, unique: str
 ) -> None:
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     await append(stream, key, reasoning(*"abcde"))
     follows = Follows(stream)
@@ -185,7 +185,7 @@ async def test_a_follow_is_sent_no_more_than_its_window_beyond_its_grants(
 async def test_a_released_follow_stops_and_a_half_closed_call_ends_with_its_follows(
     stream: StreamHarness, unique: str
 ) -> None:
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     follows = Follows(stream)
     follows.send(follows=[follow(1, key), follow(2, key), follow(1, key)])  # the second 1: refused
@@ -206,7 +206,7 @@ async def test_a_released_follow_stops_and_a_half_closed_call_ends_with_its_foll
 
 async def test_a_stop_ends_every_follow_shutdown(stream_factory: StreamFactory, unique: str) -> None:
     h = await stream_factory()
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(h, key)
     follows = Follows(h)
     follows.send(follows=[follow(1, key), follow(2, key, terminal_only=True)])
@@ -241,7 +241,7 @@ def counted(clients: Clients) -> list[int]:
 async def test_the_follower_reads_many_buffers_on_one_call_as_their_users(
     stream: StreamHarness, signer: Signer, unique: str
 ) -> None:
-    mine, bobs = f"session:{unique}-alice", f"session:{unique}-bob"
+    mine, bobs = f"trace:{unique}-alice", f"trace:{unique}-bob"
     await create(stream, mine, owner="alice")
     await create(stream, bobs, owner="bob")
     clients = clients_for(stream, signer)
@@ -275,7 +275,7 @@ async def test_a_cancelled_follow_lets_go_and_a_failed_call_fails_its_follows(
     stream_factory: StreamFactory, signer: Signer, unique: str
 ) -> None:
     h = await stream_factory()
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(h, key)
     clients = clients_for(h, signer)
     try:
@@ -297,7 +297,7 @@ async def test_a_retired_follow_call_ends_with_its_last_follow(
     stream: StreamHarness, signer: Signer, unique: str
 ) -> None:
     """Past its life a call takes no new follow (a new call does) and ends once its follows ended."""
-    old, new = f"session:{unique}-old", f"session:{unique}-new"
+    old, new = f"trace:{unique}-old", f"trace:{unique}-new"
     await create(stream, old)
     await create(stream, new)
     clients = clients_for(stream, signer)
@@ -324,7 +324,7 @@ async def test_a_follow_of_a_forged_identity_is_refused(
 ) -> None:
     """A follow made while no user acts reads as the mesh; the tokens the Follower mints are the
     service's to verify (one from another mesh's secret is refused)."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key, owner="alice")
     clients = clients_for(stream, signer)
     clients.follows._signer = Signer(b"another mesh's secret, not ours!")
@@ -345,7 +345,7 @@ async def test_a_follow_whose_backend_loses_redis_ends_with_an_error(
     follow ends, with a reason, in a response after the one that carried its last event; the call stays
     usable; nothing waits for ever."""
     h = await stream_factory(via=redis_relay.url)
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(h, key)
     follows = Follows(h)
     follows.send(follows=[follow(1, key)])

@@ -113,7 +113,7 @@ async def _code(call: Awaitable[Any]) -> grpc.StatusCode:
 async def test_call_without_identity_is_unauthenticated(
     stream: StreamHarness, raw_stub: stream_service_pb2_grpc.StreamServiceStub, unique: str, rpc: str
 ) -> None:
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     before = await info(stream, key)
     assert await _code(RPCS[rpc](raw_stub, key, None)) == grpc.StatusCode.UNAUTHENTICATED
@@ -130,7 +130,7 @@ async def test_forged_identity_is_unauthenticated(
     rpc: str,
     forgery: str,
 ) -> None:
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     before = await info(stream, key)
     metadata = ((identity.HEADER, _forged(forgery)),)
@@ -147,7 +147,7 @@ async def test_the_signed_identity_is_the_owner(
     stream: StreamHarness, raw_stub: stream_service_pb2_grpc.StreamServiceStub, unique: str
 ) -> None:
     """A token minted with the mesh secret, sent by hand, works like the channel's own signing."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     token = Signer(TEST_SECRET.encode()).mint("carol")
     await raw_stub.CreateStream(pb.CreateStreamRequest(key=key), metadata=((identity.HEADER, token),))
     assert (await info(stream, key, reader="carol")).exists
@@ -155,7 +155,7 @@ async def test_the_signed_identity_is_the_owner(
 
 
 async def test_create_by_the_mesh_principal_is_unauthenticated(stream: StreamHarness, unique: str) -> None:
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stream.stub.CreateStream(pb.CreateStreamRequest(key=key))  # outside acting_as: the mesh
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -170,13 +170,13 @@ async def test_create_by_the_mesh_principal_is_unauthenticated(stream: StreamHar
 async def test_a_user_cannot_read_another_users_buffer(
     stream: StreamHarness, unique: str, closed: bool
 ) -> None:
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key, owner="alice")
     offsets = await append(stream, key, deltas("secret"))
     if closed:
         offsets.append((await close(stream, key)).offset)
 
-    missing = await info(stream, f"session:{unique}-none", reader="bob")
+    missing = await info(stream, f"trace:{unique}-none", reader="bob")
     foreign = await info(stream, key, reader="bob")
     assert (
         foreign == missing == pb.GetStreamInfoResponse()

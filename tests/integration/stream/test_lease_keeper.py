@@ -33,7 +33,7 @@ async def test_buffers_are_renewed_while_the_trace_service_fails(
     settings.addresses.trace = _closed_port()
     clients = Clients(settings, signer)
     keeper = LeaseKeeper(clients, lease_s=1.0)
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(h, key)
     try:
         with keeper.hold(message=41, stream=key):

@@ -39,7 +39,7 @@ HOSTILE = {
 async def test_hostile_offset_is_invalid_argument(
     stream: StreamHarness, unique: str, offset: str, closed: bool
 ) -> None:
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     await append(stream, key, deltas("a"))
     if closed:
@@ -78,7 +78,7 @@ async def test_edge_offset_is_never_internal(
     """Either the subscription runs (replaying what follows the offset) or the offset is INVALID_ARGUMENT;
     on Redis, an offset from before the buffer was made (not zero, which reads from the start) is an
     earlier buffer's: NOT_FOUND."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     await append(stream, key, deltas("a"))
     if closed:
@@ -115,7 +115,7 @@ async def test_an_offset_of_an_earlier_buffer_of_the_key_is_not_found(
     next turn; or, on memory, lost with a restarted process) is refused NOT_FOUND, instead of reading
     the new buffer's events as the continuation of the old one's (offsets grow across buffers: Redis
     keeps a replaced stream's last id, memory counts on across restarts)."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     (old,) = await append(stream, key, deltas("old"))
     await close(stream, key)

@@ -157,7 +157,7 @@ async def test_a_writer_whose_stream_service_is_killed_fails_at_once(
     settings = service_settings()
     settings.addresses.stream = f"127.0.0.1:{port}"
     clients = Clients(settings, signer)
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     try:
         with identity.acting_as("alice"):
             await clients.stream.CreateStream(pb.CreateStreamRequest(key=key))

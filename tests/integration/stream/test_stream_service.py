@@ -44,7 +44,7 @@ async def _rest(call: grpc.aio.UnaryStreamCall) -> list[ev.Event]:  # type: igno
 
 
 async def test_lifecycle_offsets_and_errors(stream: StreamHarness, unique: str) -> None:
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     with pytest.raises(grpc.aio.AioRpcError) as missing:
         await append(stream, key, deltas("x"))
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
@@ -94,7 +94,7 @@ async def test_lifecycle_offsets_and_errors(stream: StreamHarness, unique: str) 
 
 @pytest.mark.parametrize(
     "key",
-    ["foo:1", "session", "session:", "subagent:" + "x" * 65, "subagent:" + "x" * 201, "session:a:b", ""],
+    ["foo:1", "session", "trace:", "subagent:" + "x" * 65, "subagent:" + "x" * 201, "trace:a:b", ""],
 )
 async def test_invalid_key(stream: StreamHarness, key: str) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -104,17 +104,17 @@ async def test_invalid_key(stream: StreamHarness, key: str) -> None:
 
 
 async def test_close_requires_outcome(stream: StreamHarness, unique: str) -> None:
-    await create(stream, f"session:{unique}")
+    await create(stream, f"trace:{unique}")
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await stream.stub.CloseStream(pb.CloseStreamRequest(key=f"session:{unique}"))
+        await stream.stub.CloseStream(pb.CloseStreamRequest(key=f"trace:{unique}"))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert not (await info(stream, f"session:{unique}")).closed
+    assert not (await info(stream, f"trace:{unique}")).closed
 
 
 async def test_close_appends_its_events_before_the_terminal(stream: StreamHarness, unique: str) -> None:
     """A turn's `finish` and `done` in one CloseStream: the events first, in order, then the end; a
     buffer already closed takes none of them; a terminal event among them is refused."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     first = await append(stream, key, deltas("a"))
     finish = ev.Event(finish=ev.TurnFinish(finish_reason=ev.FINISH_REASON_STOP, model="m"))
@@ -178,7 +178,7 @@ async def test_replay_then_live(stream: StreamHarness, unique: str) -> None:
 
 
 async def test_terminal_only(stream: StreamHarness, unique: str) -> None:
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     await append(stream, key, deltas("a", "b"))
     closed = await close(stream, key)
@@ -200,28 +200,28 @@ async def test_client_streaming_append(stream: StreamHarness, unique: str) -> No
 
 
 async def test_unknown_key_and_foreign_reader_not_found(stream: StreamHarness, unique: str) -> None:
-    await create(stream, f"session:{unique}", owner="alice")
-    for key, reader in ((f"session:{unique}-x", ""), (f"session:{unique}", "mallory")):
+    await create(stream, f"trace:{unique}", owner="alice")
+    for key, reader in ((f"trace:{unique}-x", ""), (f"trace:{unique}", "mallory")):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await collect(stream, key, reader=reader)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
-    await append(stream, f"session:{unique}", deltas("ok"))
-    await close(stream, f"session:{unique}")
-    assert len(await collect(stream, f"session:{unique}", reader="alice")) == 2
-    assert len(await collect(stream, f"session:{unique}")) == 2  # the mesh reads any buffer
+    await append(stream, f"trace:{unique}", deltas("ok"))
+    await close(stream, f"trace:{unique}")
+    assert len(await collect(stream, f"trace:{unique}", reader="alice")) == 2
+    assert len(await collect(stream, f"trace:{unique}")) == 2  # the mesh reads any buffer
 
 
 async def test_invalid_subscribe_arguments(stream: StreamHarness, unique: str) -> None:
-    await create(stream, f"session:{unique}")
+    await create(stream, f"trace:{unique}")
     for kw in ({"from_offset": "abc"}, {"idle_timeout_ms": -1}):
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            await collect(stream, f"session:{unique}", **kw)
+            await collect(stream, f"trace:{unique}", **kw)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 async def test_size_cap(stream_factory: StreamFactory, unique: str) -> None:
     h = await stream_factory(max_events=5)
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(h, key)
     await append(h, key, deltas("a", "b", "c"))
     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -239,7 +239,7 @@ async def test_size_cap(stream_factory: StreamFactory, unique: str) -> None:
 async def test_expiry_after_ttl(stream_factory: StreamFactory, backend_kind: str, unique: str) -> None:
     ttl_s = 0.3 if backend_kind == "memory" else 1.0  # memory: on its ManualClock; Redis: a short real TTL
     h = await stream_factory(ttl_s=ttl_s)
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(h, key)
     await append(h, key, deltas("a"))
     await close(h, key)
@@ -270,7 +270,7 @@ async def test_expiry_after_ttl(stream_factory: StreamFactory, backend_kind: str
 async def test_an_open_buffer_outlives_the_closed_ttl(stream_factory: StreamFactory, unique: str) -> None:
     ttl_s = 0.05  # only closed buffers expire that fast; an open one holds its lease (30 s)
     h = await stream_factory(ttl_s=ttl_s)
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(h, key)
     await append(h, key, deltas("a"))
     if isinstance(h.backend, MemoryBackend):
@@ -304,7 +304,7 @@ async def test_an_abandoned_open_buffer_is_ended_for_its_readers(
     as its last event, and the owner may start the key again; nobody else may take it."""
     lease_s = 0.3 if backend_kind == "memory" else 0.5  # memory: on its ManualClock; Redis: real time
     h = await stream_factory(lease_s=lease_s)
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(h, key)
     old = await append(h, key, deltas("a", "b"))  # ...and its writer dies without closing
     with identity.acting_as("alice"):
@@ -335,7 +335,7 @@ async def test_appends_and_renewals_keep_an_open_buffer_alive(
 ) -> None:
     lease_s = 60.0
     h = await stream_factory(lease_s=lease_s)
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(h, key)
     written = 0
     if isinstance(h.backend, MemoryBackend):
@@ -374,7 +374,7 @@ async def test_appends_and_renewals_keep_an_open_buffer_alive(
 
 
 async def test_idle_timeout_ends_with_error(stream: StreamHarness, unique: str) -> None:
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     await append(stream, key, deltas("a"))
     started = time.monotonic()
@@ -386,7 +386,7 @@ async def test_idle_timeout_ends_with_error(stream: StreamHarness, unique: str) 
 
 
 async def test_slow_consumer_bounded_memory(stream: StreamHarness, unique: str) -> None:
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     resume = asyncio.Event()
     first = asyncio.Event()
@@ -423,7 +423,7 @@ async def test_slow_consumer_bounded_memory(stream: StreamHarness, unique: str) 
 
 
 async def test_cancelled_subscription_releases(stream: StreamHarness, unique: str) -> None:
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     call = stream.stub.SubscribeStream(pb.SubscribeStreamRequest(key=key))
     await append(stream, key, deltas("a"))
@@ -435,7 +435,7 @@ async def test_cancelled_subscription_releases(stream: StreamHarness, unique: st
 
 async def test_stop_ends_subscriptions_promptly(stream_factory: StreamFactory, unique: str) -> None:
     h = await stream_factory()
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(h, key)
     call = h.stub.SubscribeStream(pb.SubscribeStreamRequest(key=key))
     await append(h, key, deltas("a"))
@@ -455,16 +455,16 @@ async def test_a_buffer_born_with_its_first_events_and_several_created_at_once(
     """CreateStream's events are appended at creation (their offsets answered); a terminal one is
     refused with nothing created. BatchCreateStreams creates in order; the first that fails fails the
     call with its status, and those created before it stay."""
-    born = f"session:{unique}-born"
+    born = f"trace:{unique}-born"
     start = ev.Event(start=ev.TurnStart(session_id=unique, assistant_message_id=7))
     with identity.acting_as("alice"):
         resp = await stream.stub.CreateStream(pb.CreateStreamRequest(key=born, events=[start]))
         assert len(resp.offsets) == 1
-        ending = pb.CreateStreamRequest(key=f"session:{unique}-ending", events=[events.done()])
+        ending = pb.CreateStreamRequest(key=f"trace:{unique}-ending", events=[events.done()])
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stream.stub.CreateStream(ending)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert not (await info(stream, f"session:{unique}-ending")).exists
+    assert not (await info(stream, f"trace:{unique}-ending")).exists
     got = await collect(stream, born, reader="alice", idle_timeout_ms=200)
     assert got[0].start.assistant_message_id == 7 and got[0].offset == resp.offsets[0]
 
@@ -499,12 +499,12 @@ async def test_calls_of_a_service_that_lost_redis_fail_unavailable(
     with a message that names Redis, so a caller knows to try again later; never INTERNAL, never a
     hang."""
     h = await stream_factory(via=redis_relay.url)
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(h, key)
     await append(h, key, deltas("before"))
     redis_relay.cut()
     calls: dict[str, Callable[[], Awaitable[Any]]] = {
-        "create": lambda: create(h, f"session:{unique}-new"),
+        "create": lambda: create(h, f"trace:{unique}-new"),
         "append": lambda: append(h, key, deltas("after")),
         "close": lambda: close(h, key),
         "info": lambda: info(h, key),

@@ -82,7 +82,7 @@ def started(h: StreamHarness, method: str, kind: str) -> float:
 async def test_batches_are_answered_with_their_offsets_in_order(
     stream: StreamHarness, unique: str, user: str
 ) -> None:
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key, owner="alice")
     writer = Writer(stream, user)
     answered = [
@@ -104,7 +104,7 @@ async def test_batches_are_answered_with_their_offsets_in_order(
 async def test_deferred_batches_are_answered_with_the_next_answer(stream: StreamHarness, unique: str) -> None:
     """Batches sent with defer_answer get no answer of their own: the next batch that asks is answered
     with their offsets first, then its own, in order; an empty batch may ask."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     writer = Writer(stream)
     writer.defer(key, "a")
@@ -125,7 +125,7 @@ async def test_a_deferred_batch_that_fails_ends_the_call_with_its_status(
     stream: StreamHarness, unique: str
 ) -> None:
     """A writer that asked for no answer still learns of the failure: the call ends with it."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     writer = Writer(stream)
     writer.defer(key, "kept")
@@ -149,7 +149,7 @@ async def test_a_stop_answers_the_deferred_batches_it_took_before_shutdown(
     """A stopping service answers every deferred batch it took, then says SHUTDOWN: the writer knows
     what was stored, and that nothing after it was."""
     h = await stream_factory()
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(h, key)
     writer = Writer(h)
     writer.defer(key, "a")
@@ -168,7 +168,7 @@ async def test_a_stop_answers_the_deferred_batches_it_took_before_shutdown(
 async def test_a_buffer_closed_mid_stream_ends_the_call_failed_precondition(
     stream: StreamHarness, unique: str
 ) -> None:
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     writer = Writer(stream)
     first = await writer.send(key, "kept")
@@ -193,7 +193,7 @@ async def test_a_buffer_closed_mid_stream_ends_the_call_failed_precondition(
 async def test_a_bad_key_ends_the_call_with_a_clear_status(
     stream: StreamHarness, unique: str, case: str, code: grpc.StatusCode, details: str
 ) -> None:
-    mine, other = f"session:{unique}", f"a2a:{unique}"
+    mine, other = f"trace:{unique}", f"a2a:{unique}"
     await create(stream, mine, owner="alice")
     await create(stream, other, owner="alice")
     writer = Writer(stream, "bob" if case == "foreign" else "alice")
@@ -212,7 +212,7 @@ async def test_a_stop_between_batches_answers_shutdown_promptly(
     stream_factory: StreamFactory, unique: str
 ) -> None:
     h = await stream_factory()
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(h, key)
     writer = Writer(h)
     await writer.send(key, "before")
@@ -245,7 +245,7 @@ async def test_a_batch_awaiting_start_goes_right_after_the_turns_start(
     """WriteStreamRequest.await_start (a run started before its turn was stored): the batch waits for
     the turn's `start`, is appended right after it, and its answer carries that `start`; an empty
     batch only waits."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     writer = Writer(stream)
     answer = await _held(stream, writer, key, "early", "bird")
@@ -278,7 +278,7 @@ async def test_a_batch_awaiting_start_waits_for_its_buffer_to_be_created(
             yield pause
 
     monkeypatch.setattr(stream_backend, "_create_waits", counted)
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     writer = Writer(stream)
     writer.requests.put_nowait(
         pb.WriteStreamRequest(key=key, events=[events.reasoning_delta("before")], await_start=True)
@@ -299,7 +299,7 @@ async def test_a_batch_awaiting_start_of_a_buffer_never_created_is_not_found(
 ) -> None:
     """No buffer comes within CREATE_WAIT_S: NOT_FOUND, nothing stored."""
     monkeypatch.setattr(stream_backend, "CREATE_WAIT_S", 0.2)
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     writer = Writer(stream)
     writer.requests.put_nowait(
         pb.WriteStreamRequest(key=key, events=[events.reasoning_delta("x")], await_start=True)
@@ -320,7 +320,7 @@ async def test_a_batch_awaiting_start_is_refused_when_the_buffer_shows_anything_
 ) -> None:
     """The turn failed to begin (its buffer closed) or someone else wrote first: the held batch is
     never appended and the call ends with a clear status."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     writer = Writer(stream)
     answer = await _held(stream, writer, key, "never")

@@ -134,7 +134,7 @@ async def test_writers_of_many_buffers_share_a_request_and_are_answered_apart(
 ) -> None:
     """One request carries batches of two writers, each acting as the user of its token: each is
     answered with its own offsets, in order, and each buffer holds its own events."""
-    a, b = f"session:{unique}-a", f"session:{unique}-b"
+    a, b = f"trace:{unique}-a", f"trace:{unique}-b"
     await create(stream, a, owner="alice")
     await create(stream, b, owner="bob")
     writes = Writes(stream)
@@ -163,7 +163,7 @@ async def test_a_writer_acts_as_the_user_of_its_token(
 ) -> None:
     """Another user's token reads the buffer as missing, a forged one is refused, no token is the
     call's caller (here the mesh itself, which writes any buffer): each writer alone, the call goes on."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key, owner="alice")
     forged = signer.mint("alice")[:-4] + "AAAA"
     writes = Writes(stream)
@@ -186,7 +186,7 @@ async def test_a_writer_acting_as_a_user_on_a_users_call_is_that_users(
     stream: StreamHarness, unique: str
 ) -> None:
     """A call opened as bob carries bob's writers (no token): alice's buffer reads as missing to them."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key, owner="alice")
     writes = Writes(stream, caller="bob")
     writes.send(batch(1, "x", key=key))
@@ -198,7 +198,7 @@ async def test_a_writer_acting_as_a_user_on_a_users_call_is_that_users(
 async def test_a_failed_writer_fails_alone_and_its_later_batches_are_dropped(
     stream: StreamHarness, unique: str
 ) -> None:
-    closed, open_ = f"session:{unique}-closed", f"session:{unique}-open"
+    closed, open_ = f"trace:{unique}-closed", f"trace:{unique}-open"
     await create(stream, closed)
     await create(stream, open_)
     writes = Writes(stream)
@@ -230,7 +230,7 @@ async def test_a_failed_writer_fails_alone_and_its_later_batches_are_dropped(
 async def test_a_bad_batch_fails_its_writer_with_a_clear_error(
     stream: StreamHarness, unique: str, case: str, reason: str, message: str
 ) -> None:
-    mine, other = f"session:{unique}", f"a2a:{unique}"
+    mine, other = f"trace:{unique}", f"a2a:{unique}"
     await create(stream, mine)
     await create(stream, other)
     writes = Writes(stream)
@@ -251,7 +251,7 @@ async def test_a_bad_batch_fails_its_writer_with_a_clear_error(
 async def test_a_writer_held_for_its_start_holds_up_no_other_writer(
     stream: StreamHarness, unique: str
 ) -> None:
-    early, busy = f"session:{unique}-early", f"session:{unique}-busy"
+    early, busy = f"trace:{unique}-early", f"trace:{unique}-busy"
     await create(stream, early)
     await create(stream, busy)
     writes = Writes(stream)
@@ -273,7 +273,7 @@ async def test_a_stop_answers_what_it_took_then_shutdown(stream_factory: StreamF
     """Every writer's deferred batches are answered before SHUTDOWN; a batch held for its start was
     not taken (SHUTDOWN says so: its writer sends it again elsewhere)."""
     h = await stream_factory()
-    a, b, held = f"session:{unique}-a", f"session:{unique}-b", f"session:{unique}-held"
+    a, b, held = f"trace:{unique}-a", f"trace:{unique}-b", f"trace:{unique}-held"
     for key in (a, b, held):
         await create(h, key)
     writes = Writes(h)
@@ -301,7 +301,7 @@ async def test_an_append_that_outlasts_the_stop_fails_its_writer_unavailable_nev
     duplicate. Another writer's deferred batch is still answered with its offset."""
     monkeypatch.setattr(mux, "STOP_WAIT_S", 0.2)
     h = await stream_factory()
-    slow, other = f"session:{unique}-slow", f"session:{unique}-other"
+    slow, other = f"trace:{unique}-slow", f"trace:{unique}-other"
     for key in (slow, other):
         await create(h, key)
     stored, never = asyncio.Event(), asyncio.Event()
@@ -402,7 +402,7 @@ async def test_an_event_sink_batches_what_queued_and_asks_only_when_needed(
     """The first delta goes at once; what queues meanwhile goes in the next batch; batches nobody
     waits for go unanswered, and store() asks once for all of them: committed() yields every batch with
     its offsets, in order."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     clients = clients_for(stream, signer)
     tap = tapped(clients)
@@ -435,7 +435,7 @@ async def test_sinks_of_many_buffers_share_each_message_after_their_first(
 ) -> None:
     """With a linger, each sink's first batch goes at once (a turn's first delta waits for nothing), and
     the later deltas of every sink streaming at once go in one message."""
-    keys = [f"session:{unique}-{i}" for i in range(3)]
+    keys = [f"trace:{unique}-{i}" for i in range(3)]
     for key in keys:
         await create(stream, key)
     clients = clients_for(stream, signer, linger_ms=300.0)
@@ -466,7 +466,7 @@ async def test_a_sink_holds_a_bounded_number_of_unanswered_batches(
 ) -> None:
     """Every 64th batch in a row asks for its answer: what a sink holds for its answers stays bounded
     however long the run."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     clients = clients_for(stream, signer, linger_ms=0.0)
     tap = tapped(clients)
@@ -491,7 +491,7 @@ async def test_a_write_call_is_replaced_before_its_deadline(
     """Past half its deadline (stream_rpc_timeout_s) a write call takes no new writer, and a writer
     with batches unanswered on it asks for their answer there before it moves on: no batch is left in
     doubt at the deadline. The old call ends once its writers left."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     clients = clients_for(stream, signer, linger_ms=0.0)
     tap = tapped(clients)
@@ -517,7 +517,7 @@ async def test_a_write_call_is_replaced_before_its_deadline(
 
 async def test_a_live_sink_asks_for_every_answer(stream: StreamHarness, signer: Signer, unique: str) -> None:
     """`live` (RunAgent streaming its events with their offsets): each batch is yielded once stored."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     clients = clients_for(stream, signer)
     tap = tapped(clients)
@@ -537,7 +537,7 @@ async def test_a_closed_buffer_under_the_writer_cancels_the_run_unasked(
 ) -> None:
     """The buffer closed under the writer while its batches went unanswered: the writer's failed
     answer alone tells, and the sink fails Cancelled (the run ends with its terminal event)."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     clients = clients_for(stream, signer, linger_ms=0.0)
     tap = tapped(clients)
@@ -565,7 +565,7 @@ async def test_a_stream_service_gone_fails_the_sink(
     stream_factory: StreamFactory, signer: Signer, unique: str
 ) -> None:
     h = await stream_factory()
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(h, key)
     clients = clients_for(h, signer)
     try:
@@ -597,7 +597,7 @@ async def test_an_event_sink_moves_on_from_a_drained_replica(
     backend = RedisBackend(redis_url, settings.stream, prefix=first.backend.prefix)
     second = await build(settings, "127.0.0.1:0", backend, signer)
     await second.start()
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(first, key)
     clients = clients_for(first, signer, f"ipv4:{first.server.target},{second.target}", linger_ms=0.0)
     try:
@@ -645,7 +645,7 @@ async def test_an_event_sink_awaiting_start_writes_after_it(
 ) -> None:
     """EventSink(await_start=True): its first delta is held by the stream service until the turn's
     `start`, then everything follows it; `start()` gives the placeholder."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     clients = clients_for(stream, signer)
     tap = tapped(clients)
@@ -673,7 +673,7 @@ async def test_a_cancelled_sink_fails_whoever_waits_for_a_store(
     """`store()` waits for its event's offset: a sink given up (its run gone) ends that wait with
     Cancelled, for an event sent and not answered (held for a `start` that never comes) and for one
     still queued behind it; nothing is appended."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     clients = clients_for(stream, signer)
     try:
@@ -696,7 +696,7 @@ async def test_an_event_sink_asks_for_start_with_nothing_written(
 ) -> None:
     """A run whose first step wrote nothing (a tool call straight away) still learns its anchor; a
     buffer that ends before its start fails the sink with Cancelled, storing nothing."""
-    ok, failed = f"session:{unique}", f"session:{unique}-failed"
+    ok, failed = f"trace:{unique}", f"trace:{unique}-failed"
     await create(stream, ok)
     await create(stream, failed)
     clients = clients_for(stream, signer)
@@ -729,7 +729,7 @@ async def test_a_writer_whose_backend_loses_redis_fails_and_is_answered_so(
     is answered with the failure, UNAVAILABLE (the caller may try again later, it is no bug of ours),
     nothing of it is answered as written, and the call ends when asked."""
     h = await stream_factory(via=redis_relay.url)
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(h, key, owner="alice")
     writes = Writes(h)
     writes.send(batch(1, "w1", key=key, identity=signer.mint("alice")))
@@ -756,7 +756,7 @@ async def test_big_events_of_several_sinks_go_in_requests_apart_and_one_too_big_
     call fails, and with it every sink on it. Two sinks with a 9 MB event each and a third with a small
     one, emitted together: all stored, the big ones in requests of their own. An event no request could
     carry (13 MB) fails its own sink with ResourceExhausted; the others go on."""
-    keys = [f"session:{unique}-{i}" for i in range(4)]
+    keys = [f"trace:{unique}-{i}" for i in range(4)]
     for key in keys:
         await create(stream, key)
     clients = clients_for(stream, signer)
@@ -789,7 +789,7 @@ async def test_a_quiet_sink_settles_its_batches_on_a_call_retired_in_its_silence
     """A write call retires at half its deadline even when nothing is sent then: a sink quiet since its
     last batch, which nobody asked an answer for, asks for it on that call, so the call's deadline finds
     nothing in doubt (a run quiet for a long tool failed DEADLINE_EXCEEDED, its events all stored)."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     settings = stream.settings.model_copy(deep=True)
     settings.addresses.stream = stream.server.target
@@ -820,7 +820,7 @@ async def test_an_idle_sink_leaves_a_retired_call_which_then_ends(
 ) -> None:
     """A sink that owes nothing on a call when the call retires leaves it at once, so the call
     half-closes and ends, instead of staying open to its deadline for a sink with nothing to say."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     clients = clients_for(stream, signer)
     try:
@@ -847,7 +847,7 @@ async def test_a_write_naming_an_earlier_buffer_of_its_key_writes_nothing(
     restarted process) names it by an offset it was given (`since`): AppendEvents, CloseStream, a
     WriteStream call and a WriteStreams writer fail ABORTED (INTERRUPTED), and the newer buffer, another
     turn's, holds none of it; naming the newer buffer's own offset writes as before."""
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     await create(stream, key)
     (old,) = await append(stream, key, deltas("old"))
     await close(stream, key)
@@ -906,7 +906,7 @@ async def test_a_sink_whose_buffer_was_replaced_fails_instead_of_writing_into_th
     second = await build(settings, "127.0.0.1:0", other, signer)
     await second.start()
     backends = [first.backend, other] if memory else [first.backend]
-    key = f"session:{unique}"
+    key = f"trace:{unique}"
     for b in backends:
         await b.create(key, "alice", {"agent": "demo"})
     clients = clients_for(first, signer, f"ipv4:{first.server.target},{second.target}", linger_ms=0.0)

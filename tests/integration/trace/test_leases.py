@@ -86,7 +86,7 @@ async def test_an_expired_placeholder_is_settled_once_and_its_buffer_named(trace
     done = await append(stub, owner, chat.id, "finished", role=tp.MESSAGE_ROLE_ASSISTANT)
     reaped = await reap(leases)
     assert (reaped.messages, reaped.tasks, reaped.subagents) == (1, 0, 0)
-    assert list(reaped.stream_keys) == [f"session:{chat.id}"]
+    assert list(reaped.stream_keys) == [f"trace:{chat.id}"]
     settled = await message(stub, owner, orphan.id)
     assert settled.status == tp.MESSAGE_STATUS_FAILED and settled.metadata["error"]["code"] == "interrupted"
     assert (await message(stub, owner, done.id)).status == tp.MESSAGE_STATUS_COMPLETED, "finished work stays"
@@ -151,7 +151,7 @@ async def test_concurrent_reapers_never_settle_a_row_twice(trace_with_lease, uni
     rounds = await asyncio.gather(*(reap(leases) for _ in range(4)))
     assert sum(r.messages for r in rounds) == 20
     keys = [k for r in rounds for k in r.stream_keys]
-    assert sorted(keys) == sorted(f"session:{t.id}" for t in traces), "each buffer named once"
+    assert sorted(keys) == sorted(f"trace:{t.id}" for t in traces), "each buffer named once"
 
 
 async def test_only_the_mesh_keeps_leases(trace_with_lease, unique):

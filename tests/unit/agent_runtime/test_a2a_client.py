@@ -7,6 +7,7 @@ import pytest
 from a2a.client.errors import A2AClientError, A2AClientTimeoutError
 from a2a.utils.errors import InternalError, InvalidParamsError, TaskNotFoundError
 
+from agentmesh.libs.a2a import agent_url
 from agentmesh.libs.errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -15,7 +16,7 @@ from agentmesh.libs.errors import (
     Unauthenticated,
     Unavailable,
 )
-from agentmesh.services.agent_runtime.a2a_client import RemoteAgent, _error, agent_url
+from agentmesh.services.agent_runtime.a2a_client import RemoteAgent, _error
 from agentmesh.services.agent_runtime.invoke import _same_url, credential
 
 

@@ -1,5 +1,5 @@
 """Stream keys (libs.ids.parse_stream_key, services.stream.backend.validate_key), property-tested:
-every key built by session_key/a2a_key/subagent_key parses back, and junk is refused with InvalidArgument."""
+every key built by trace_key/a2a_key/subagent_key parses back, and junk is refused with InvalidArgument."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentmesh.libs.errors import InvalidArgument
-from agentmesh.libs.ids import STREAM_KINDS, StreamKey, a2a_key, parse_stream_key, session_key, subagent_key
+from agentmesh.libs.ids import STREAM_KINDS, StreamKey, a2a_key, parse_stream_key, subagent_key, trace_key
 from agentmesh.services.stream.backend import validate_key
 
-BUILDERS = {"session": session_key, "a2a": a2a_key, "subagent": subagent_key}
+BUILDERS = {"session": trace_key, "a2a": a2a_key, "subagent": subagent_key}
 local_ids = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", fullmatch=True)
 KEY = re.compile(r"(session|a2a|subagent):[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
@@ -51,19 +51,19 @@ def test_a_bad_id_is_refused_for_every_kind(kind: str, ident: str) -> None:
     [
         "",
         "session",
-        "session:",
+        "trace:",
         "chat:x",
         "Session:x",
-        "session:x:y",
-        "session:.x",
-        "session:-x",
-        "session:x y",
-        "session:\u00e9",
-        "session:\u0661",  # a non-ASCII digit
+        "trace:x:y",
+        "trace:.x",
+        "trace:-x",
+        "trace:x y",
+        "trace:\u00e9",
+        "trace:\u0661",  # a non-ASCII digit
         "subagent:" + "x" * 65,
         "a2a:" + "9" * 5000,
         " session:x",
-        "session:x\n",
+        "trace:x\n",
     ],
 )
 def test_examples_of_junk(key: str) -> None:

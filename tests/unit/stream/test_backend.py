@@ -20,8 +20,8 @@ def deltas(*texts: str) -> list[ev.Event]:
 
 def test_validate_key() -> None:
     assert validate_key("a2a:t-1") == "a2a:t-1"
-    assert validate_key("session:" + "x" * 64) == "session:" + "x" * 64
-    for bad in ("foo:1", "session", "session:", "subagent:" + "x" * 65, "subagent:" + "x" * 201, "", ":x"):
+    assert validate_key("trace:" + "x" * 64) == "trace:" + "x" * 64
+    for bad in ("foo:1", "session", "trace:", "subagent:" + "x" * 65, "subagent:" + "x" * 201, "", ":x"):
         with pytest.raises(InvalidArgument, match="invalid stream key"):
             validate_key(bad)
 

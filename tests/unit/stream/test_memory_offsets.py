@@ -73,9 +73,9 @@ def test_hostile_offsets(text: str) -> None:
 @pytest.mark.parametrize("offset", ["9" * 5000, "\u00b2", "1-2-3"])
 async def test_the_backend_refuses_a_hostile_offset(offset: str) -> None:
     backend = MemoryBackend()
-    await backend.create("session:x", "alice")
-    await backend.append("session:x", [events.text_delta("a")])
+    await backend.create("trace:x", "alice")
+    await backend.append("trace:x", [events.text_delta("a")])
     with pytest.raises(InvalidArgument):
-        async for _ in backend.subscribe("session:x", offset, "alice", idle_timeout_ms=50):
+        async for _ in backend.subscribe("trace:x", offset, "alice", idle_timeout_ms=50):
             pass
     assert backend.subscribers == 0

@@ -35,6 +35,7 @@ from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentmesh.libs.errors import InvalidArgument, MeshError, NotFound
+from agentmesh.libs.ids import MAX_MESSAGE_ID, new_message_id
 from agentmesh.libs.protojson import enum_to_str
 from agentmesh.services.trace.domain import need_owner
 from agentmesh.services.trace.store.sql.common import (
@@ -82,6 +83,10 @@ def make_item(owner: str, message: tp.Message, parent: int | None, trace_id: str
     tid = trace_id or message.trace_id
     if not tid:
         raise InvalidArgument("trace_id is required")
+    if not 0 <= message.id < MAX_MESSAGE_ID:
+        raise InvalidArgument(f"a message id is below 2**53, not {message.id}")
+    if not message.id:  # the caller may name it (the owner of a turn does); else a random one
+        message.id = new_message_id()
     meta = None
     if message.HasField("metadata"):
         meta = json.dumps(json_format.MessageToDict(message.metadata), separators=(",", ":"))
@@ -122,6 +127,7 @@ def stored(
 
 _COLUMNS = (
     ("ord", "int"),
+    ("mid", "bigint"),
     ("grp", "int"),
     ("sid", "text"),
     ("owner", "text"),
@@ -193,11 +199,11 @@ placed AS (  -- each valid item's sequence and parent, joined once (not again pe
   FROM valid v JOIN locked l ON l.id = v.sid
 ),
 inserted AS (
-  INSERT INTO messages (session_id, sequence, parent_sequence, role, content, thinking, metadata, model,
-                        input_tokens, output_tokens, sort_order, status, source, a2a_task_id,
+  INSERT INTO messages (id, session_id, sequence, parent_sequence, role, content, thinking, metadata,
+                        model, input_tokens, output_tokens, sort_order, status, source, a2a_task_id,
                         caller_agent_id, caller_session_id, created_at)
-  SELECT p.sid, p.seq, p.after, p.role, p.content, p.thinking, CAST(p.meta AS json), p.model, p.tin, p.tout,
-         0, p.status, p.source, NULLIF(p.task, ''), p.agent_id, NULLIF(p.csid, ''), :now
+  SELECT p.mid, p.sid, p.seq, p.after, p.role, p.content, p.thinking, CAST(p.meta AS json), p.model,
+         p.tin, p.tout, 0, p.status, p.source, NULLIF(p.task, ''), p.agent_id, NULLIF(p.csid, ''), :now
   FROM placed p
   RETURNING id, session_id, sequence, parent_sequence, caller_agent_id
 )
@@ -225,10 +231,10 @@ bumped AS (
   FROM locked l
   WHERE s.id = l.id
 )
-INSERT INTO messages (session_id, sequence, parent_sequence, role, content, thinking, metadata, model,
-                      input_tokens, output_tokens, sort_order, status, source, a2a_task_id,
+INSERT INTO messages (id, session_id, sequence, parent_sequence, role, content, thinking, metadata,
+                      model, input_tokens, output_tokens, sort_order, status, source, a2a_task_id,
                       caller_agent_id, caller_session_id, created_at)
-SELECT l.id, l.last_sequence + 1,
+SELECT :mid, l.id, l.last_sequence + 1,
        CASE WHEN CAST(:parent AS bigint) IS NULL THEN NULLIF(l.head_sequence, 0)
             ELSE NULLIF(CAST(:parent AS bigint), 0) END,
        :role, :content, :thinking, CAST(:meta AS json), :model, :tin, :tout, 0, :status, :source,
@@ -259,6 +265,7 @@ def pg_params(items: Sequence[Item], stamp: datetime) -> dict[str, Any]:
         m = it.message
         for name, value in (
             ("ord", i),
+            ("mid", m.id),
             ("grp", it.group),
             ("sid", it.trace_id),
             ("owner", it.owner),
@@ -310,6 +317,7 @@ def message_row(
     """The messages row of an item placed at `sequence` after `parent`."""
     m = it.message
     return {
+        "id": m.id,
         "session_id": it.trace_id,
         "sequence": sequence,
         "parent_sequence": parent,

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import and_, or_, select, update
 
-from agentmesh.libs.ids import a2a_key, session_key, subagent_key
+from agentmesh.libs.ids import a2a_key, subagent_key, trace_key
 from agentmesh.services.trace.store.base import LeaseStore, Reaped
 from agentmesh.services.trace.store.sql.common import Database, chunks, now
 from agentmesh.services.trace.store.sql.models import A2ATaskRow, MessageRow, SessionRow, SubagentRow
@@ -82,7 +82,7 @@ class SqlLeaseStore(LeaseStore):
                 stored.meta = {**(stored.meta or {}), "error": INTERRUPTED}
                 stored.lease_until = None
                 if row.kind == "chat":
-                    keys.add(session_key(row.session_id))
+                    keys.add(trace_key(row.session_id))
                 elif row.kind == "a2a" and row.a2a_task_id:
                     keys.add(a2a_key(row.a2a_task_id))
                 elif row.kind == "subagent":
