@@ -97,7 +97,10 @@ class EventSink:
     def _queue(self, event: events_pb2.Event, fut: asyncio.Future[str] | None) -> None:
         if self._failure is not None or self._closed:
             if fut is not None:
-                fut.set_exception(self._failure or RuntimeError("sink closed"))
+                fut.set_exception(
+                    self._failure
+                    or Cancelled(f"the writer of {self.key} is closed: this event was not stored")
+                )
             return
         self._pending.append((event, fut))
         self._idle.clear()

@@ -326,7 +326,7 @@ async def test_http_and_websocket_give_the_same_events(mesh: Mesh) -> None:
     varying = {
         "_id",
         "offset",
-        "sessionId",
+        "traceId",
         "userMessageId",
         "assistantMessageId",
         "parentMessageId",
@@ -521,7 +521,7 @@ async def test_a_subagent_turn_is_stored_with_its_row_and_runs_at_once(
     kinds = [events_of.kind(e) for e in buffered]
     assert kinds[0] == "start" and kinds[-2:] == ["finish", "done"], kinds
     start = buffered[0].start
-    assert (start.session_id, start.user_message_id, start.assistant_message_id) == (
+    assert (start.trace_id, start.user_message_id, start.assistant_message_id) == (
         row.child_trace_id,
         child.messages[0].id,
         child.messages[1].id,

@@ -456,7 +456,7 @@ async def test_a_buffer_born_with_its_first_events_and_several_created_at_once(
     refused with nothing created. BatchCreateStreams creates in order; the first that fails fails the
     call with its status, and those created before it stay."""
     born = f"trace:{unique}-born"
-    start = ev.Event(start=ev.TurnStart(session_id=unique, assistant_message_id=7))
+    start = ev.Event(start=ev.TurnStart(trace_id=unique, assistant_message_id=7))
     with identity.acting_as("alice"):
         resp = await stream.stub.CreateStream(pb.CreateStreamRequest(key=born, events=[start]))
         assert len(resp.offsets) == 1

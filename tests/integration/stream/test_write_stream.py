@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -17,12 +16,10 @@ import pytest
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs import events, identity
 from agentmesh.libs.errors import Shutdown, from_rpc_error
-from agentmesh.services.stream import backend as stream_backend
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from tests.integration.stream.conftest import (
     StreamFactory,
     StreamHarness,
-    append,
     as_int,
     close,
     collect,
@@ -223,113 +220,3 @@ async def test_a_stop_between_batches_answers_shutdown_promptly(
         await writer.send(key, "after")
     assert isinstance(from_rpc_error(err.value), Shutdown), err.value
     assert (await h.backend.info(key)).length == 1  # the unanswered batch was not taken
-
-
-def _start(unique: str) -> ev.Event:
-    return ev.Event(start=ev.TurnStart(session_id=unique, assistant_message_id=7))
-
-
-async def _held(h: StreamHarness, writer: Writer, key: str, *texts: str) -> asyncio.Future[Any]:
-    """Sends a batch with await_start; returns its answer to come, once the service holds it."""
-    held = pb.WriteStreamRequest(key=key, events=[events.reasoning_delta(t) for t in texts], await_start=True)
-    writer.requests.put_nowait(held)
-    answer = asyncio.ensure_future(writer.call.read())
-    await wait_until(lambda: h.backend.subscribers == 1, what="the service holds the batch")
-    assert not answer.done() and (await info(h, key)).length == 0  # held: nothing appended yet
-    return answer
-
-
-async def test_a_batch_awaiting_start_goes_right_after_the_turns_start(
-    stream: StreamHarness, unique: str
-) -> None:
-    """WriteStreamRequest.await_start (a run started before its turn was stored): the batch waits for
-    the turn's `start`, is appended right after it, and its answer carries that `start`; an empty
-    batch only waits."""
-    key = f"trace:{unique}"
-    await create(stream, key)
-    writer = Writer(stream)
-    answer = await _held(stream, writer, key, "early", "bird")
-    await append(stream, key, [_start(unique)])
-    resp = await asyncio.wait_for(answer, 10)
-    assert resp.start.assistant_message_id == 7 and len(resp.offsets) == 2
-    # Once started, await_start on an empty batch answers at once (nothing appended).
-    writer.requests.put_nowait(pb.WriteStreamRequest(key=key, await_start=True))
-    again = await asyncio.wait_for(writer.call.read(), 10)
-    assert again.start.assistant_message_id == 7 and list(again.offsets) == []
-    assert await writer.end() == grpc.StatusCode.OK
-    await close(stream, key)
-    got = await collect(stream, key)
-    assert [events.kind(e) for e in got] == ["start", "reasoning_delta", "reasoning_delta", "done"]
-    assert [e.offset for e in got[1:3]] == list(resp.offsets)
-
-
-async def test_a_batch_awaiting_start_waits_for_its_buffer_to_be_created(
-    stream: StreamHarness, unique: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A run started beside its buffer's CreateStream: its first batch finds no buffer yet; the service
-    waits for the buffer to be created, then for the turn's `start`, and appends the batch after it."""
-    looked = asyncio.Event()
-    waits = stream_backend._create_waits
-
-    def counted() -> Iterator[float | None]:
-        for i, pause in enumerate(waits()):
-            if i == 1:
-                looked.set()  # one look found no buffer
-            yield pause
-
-    monkeypatch.setattr(stream_backend, "_create_waits", counted)
-    key = f"trace:{unique}"
-    writer = Writer(stream)
-    writer.requests.put_nowait(
-        pb.WriteStreamRequest(key=key, events=[events.reasoning_delta("before")], await_start=True)
-    )
-    answer = asyncio.ensure_future(writer.call.read())
-    await asyncio.wait_for(looked.wait(), 10)
-    await create(stream, key)
-    await append(stream, key, [_start(unique)])
-    resp = await asyncio.wait_for(answer, 10)
-    assert resp.start.assistant_message_id == 7 and len(resp.offsets) == 1
-    assert await writer.end() == grpc.StatusCode.OK
-    await close(stream, key)
-    assert [events.kind(e) for e in await collect(stream, key)] == ["start", "reasoning_delta", "done"]
-
-
-async def test_a_batch_awaiting_start_of_a_buffer_never_created_is_not_found(
-    stream: StreamHarness, unique: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """No buffer comes within CREATE_WAIT_S: NOT_FOUND, nothing stored."""
-    monkeypatch.setattr(stream_backend, "CREATE_WAIT_S", 0.2)
-    key = f"trace:{unique}"
-    writer = Writer(stream)
-    writer.requests.put_nowait(
-        pb.WriteStreamRequest(key=key, events=[events.reasoning_delta("x")], await_start=True)
-    )
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await asyncio.wait_for(writer.call.read(), 10)
-    assert err.value.code() == grpc.StatusCode.NOT_FOUND, err.value
-    writer.requests.put_nowait(None)
-    assert not (await info(stream, key)).exists
-
-
-@pytest.mark.parametrize(
-    ("first", "code"),
-    [("closed", grpc.StatusCode.CANCELLED), ("other", grpc.StatusCode.FAILED_PRECONDITION)],
-)
-async def test_a_batch_awaiting_start_is_refused_when_the_buffer_shows_anything_else_first(
-    stream: StreamHarness, unique: str, first: str, code: grpc.StatusCode
-) -> None:
-    """The turn failed to begin (its buffer closed) or someone else wrote first: the held batch is
-    never appended and the call ends with a clear status."""
-    key = f"trace:{unique}"
-    await create(stream, key)
-    writer = Writer(stream)
-    answer = await _held(stream, writer, key, "never")
-    if first == "closed":
-        await close(stream, key)
-    else:
-        await append(stream, key, [events.reasoning_delta("someone else")])
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await asyncio.wait_for(answer, 10)
-    assert err.value.code() == code, err.value
-    writer.requests.put_nowait(None)
-    assert "never" not in texts(await collect(stream, key, idle_timeout_ms=200))

@@ -60,10 +60,6 @@ def texts(got: list[ev.Event]) -> list[str]:
     return [e.reasoning_delta.reasoning_delta for e in got if events.kind(e) == "reasoning_delta"]
 
 
-def _start(unique: str) -> ev.Event:
-    return ev.Event(start=ev.TurnStart(session_id=unique, assistant_message_id=7))
-
-
 class Writes:
     """One WriteStreams call driven request by request, reading its answers as they come."""
 
@@ -113,7 +109,6 @@ def batch(
     key: str = "",
     identity: str = "",
     defer: bool = False,
-    await_start: bool = False,
     last: bool = False,
 ) -> pb.StreamBatch:
     return pb.StreamBatch(
@@ -122,7 +117,6 @@ def batch(
             key=key,
             events=[events.reasoning_delta(t) for t in texts],
             defer_answer=defer,
-            await_start=await_start,
         ),
         identity=identity,
         last=last,
@@ -223,7 +217,7 @@ async def test_a_failed_writer_fails_alone_and_its_later_batches_are_dropped(
         ("no-key", "INVALID_ARGUMENT", "names no key"),
         ("invalid", "INVALID_ARGUMENT", "invalid stream key"),
         ("unknown", "NOT_FOUND", "no stream buffer"),
-        ("second-key", "INVALID_ARGUMENT", "writes session:"),
+        ("second-key", "INVALID_ARGUMENT", "writes trace:"),
         ("after-last", "INVALID_ARGUMENT", "names no key"),
     ],
 )
@@ -246,51 +240,6 @@ async def test_a_bad_batch_fails_its_writer_with_a_clear_error(
     assert await writes.end() == grpc.StatusCode.OK
     assert (await info(stream, other)).length == 0  # nothing reached another buffer
     assert (await info(stream, mine)).length == (1 if n == 2 else 0)
-
-
-async def test_a_writer_held_for_its_start_holds_up_no_other_writer(
-    stream: StreamHarness, unique: str
-) -> None:
-    early, busy = f"trace:{unique}-early", f"trace:{unique}-busy"
-    await create(stream, early)
-    await create(stream, busy)
-    writes = Writes(stream)
-    writes.send(batch(1, "held", key=early, await_start=True), batch(2, "a", key=busy))
-    await wait_until(lambda: stream.backend.subscribers == 1, what="the service holds writer 1's batch")
-    assert len((await writes.answer(2)).answer.offsets) == 1  # answered while 1 is held
-    writes.send(batch(1, "after"), batch(2, "b"))
-    await writes.answer(2, 2)
-    assert 1 not in writes.answers and (await info(stream, early)).length == 0
-    await append(stream, early, [_start(unique)])
-    held, after = await writes.answer(1), await writes.answer(1, 2)
-    assert held.answer.start.assistant_message_id == 7 and len(after.answer.offsets) == 1
-    assert await writes.end() == grpc.StatusCode.OK
-    got = await collect(stream, early, idle_timeout_ms=200)
-    assert [events.kind(e) for e in got[:3]] == ["start", "reasoning_delta", "reasoning_delta"]
-
-
-async def test_a_stop_answers_what_it_took_then_shutdown(stream_factory: StreamFactory, unique: str) -> None:
-    """Every writer's deferred batches are answered before SHUTDOWN; a batch held for its start was
-    not taken (SHUTDOWN says so: its writer sends it again elsewhere)."""
-    h = await stream_factory()
-    a, b, held = f"trace:{unique}-a", f"trace:{unique}-b", f"trace:{unique}-held"
-    for key in (a, b, held):
-        await create(h, key)
-    writes = Writes(h)
-    writes.send(
-        batch(1, "a1", key=a, defer=True),
-        batch(2, "b1", "b2", key=b, defer=True),
-        batch(3, "h1", key=held, await_start=True),
-    )
-    await wait_until(lambda: h.backend.subscribers == 1, what="the held batch")
-    await wait_until(lambda: _length(h, b, 2), what="the deferred batches stored")
-    await asyncio.wait_for(h.server.stop(30.0), 5)
-    assert await asyncio.wait_for(writes.reader, 10) == grpc.StatusCode.UNAVAILABLE
-    assert isinstance(from_rpc_error(writes.error), Shutdown), writes.error
-    assert [len(x.answer.offsets) for x in writes.answers[1]] == [1]
-    assert [len(x.answer.offsets) for x in writes.answers[2]] == [2]
-    assert 3 not in writes.answers
-    assert (await h.backend.info(held)).length == 0
 
 
 async def test_an_append_that_outlasts_the_stop_fails_its_writer_unavailable_never_shutdown(
@@ -400,8 +349,7 @@ async def test_an_event_sink_batches_what_queued_and_asks_only_when_needed(
     stream: StreamHarness, signer: Signer, unique: str
 ) -> None:
     """The first delta goes at once; what queues meanwhile goes in the next batch; batches nobody
-    waits for go unanswered, and store() asks once for all of them: committed() yields every batch with
-    its offsets, in order."""
+    waits for go unanswered, and store() asks once for all of them."""
     key = f"trace:{unique}"
     await create(stream, key)
     clients = clients_for(stream, signer)
@@ -415,15 +363,12 @@ async def test_an_event_sink_batches_what_queued_and_asks_only_when_needed(
             sink.emit(events.text_delta(t))
         stored = await sink.store(events.text_delta("e"))
         await sink.aclose()
-        got = [b async for b in sink.committed()]
     finally:
         await clients.close()
     assert [words(b) for b in tap.batches] == [["a"], ["b", "c", "d", "e"], []]
     assert [b.batch.defer_answer for b in tap.batches] == [True, False, False]  # store() asked; the last
     assert tap.batches[0].batch.key == key and not tap.batches[1].batch.key  # the key once per call
     assert [b.last for b in tap.batches] == [False, False, True] and tap.calls == 1
-    assert [[e.text_delta.text_delta for e in b] for b in got] == [["a"], ["b", "c", "d", "e"]]
-    assert got[-1][-1].offset == stored
     found = await collect(stream, key, reader="alice", idle_timeout_ms=200)  # text deltas merged
     assert [(e.text_delta.text_delta, e.offset) for e in found if e.HasField("text_delta")] == [
         ("abcde", stored)
@@ -478,11 +423,12 @@ async def test_a_sink_holds_a_bounded_number_of_unanswered_batches(
         assert [i for i, b in enumerate(tap.batches) if not b.batch.defer_answer] == [63]
         await wait_until(lambda: len(sink._unanswered) == 6, what="the 64th answered")
         await sink.aclose()
-        got = [e for b in [b async for b in sink.committed()] for e in b]
     finally:
         await clients.close()
-    assert [e.text_delta.text_delta for e in got] == [f"{i}" for i in range(70)]
-    assert [as_int(e.offset) for e in got] == sorted({as_int(e.offset) for e in got})
+    got = await collect(stream, key, idle_timeout_ms=200)  # text deltas merged
+    assert "".join(e.text_delta.text_delta for e in got if e.HasField("text_delta")) == "".join(
+        f"{i}" for i in range(70)
+    )
 
 
 async def test_a_write_call_is_replaced_before_its_deadline(
@@ -515,23 +461,6 @@ async def test_a_write_call_is_replaced_before_its_deadline(
     assert [e.text_delta.text_delta for e in got if events.kind(e) == "text_delta"] == ["abc"]
 
 
-async def test_a_live_sink_asks_for_every_answer(stream: StreamHarness, signer: Signer, unique: str) -> None:
-    """`live` (RunAgent streaming its events with their offsets): each batch is yielded once stored."""
-    key = f"trace:{unique}"
-    await create(stream, key)
-    clients = clients_for(stream, signer)
-    tap = tapped(clients)
-    try:
-        sink = EventSink(clients, key, live=True)
-        batches = sink.committed()
-        sink.emit(events.text_delta("a"))
-        first = await asyncio.wait_for(anext(batches), 5)
-        assert first[0].offset and [b.batch.defer_answer for b in tap.batches] == [False]
-        await sink.aclose()
-    finally:
-        await clients.close()
-
-
 async def test_a_closed_buffer_under_the_writer_cancels_the_run_unasked(
     stream: StreamHarness, signer: Signer, unique: str
 ) -> None:
@@ -553,7 +482,6 @@ async def test_a_closed_buffer_under_the_writer_cancels_the_run_unasked(
         sink.emit(events.text_delta("dropped"))
         with pytest.raises(Cancelled):
             await sink.flush()
-        assert [b async for b in sink.committed()] == []  # no answer said what was stored
     finally:
         await clients.close()
     assert [e.text_delta.text_delta for e in await collect(stream, key) if e.HasField("text_delta")] == [
@@ -578,147 +506,6 @@ async def test_a_stream_service_gone_fails_the_sink(
         sink.cancel()
     finally:
         await clients.close()
-
-
-@pytest.mark.redis
-@pytest.mark.parametrize("mode", ["answered", "deferred", "held"])
-async def test_an_event_sink_moves_on_from_a_drained_replica(
-    redis_url: str, signer: Signer, unique: str, stream_factory: StreamFactory, mode: str
-) -> None:
-    """Two replicas on one Redis: the replica the sink writes through stops (SIGTERM's drain) between
-    batches; the next batch goes through the other one, and the buffer holds every event once: also
-    when the batches before the stop went without answers (the stop answers them: none is resent),
-    and when the stop came while the replica held a batch awaiting the turn's start (SHUTDOWN says it
-    was not taken: it is sent again, through the other one, and lands right after the start)."""
-    first = await stream_factory()
-    if not isinstance(first.backend, RedisBackend):
-        pytest.skip("replicas share buffers on Redis only")
-    settings = service_settings(stream=first.settings.stream, shutdown_grace_s=2.0)
-    backend = RedisBackend(redis_url, settings.stream, prefix=first.backend.prefix)
-    second = await build(settings, "127.0.0.1:0", backend, signer)
-    await second.start()
-    key = f"trace:{unique}"
-    await create(first, key)
-    clients = clients_for(first, signer, f"ipv4:{first.server.target},{second.target}", linger_ms=0.0)
-    try:
-        sink = EventSink(clients, key, await_start=mode == "held")
-        holding = lambda: first.backend.subscribers + backend.subscribers == 1  # noqa: E731
-        if mode == "deferred":  # the batches go unanswered: the stopping replica answers what it took
-            for i in range(4):
-                sink.emit(events.text_delta(f"{i} "))
-                await wait_until(lambda i=i: _length(first, key, i + 1), what=f"batch {i} stored")
-            offsets = [(await first.backend.info(key)).last_offset]
-        elif mode == "held":  # one batch, held by a replica until the turn's start
-            for i in range(4):
-                sink.emit(events.text_delta(f"{i} "))
-            await wait_until(holding, what="a replica holds the first batch")
-            offsets = []
-        else:
-            offsets = [await sink.store(events.text_delta(f"{i} ")) for i in range(4)]
-        writing = writing_through(first.server, second)
-        await writing[0].stop(30.0)
-        live = backend if writing[0] is first.server else first.backend  # the replica still serving
-        if mode == "held":
-            await wait_until(holding, what="the other replica holds the batch sent again")
-            assert (await live.info(key)).length == 0
-            await live.append(key, [_start(unique)])
-            assert (await asyncio.wait_for(sink.start(), 10)).assistant_message_id == 7
-        offsets += [await sink.store(events.text_delta(f"{i} ")) for i in range(4, 8)]
-        await sink.aclose()
-        assert sink.failure is None
-        found = await first.backend.info(key)  # a stopped server's backend still reads Redis
-        held = mode == "held"
-        assert (found.length, found.last_offset) == (8 + held, offsets[-1])  # every event once
-        if held:
-            got = [e async for e in live.subscribe(key, idle_timeout_ms=200)]
-            assert events.kind(got[0]) == "start"
-            assert "".join(e.text_delta.text_delta for e in got[1:9]) == "".join(f"{i} " for i in range(8))
-        assert [as_int(o) for o in offsets] == sorted({as_int(o) for o in offsets})
-    finally:
-        await clients.close()
-        await second.stop(1.0)
-        await backend.aclose()
-
-
-async def test_an_event_sink_awaiting_start_writes_after_it(
-    stream: StreamHarness, signer: Signer, unique: str
-) -> None:
-    """EventSink(await_start=True): its first delta is held by the stream service until the turn's
-    `start`, then everything follows it; `start()` gives the placeholder."""
-    key = f"trace:{unique}"
-    await create(stream, key)
-    clients = clients_for(stream, signer)
-    tap = tapped(clients)
-    try:
-        sink = EventSink(clients, key, await_start=True)
-        sink.emit(events.reasoning_delta("first "))
-        await wait_until(lambda: stream.backend.subscribers == 1, what="the first batch held")
-        sink.emit(events.reasoning_delta("second"))
-        assert (await info(stream, key)).length == 0
-        await append(stream, key, [_start(unique)])
-        assert (await asyncio.wait_for(sink.start(), 10)).assistant_message_id == 7
-        await sink.aclose()
-        assert sink.failure is None
-    finally:
-        await clients.close()
-    assert tap.batches[0].batch.await_start and len(tap.batches[0].batch.events) == 1
-    got = await collect(stream, key, idle_timeout_ms=200)
-    assert [events.kind(e) for e in got[:3]] == ["start", "reasoning_delta", "reasoning_delta"]
-    assert "".join(texts(got)) == "first second"
-
-
-async def test_a_cancelled_sink_fails_whoever_waits_for_a_store(
-    stream: StreamHarness, signer: Signer, unique: str
-) -> None:
-    """`store()` waits for its event's offset: a sink given up (its run gone) ends that wait with
-    Cancelled, for an event sent and not answered (held for a `start` that never comes) and for one
-    still queued behind it; nothing is appended."""
-    key = f"trace:{unique}"
-    await create(stream, key)
-    clients = clients_for(stream, signer)
-    try:
-        sink = EventSink(clients, key, await_start=True)
-        sent = asyncio.ensure_future(sink.store(events.reasoning_delta("held")))
-        await wait_until(lambda: stream.backend.subscribers == 1, what="the first batch held")
-        queued = asyncio.ensure_future(sink.store(events.reasoning_delta("queued")))
-        await wait_until(lambda: len(sink._pending) == 1, what="the second event queued")
-        sink.cancel()
-        for waiting in (sent, queued):
-            with pytest.raises(Cancelled, match="gave up"):
-                await asyncio.wait_for(waiting, 10)
-    finally:
-        await clients.close()
-    assert (await info(stream, key)).length == 0
-
-
-async def test_an_event_sink_asks_for_start_with_nothing_written(
-    stream: StreamHarness, signer: Signer, unique: str
-) -> None:
-    """A run whose first step wrote nothing (a tool call straight away) still learns its anchor; a
-    buffer that ends before its start fails the sink with Cancelled, storing nothing."""
-    ok, failed = f"trace:{unique}", f"trace:{unique}-failed"
-    await create(stream, ok)
-    await create(stream, failed)
-    clients = clients_for(stream, signer)
-    try:
-        sink = EventSink(clients, ok, await_start=True)
-        asked = asyncio.ensure_future(sink.start())
-        await wait_until(lambda: stream.backend.subscribers == 1, what="the empty batch held")
-        await append(stream, ok, [_start(unique)])
-        assert (await asyncio.wait_for(asked, 10)).assistant_message_id == 7
-        await sink.aclose()
-        doomed = EventSink(clients, failed, await_start=True)
-        doomed.emit(events.reasoning_delta("lost"))
-        await wait_until(lambda: stream.backend.subscribers == 1, what="the doomed batch held")
-        await close(stream, failed)
-        with pytest.raises(Cancelled):
-            await asyncio.wait_for(doomed.start(), 10)
-        assert isinstance(doomed.failure, Cancelled)
-        doomed.cancel()
-    finally:
-        await clients.close()
-    assert [events.kind(e) for e in await collect(stream, ok, idle_timeout_ms=200)] == ["start", "error"]
-    assert [events.kind(e) for e in await collect(stream, failed)] == ["done"]
 
 
 @pytest.mark.parametrize("backend_kind", [pytest.param("redis", marks=pytest.mark.redis)], indirect=True)
@@ -932,3 +719,82 @@ async def test_a_sink_whose_buffer_was_replaced_fails_instead_of_writing_into_th
         await clients.close()
         await second.stop(1.0)
         await other.aclose()
+
+
+async def test_a_stop_answers_what_it_took_then_shutdown(stream_factory: StreamFactory, unique: str) -> None:
+    """Every writer's deferred batches are answered before SHUTDOWN."""
+    h = await stream_factory()
+    a, b = f"trace:{unique}-a", f"trace:{unique}-b"
+    for key in (a, b):
+        await create(h, key)
+    writes = Writes(h)
+    writes.send(
+        batch(1, "a1", key=a, defer=True),
+        batch(2, "b1", "b2", key=b, defer=True),
+    )
+    await wait_until(lambda: _length(h, b, 2), what="the deferred batches stored")
+    await asyncio.wait_for(h.server.stop(30.0), 5)
+    assert await asyncio.wait_for(writes.reader, 10) == grpc.StatusCode.UNAVAILABLE
+    assert isinstance(from_rpc_error(writes.error), Shutdown), writes.error
+    assert [len(x.answer.offsets) for x in writes.answers[1]] == [1]
+    assert [len(x.answer.offsets) for x in writes.answers[2]] == [2]
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("mode", ["answered", "deferred"])
+async def test_an_event_sink_moves_on_from_a_drained_replica(
+    redis_url: str, signer: Signer, unique: str, stream_factory: StreamFactory, mode: str
+) -> None:
+    """Two replicas on one Redis: the replica the sink writes through stops (SIGTERM's drain) between
+    batches; the next batch goes through the other one, and the buffer holds every event once: also
+    when the batches before the stop went without answers (the stop answers them: none is resent)."""
+    first = await stream_factory()
+    if not isinstance(first.backend, RedisBackend):
+        pytest.skip("replicas share buffers on Redis only")
+    settings = service_settings(stream=first.settings.stream, shutdown_grace_s=2.0)
+    backend = RedisBackend(redis_url, settings.stream, prefix=first.backend.prefix)
+    second = await build(settings, "127.0.0.1:0", backend, signer)
+    await second.start()
+    key = f"trace:{unique}"
+    await create(first, key)
+    clients = clients_for(first, signer, f"ipv4:{first.server.target},{second.target}", linger_ms=0.0)
+    try:
+        sink = EventSink(clients, key)
+        if mode == "deferred":  # the batches go unanswered: the stopping replica answers what it took
+            for i in range(4):
+                sink.emit(events.text_delta(f"{i} "))
+                await wait_until(lambda i=i: _length(first, key, i + 1), what=f"batch {i} stored")
+            offsets = [(await first.backend.info(key)).last_offset]
+        else:
+            offsets = [await sink.store(events.text_delta(f"{i} ")) for i in range(4)]
+        writing = writing_through(first.server, second)
+        await writing[0].stop(30.0)
+        offsets += [await sink.store(events.text_delta(f"{i} ")) for i in range(4, 8)]
+        await sink.aclose()
+        assert sink.failure is None
+        found = await first.backend.info(key)  # a stopped server's backend still reads Redis
+        assert (found.length, found.last_offset) == (8, offsets[-1])  # every event once
+        assert [as_int(o) for o in offsets] == sorted({as_int(o) for o in offsets})
+    finally:
+        await clients.close()
+        await second.stop(1.0)
+        await backend.aclose()
+
+
+async def test_a_cancelled_sink_fails_whoever_waits_for_a_store(
+    stream: StreamHarness, signer: Signer, unique: str
+) -> None:
+    """`store()` waits for its event's offset: a sink given up (its run gone) ends that wait with
+    Cancelled, for an event still queued; nothing is appended."""
+    key = f"trace:{unique}"
+    await create(stream, key)
+    clients = clients_for(stream, signer)
+    try:
+        sink = EventSink(clients, key)
+        queued = asyncio.ensure_future(sink.store(events.reasoning_delta("queued")))
+        sink.cancel()  # before the writer ran: the event is still queued
+        with pytest.raises(Cancelled, match=r"gave up|not stored"):
+            await asyncio.wait_for(queued, 10)
+    finally:
+        await clients.close()
+    assert (await info(stream, key)).length == 0
