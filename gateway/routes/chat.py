@@ -13,7 +13,15 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Depends, Request, WebSocket, WebSocketDisconnect
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from sse_starlette.sse import EventSourceResponse
 
 from agentmesh.gateway.deps import authenticate, clients_dep, current_user, settings
@@ -39,7 +47,11 @@ log = logging.getLogger(__name__)
 
 
 class ChatRequest(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(
+        populate_by_name=True,
+        extra="forbid",
+        json_schema_extra={"dependentRequired": {"parentSequence": ["traceId"]}},
+    )
 
     agent: str = Field(min_length=1, max_length=200, pattern=NO_NUL, examples=["general"])
     message: str = Field(
@@ -64,6 +76,12 @@ class ChatRequest(BaseModel):
         description="Branch off this message of the trace (retry, regenerate, edit): the turn follows it "
         "instead of the head, and the trace's main path follows the new branch.",
     )
+
+    @model_validator(mode="after")
+    def branches_of_a_trace(self) -> ChatRequest:
+        if self.parent_sequence is not None and not self.session_id:
+            raise ValueError("parentSequence names a message of the trace given as traceId")
+        return self
 
     @field_validator("message")
     @classmethod

@@ -13,6 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
+from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs import events as evlib
 from agentmesh.libs import identity
@@ -55,9 +56,9 @@ def _calls(mesh: Mesh, ch: grpc.aio.Channel) -> dict[str, object]:
     orch = orchestrator_service_pb2_grpc.OrchestratorServiceStub(ch)
     runtime = runtime_service_pb2_grpc.AgentRuntimeServiceStub(ch)
     return {
-        "orchestrator": lambda **kw: orch.CancelChat(orc.CancelChatRequest(session_id="nope"), **kw),
+        "orchestrator": lambda **kw: orch.CancelTurn(orc.CancelTurnRequest(trace_id="nope"), **kw),
         "agent-runtime": lambda **kw: runtime.RunAgent(
-            rt.RunAgentRequest(agent="general", stream_key="trace:nope"), **kw
+            rt.RunAgentRequest(agent=ap.Agent(slug="general"), stream=rt.StreamRef(key="trace:nope")), **kw
         ).read(),
     }
 

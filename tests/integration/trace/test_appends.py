@@ -13,8 +13,6 @@ import asyncpg
 import grpc
 import pytest
 
-from agentmesh.agents.v1 import agent_pb2 as ap
-from agentmesh.agents.v1 import agent_service_pb2 as ag
 from agentmesh.libs import identity
 from agentmesh.services.trace.store.base import Append
 from agentmesh.services.trace.store.sql import SqlStores
@@ -133,32 +131,6 @@ async def test_begin_turn_creates_a_new_trace_with_both_messages(trace_stub, uni
     assert await code_of(_begin(trace_stub, owner, orphan)) == BAD
 
 
-async def test_begin_turn_reads_the_agent_it_names_before_it_stores_anything(trace_stub, agent_stub, unique):
-    """resolve_agent: the turn's agent as the caller reads it comes back with the stored turn, in one
-    call; an agent the caller cannot read (unknown, or another user's own) fails the call NOT_FOUND
-    and nothing is stored, neither a new trace nor a message of an existing one."""
-    owner, other = f"u-{unique}", f"v-{unique}"
-    new = tp.Trace(agent="general", kind=tp.TRACE_KIND_CHAT)
-    turn = await _begin(trace_stub, owner, _turn("", "hi", new_trace=new, resolve_agent="general"))
-    assert (turn.agent.slug, turn.trace.agent, turn.trace.head_sequence) == ("general", "general", 2)
-    plain = await _begin(trace_stub, owner, _turn(turn.trace.id, "no agent read"))
-    assert not plain.HasField("agent")
-    theirs = f"own-{unique}"
-    with identity.acting_as(other):
-        await agent_stub.CreateAgent(ag.CreateAgentRequest(agent=ap.Agent(slug=theirs, name="theirs")))
-    for slug in (f"nope-{unique}", theirs):
-        refused = _turn("", "x", new_trace=tp.Trace(agent=slug), resolve_agent=slug)
-        assert await code_of(_begin(trace_stub, owner, refused)) == MISSING, slug
-        refused_existing = _turn(turn.trace.id, "x", resolve_agent=slug)
-        assert await code_of(_begin(trace_stub, owner, refused_existing)) == MISSING, slug
-    assert len(await _all(trace_stub, owner, turn.trace.id)) == 4  # the two turns' messages alone
-    with identity.acting_as(owner):
-        listed = await trace_stub.ListTraces(ts.ListTracesRequest(page_size=100))
-    assert [t.id for t in listed.traces] == [turn.trace.id]
-    mine = await _begin(
-        trace_stub, other, _turn("", "mine", new_trace=tp.Trace(agent=theirs), resolve_agent=theirs)
-    )
-    assert mine.agent.slug == theirs and mine.agent.owner == other
 
 
 async def test_a_refused_turn_stores_neither_message(trace_stub, unique):

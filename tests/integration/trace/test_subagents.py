@@ -16,7 +16,7 @@ from agentmesh.agents.v1 import agent_service_pb2 as ag
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs import identity
 from agentmesh.libs.errors import FailedPrecondition
-from agentmesh.services.agent_runtime.subagents import RowWriter
+from agentmesh.services.orchestrator.subagents import RowWriter
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.integration.trace.conftest import append, code_of, error_of, new_trace, recent
@@ -341,7 +341,7 @@ async def test_several_rows_change_in_one_call_all_or_none(trace_stub, unique):
 
 
 async def test_the_runtimes_row_writer_coalesces_and_keeps_failures_apart(trace_clients, unique):
-    """services/agent_runtime/subagents.RowWriter: changes asked for while a call is in flight go in
+    """services/orchestrator/subagents.RowWriter: changes asked for while a call is in flight go in
     the next as one UpdateSubagentSessions; when that call is refused, each change is retried on its
     own, so only the change that cannot be made fails."""
     owner = f"u-{unique}"

@@ -17,7 +17,8 @@ from agentmesh.libs.errors import (
     Unavailable,
 )
 from agentmesh.services.agent_runtime.a2a_client import RemoteAgent, _error
-from agentmesh.services.agent_runtime.invoke import _same_url, credential
+from agentmesh.services.agent_runtime.invoke import _same_url
+from agentmesh.services.agent_runtime.remotes import credential
 
 
 def _status(code: int) -> BaseException:

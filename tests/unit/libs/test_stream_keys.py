@@ -13,9 +13,9 @@ from agentmesh.libs.errors import InvalidArgument
 from agentmesh.libs.ids import STREAM_KINDS, StreamKey, a2a_key, parse_stream_key, subagent_key, trace_key
 from agentmesh.services.stream.backend import validate_key
 
-BUILDERS = {"session": trace_key, "a2a": a2a_key, "subagent": subagent_key}
+BUILDERS = {"trace": trace_key, "a2a": a2a_key, "subagent": subagent_key}
 local_ids = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", fullmatch=True)
-KEY = re.compile(r"(session|a2a|subagent):[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+KEY = re.compile(r"(trace|a2a|subagent):[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
 
 @given(st.sampled_from(STREAM_KINDS), local_ids)
