@@ -49,6 +49,7 @@ class InvokeResult:
     trace_id: str  # where the callee's turn happened (location-bearing when not here)
     error: MeshError | None = None
     local_trace_id: str = ""  # a remote callee: our record of the exchange
+    remote: bool = False  # the callee is a remote or a peer's agent
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -57,7 +58,7 @@ class InvokeResult:
             "taskId": self.task_id,
             "traceId": self.trace_id,
         }
-        if self.trace_id and not TraceRef.parse(self.trace_id).is_local:
+        if self.remote or (self.trace_id and not TraceRef.parse(self.trace_id).is_local):
             out["remote"] = True
         if self.local_trace_id and self.local_trace_id != self.trace_id:
             out["localTraceId"] = self.local_trace_id
@@ -75,15 +76,16 @@ def _same_url(a: str, b: str) -> bool:
     return bool(a.strip()) and norm(a) == norm(b)
 
 
-async def resolve_callee(ctx: ToolContext, slug: str, url: str = "") -> str:
-    """The slug to call: checks the caller may call `slug` (or the catalogued remote agent whose card is
-    at `url`), before anything is created. A URL no agent of the catalog names is never contacted."""
+async def resolve_callee(ctx: ToolContext, slug: str, url: str = "") -> tuple[str, bool]:
+    """The slug to call, and whether it is a remote or a peer's agent: checks the caller may call
+    `slug` (or the catalogued remote agent whose card is at `url`), before anything is created. A URL
+    no agent of the catalog names is never contacted."""
     allowed = ctx.agent.invoke.allowed_callees
     if parse_peer_slug(slug) is not None:  # `@alias/slug`: agent `slug` of the registered peer `alias`
         if "*" not in allowed and slug not in allowed:
             raise PermissionDenied(f"agent {ctx.agent.slug!r} may not call {slug!r}")
         ctx.clients.peers.registry.resolve(TraceRef("x", alias=slug[1:].split("/", 1)[0]), current_user())
-        return slug
+        return slug, True
     agent: ap.Agent | None
     if url:
         listed = (await rpc(ctx.clients.agents.ListAgents(ag.ListAgentsRequest()))).agents
@@ -97,7 +99,7 @@ async def resolve_callee(ctx: ToolContext, slug: str, url: str = "") -> str:
         raise NotFound(f"unknown agent {slug!r}")
     if "*" not in allowed and agent.slug not in allowed:
         raise PermissionDenied(f"agent {ctx.agent.slug!r} may not call {agent.slug!r}")
-    return agent.slug
+    return agent.slug, agent.HasField("remote")
 
 
 async def call_callee(ctx: ToolContext, slug: str, text: str, continue_from: str, depth: int) -> InvokeResult:
@@ -187,10 +189,12 @@ async def agent_invoke(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     if depth > cfg.max_recursion_depth:
         return fail(DepthExceeded(f"recursion depth {depth} exceeds the limit of {cfg.max_recursion_depth}"))
     try:
-        callee = await resolve_callee(ctx, slug, url)
+        callee, remote = await resolve_callee(ctx, slug, url)
     except MeshError as err:
         return fail(err)
     results = await asyncio.gather(*(call_callee(ctx, callee, str(t), continue_from, depth) for t in inputs))
+    for result in results:
+        result.remote = remote
     meta["durationMs"] = int((time.monotonic() - started) * 1000)
     if isinstance(raw, list):
         meta["taskIds"] = [r.task_id for r in results]

@@ -168,14 +168,14 @@ class Kinds:
         return Resolved(turn, task)
 
     def _continued(self, agent: ap.Agent, trace_id: str) -> tuple[str, str]:
-        """(the local callee trace to continue, the remote conversation to continue) for an invoke
-        that continues `trace_id`: a trace of ours for an agent of ours, one at the remote's home for
-        a remote or a peer's agent."""
+        """(the callee trace to continue, the remote conversation to continue) for an invoke that
+        continues `trace_id`: for an agent of ours the trace itself, for a remote or a peer's agent
+        the conversation at the remote's home."""
         ref = TraceRef.parse(trace_id)
         if not agent.HasField("remote"):
-            if not ref.is_local:
-                raise InvalidArgument(f"continueFrom {trace_id!r} is not a trace of {agent.slug!r}")
-            return ref.id, ""
+            # An agent of ours continues a trace here, or a peer's trace on our copy of it, the turn
+            # sent home (the trace service's copies: docs/federation.md).
+            return trace_id, ""
         peer_agent = _peer_slug(agent.slug)
         if peer_agent is not None:
             if (

@@ -125,6 +125,8 @@ class Orchestrator:
         try:
             await self.clients.trace.UpdateA2ATask(request, timeout=self.engine.grace_s)
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                return  # final already: a cancel settled it first
             log.warning("could not move task %s: %s", task_id, exc.details(), extra={"task": task_id})
 
     async def run_subagents(self, req: orc.RunSubagentsRequest) -> AsyncIterator[orc.RunSubagentsResponse]:
@@ -143,10 +145,11 @@ class Orchestrator:
         if req.WhichOneof("target") == "task_id":
             task = (await rpc(self.clients.trace.GetA2ATask(ts.GetA2ATaskRequest(task_id=req.task_id)))).task
             closed = await self._cancel_buffer(a2a_key(task.id))
-            if not closed and task.state not in FINAL_TASK_STATES:
+            # Its buffer ended `cancelled` (or is gone with a dead turn): so did the task, at once.
+            if closed or task.state not in FINAL_TASK_STATES:
                 await self._task_state(task.id, tp.TASK_STATE_CANCELED)
                 return True
-            return closed
+            return False
         trace = (await rpc(self.clients.trace.GetTrace(ts.GetTraceRequest(trace_id=req.trace_id)))).trace
         closed = await self._cancel_buffer(trace_key(trace.id))
         try:

@@ -131,7 +131,7 @@ async def task_row(mesh: Mesh, task_id: str) -> tp.A2ATask:
 async def test_remote_agent_streams_and_persists(mesh: Mesh, remote: Remote) -> None:
     events = await chat(mesh, "general", "invoke remote-echo: hello world")
     started = next(e for e in events if e["type"] == "a2a-task-started")
-    assert started["calleeAgentName"] == "Partner Agent"  # the remote card's name
+    assert started["calleeAgentName"] == "Partner"  # the catalog's name of the remote agent
     result = tool_result(events)
     assert result["ok"] is True and result["output"] == "remote says: world"
     ref = TraceRef.parse(result["traceId"])
