@@ -57,12 +57,16 @@ async def start_turn(clients: Clients, request: orc.RunTurnRequest) -> Started:
 
 
 async def _ended(call: grpc.aio.UnaryStreamCall) -> orc.TurnEnded | None:
-    """The turn's end as the orchestrator reports it, or None when the call broke first."""
+    """The turn's end as the orchestrator reports it, or None when the call broke first (read to the
+    call's end, which follows at once)."""
+    ended = None
     try:
-        response = await call.read()
+        while (response := await call.read()) is not grpc.aio.EOF:
+            if response.HasField("ended"):
+                ended = response.ended
     except grpc.aio.AioRpcError:
         return None
-    return response.ended if response is not grpc.aio.EOF and response.HasField("ended") else None
+    return ended
 
 
 def ended_event(ended: orc.TurnEnded | None, failure: BaseException | None = None) -> ev.Event:

@@ -120,22 +120,25 @@ async def call_callee(ctx: ToolContext, slug: str, text: str, continue_from: str
     )
     timeout_s = cfg.timeout_ms / 1000 + GRACE_S if cfg.timeout_ms else ctx.settings.turn_timeout_s
     begun: orc.TurnBegun | None = None
+    ended: orc.TurnEnded | None = None
     with telemetry.span(f"agent-invoke {slug}", agent=slug, depth=depth) as span:
         call = ctx.clients.orchestrator.RunTurn(request, timeout=timeout_s)
         try:
-            async for response in call:
+            async for response in call:  # to its end: `begun`, then `ended`
                 if response.HasField("begun"):
                     begun = response.begun
                     await ctx.sink.store(_started(ctx, slug, begun))
                 else:
-                    return _result(begun, response.ended)
+                    ended = response.ended
         except grpc.aio.AioRpcError as exc:
             err = from_rpc_error(exc)
             telemetry.fail(span, err.code_name, err.message)
             return InvokeResult("", False, begun.task_id if begun else "", "", error=err)
         finally:
             call.cancel()
-    return InvokeResult("", False, "", "", error=Internal(f"the turn of {slug} ended without an outcome"))
+    if ended is None:
+        return InvokeResult("", False, "", "", error=Internal(f"the turn of {slug} ended without an outcome"))
+    return _result(begun, ended)
 
 
 def _started(ctx: ToolContext, slug: str, begun: orc.TurnBegun) -> ev.Event:

@@ -93,24 +93,26 @@ async def test_a_turn_moves_the_series_of_every_service(mesh: Mesh) -> None:
 
     handled = "agentmesh_grpc_server_handled_total"
     for service, method in (
-        ("orchestrator", "ExecuteChat"),
         ("orchestrator", "RunTurn"),
+        ("orchestrator", "RunSubagents"),
         ("agent-runtime", "RunAgent"),
         ("trace", "BeginTurn"),
         ("trace", "UpdateMessage"),
-        ("stream", "AppendEvents"),
+        ("stream", "CreateStream"),
+        ("stream", "CloseStream"),
     ):
         assert moved(service, handled, grpc_method=method, grpc_code="OK") >= 1, (service, method)
         assert moved(service, "agentmesh_grpc_server_handling_seconds_count", grpc_method=method) >= 1
         in_flight = value(after[service], "agentmesh_grpc_server_in_flight", grpc_method=method)
         assert in_flight == 0, (service, method)  # every call of the turn has ended
-    assert moved("orchestrator", handled, grpc_method="RunTurn") == 3  # the callee and two subagents
+    assert moved("orchestrator", handled, grpc_method="RunTurn") == 2  # the chat turn and the callee's
+    assert moved("orchestrator", handled, grpc_method="RunSubagents") == 1  # the batch of two
     # The runs' writers and the readers of every buffer share long-lived calls: one a process at most.
     for method in ("WriteStreams", "FollowStreams"):
         assert moved("stream", "agentmesh_grpc_server_started_total", grpc_method=method) <= 2, method
         assert value(after["stream"], "agentmesh_grpc_server_in_flight", grpc_method=method) >= 1, method
 
-    for kind in ("session", "a2a", "subagent"):
+    for kind in ("trace", "a2a", "subagent"):
         assert moved("stream", "agentmesh_stream_events_appended_total", kind=kind) >= 3, kind
     assert ("agentmesh_stream_buffers_open", frozenset()) in after["stream"]
     assert ("agentmesh_stream_subscribers", frozenset()) in after["stream"]
@@ -133,10 +135,10 @@ async def test_a_turn_moves_the_series_of_every_service(mesh: Mesh) -> None:
 
 
 async def test_child_turns_are_handed_their_agent_and_history(mesh: Mesh) -> None:
-    """The callee and the two subagents run in new hidden traces: each is handed the agent its caller
-    read and its history (its user message), so no run reads a history back, and each agent of the
-    tree is read once (the supervisor by the orchestrator, in its BeginTurn once it read it before;
-    the callee and the preset by the tools). The subagents' turns are stored with their rows."""
+    """The callee and the two subagents run in new hidden traces: a new trace has no history to read
+    back (each run is handed its input). The orchestrator reads the agent of every turn it runs (the
+    supervisor, the callee, the batch's two agents once), and the tools read what they check before
+    they ask for a turn (the callee, the preset). The subagents' turns are stored with their rows."""
     await chat(mesh, "general", "a first turn: this user has read the agent before")
     before = await scrape_all(mesh)
     events = await chat(mesh, "general", "tree of reads")
@@ -152,7 +154,7 @@ async def test_child_turns_are_handed_their_agent_and_history(mesh: Mesh) -> Non
     assert moved("BeginTurn") == 2  # the supervisor's turn and the callee's
     assert moved("CreateSubagentSessions") == 1  # the two subagents, their hidden traces and turns
     assert moved("ListMessages") == 0
-    assert moved("GetAgent") == 2, moved("GetAgent")  # the callee and the preset
+    assert moved("GetAgent") == 6, moved("GetAgent")
 
 
 async def test_the_metrics_server_answers_only_metrics(mesh: Mesh) -> None:

@@ -131,8 +131,6 @@ async def test_begin_turn_creates_a_new_trace_with_both_messages(trace_stub, uni
     assert await code_of(_begin(trace_stub, owner, orphan)) == BAD
 
 
-
-
 async def test_a_refused_turn_stores_neither_message(trace_stub, unique):
     owner, other = f"u-{unique}", f"v-{unique}"
     s = await new_trace(trace_stub, owner)
