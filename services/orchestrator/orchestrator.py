@@ -17,14 +17,14 @@ from google.protobuf import field_mask_pb2
 from agentmesh.libs.aio import to_the_end
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.config import MeshSettings
-from agentmesh.libs.errors import Cancelled, MeshError, as_mesh_error, from_rpc_error, rpc
+from agentmesh.libs.errors import Cancelled, as_mesh_error, from_rpc_error, rpc
 from agentmesh.libs.ids import a2a_key, subagent_key, trace_key
 from agentmesh.libs.leases import LeaseKeeper
 from agentmesh.libs.metrics import OrchestratorMetrics
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.services.orchestrator.kinds import Kinds, Resolved
 from agentmesh.services.orchestrator.subagents import SubagentBatch
-from agentmesh.services.orchestrator.turns import SHUTDOWN, Begun, TurnEngine, cancel_reason, ended_error
+from agentmesh.services.orchestrator.turns import Begun, TurnEngine, ended_error
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
@@ -97,7 +97,7 @@ class Orchestrator:
                 if not began.done():
                     began.set_exception(exc if isinstance(exc, Exception) else Cancelled("cancelled"))
                 if task is not None:
-                    await to_the_end(self._task_state(task.id, _failed_state(exc)))
+                    await to_the_end(self._task_state(task.id, self._failed_state(exc)))
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 return None
@@ -107,13 +107,18 @@ class Orchestrator:
                 ended = await self.engine.run(turn, begun)
             except asyncio.CancelledError as exc:
                 if task is not None:
-                    await to_the_end(self._task_end(working, task.id, _failed_state(exc)))
+                    await to_the_end(self._task_end(working, task.id, self._failed_state(exc)))
                 raise
             if task is not None:
                 err = ended_error(ended)
-                state = tp.TASK_STATE_COMPLETED if err is None else _failed_state(err)
+                state = tp.TASK_STATE_COMPLETED if err is None else self._failed_state(err)
                 await to_the_end(self._task_end(working, task.id, state))
             return ended
+
+    def _failed_state(self, exc: BaseException) -> int:
+        """The task state a turn that failed (or never began) ends in."""
+        err = self.engine.cancel_reason() if isinstance(exc, asyncio.CancelledError) else as_mesh_error(exc)
+        return tp.TASK_STATE_CANCELED if isinstance(err, Cancelled) else tp.TASK_STATE_FAILED
 
     async def _task_end(self, working: asyncio.Task[None] | None, task_id: str, state: int) -> None:
         if working is not None:
@@ -215,15 +220,8 @@ class Orchestrator:
         if not tasks:
             return
         _, pending = await asyncio.wait(tasks, timeout=grace_s)
+        self.engine.stopping = True
         for task in pending:
-            task.cancel(SHUTDOWN)
+            task.cancel()
         if pending:
             await asyncio.wait(pending, timeout=self.engine.grace_s)
-
-
-def _failed_state(exc: BaseException) -> int:
-    """The task state a turn that failed (or never began) ends in."""
-    if isinstance(exc, asyncio.CancelledError):
-        exc = cancel_reason(exc)
-    err = as_mesh_error(exc) if not isinstance(exc, MeshError) else exc
-    return tp.TASK_STATE_CANCELED if isinstance(err, Cancelled) else tp.TASK_STATE_FAILED

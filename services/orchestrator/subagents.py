@@ -29,7 +29,7 @@ from agentmesh.libs.turns import turn_start
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.services.orchestrator.kinds import Kinds
-from agentmesh.services.orchestrator.turns import Begun, Turn, TurnEngine, cancel_reason, ended_error
+from agentmesh.services.orchestrator.turns import Begun, Turn, TurnEngine, ended_error
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
@@ -210,7 +210,9 @@ class SubagentBatch:
                 self.clients.stream.BatchCreateStreams(ss.BatchCreateStreamsRequest(requests=requests))
             )
         except BaseException as exc:  # no row ran, and none will: each ends here
-            err = cancel_reason(exc) if isinstance(exc, asyncio.CancelledError) else as_mesh_error(exc)
+            err = (
+                self.engine.cancel_reason() if isinstance(exc, asyncio.CancelledError) else as_mesh_error(exc)
+            )
             await to_the_end(asyncio.gather(*(self._settle_unbegun(i, err) for i in range(len(self.rows)))))
             raise
         for begun, answer in zip(self.begun, made.responses, strict=True):
@@ -297,7 +299,10 @@ class SubagentBatch:
     async def _settle_cancelled(self, i: int) -> None:
         """A row cancelled: one whose turn never started ends here; a started one the engine settled."""
         if i not in self._started:
-            await self._settle_unbegun(i, Cancelled("cancelled before it ran"))
+            reason = self.engine.cancel_reason()
+            await self._settle_unbegun(
+                i, reason if not isinstance(reason, Cancelled) else Cancelled("cancelled before it ran")
+            )
         elif self.rows[i].status in _UNSET:
             with contextlib.suppress(MeshError):
                 await self._update(

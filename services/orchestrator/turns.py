@@ -53,7 +53,6 @@ log = logging.getLogger(__name__)
 RESULT_FIELDS = ["content", "thinking", "model", "usage", "metadata", "status"]
 SETTLE_FIELDS = ["content", "thinking", "status", "metadata"]
 RUN_GRACE_S = 0.5  # the run's call outlives the turn's limit by this: the runtime ends it at the limit
-SHUTDOWN = "shutdown"  # the cancel message of a turn its process stops before it ends
 
 
 @dataclass
@@ -101,13 +100,6 @@ class Begun:
     start: ev.Event  # with its offset
 
 
-def cancel_reason(exc: asyncio.CancelledError) -> MeshError:
-    """A turn cancelled by a caller up the tree, or cut short by its process's shutdown."""
-    if SHUTDOWN in exc.args:
-        return Interrupted("the orchestrator shut down before the turn ended")
-    return Cancelled("the run was cancelled")
-
-
 class TurnEngine:
     def __init__(
         self,
@@ -120,6 +112,14 @@ class TurnEngine:
         self.leases = leases or LeaseKeeper(clients, lease_s=30.0)  # started by the process running it
         self.metrics = metrics or OrchestratorMetrics()
         self.grace_s = grace_s
+        self.stopping = False  # the process stops: what it cancels now is interrupted, not cancelled
+
+    def cancel_reason(self) -> MeshError:
+        """Why a turn this process cancelled ended: a caller up the tree cancelled it, or the process
+        is stopping before it ended."""
+        if self.stopping:
+            return Interrupted("the orchestrator shut down before the turn ended")
+        return Cancelled("the run was cancelled")
 
     @property
     def write_timeout_s(self) -> float:
@@ -154,7 +154,7 @@ class TurnEngine:
         failure = next((r for r in (created, stored) if isinstance(r, BaseException)), None)
         if failure is not None:
             err = (
-                cancel_reason(failure)
+                self.cancel_reason()
                 if isinstance(failure, asyncio.CancelledError)
                 else as_mesh_error(failure)
             )
@@ -185,8 +185,8 @@ class TurnEngine:
                 err = ended_error(ended)
                 outcome = "ok" if err is None else err.code_name
                 return ended
-            except asyncio.CancelledError as exc:
-                await to_the_end(self._fail(turn, begun, cancel_reason(exc)))
+            except asyncio.CancelledError:
+                await to_the_end(self._fail(turn, begun, self.cancel_reason()))
                 raise
             finally:
                 self.metrics.turns.labels(outcome).inc()
