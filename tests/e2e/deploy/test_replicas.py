@@ -103,12 +103,12 @@ async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(mesh:
     assert mesh.clients is not None
     # 1. Turns spread over the replicas: each gateway sends turns, each orchestrator's channel spreads
     # its runs over the runtimes, every process appends through either stream replica (the orchestrator
-    # with AppendEvents, the runtime's writers with WriteStream).
+    # creating and closing each turn's buffer).
     served = {
         "gateway": ("/api/chat",),
-        "orchestrator": ("ExecuteChat",),
+        "orchestrator": ("RunTurn",),
         "agent-runtime": ("RunAgent",),
-        "stream": ("AppendEvents", "WriteStream"),
+        "stream": ("CreateStream", "CloseStream"),
     }
 
     async def spread() -> bool:
@@ -131,7 +131,7 @@ async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(mesh:
     # per try: a try that lands on one orchestrator is followed by one more call through gateway 1).
     crossed = False
     for _ in range(4):
-        before = {o: await handled(mesh, o, "CancelChat") for o in mesh.names("orchestrator")}
+        before = {o: await handled(mesh, o, "CancelTurn") for o in mesh.names("orchestrator")}
         resp = await post_chat(mesh, "gateway-2", "long reply please")
         head: list[dict[str, Any]] = []
         lines = sse_events(resp)
@@ -141,7 +141,7 @@ async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(mesh:
                 if event["type"] == "text-delta":
                     break
         session = head[0]["traceId"]
-        running = [o for o in mesh.names("orchestrator") if await in_flight(mesh, o, "ExecuteChat")]
+        running = [o for o in mesh.names("orchestrator") if await in_flight(mesh, o, "RunTurn")]
         async with mesh.http(gateway="gateway-1") as http:
             cancelled = await http.post(f"/api/sessions/{session}/cancel")
         assert cancelled.status_code == 200 and cancelled.json() == {"cancelled": True}
@@ -152,7 +152,7 @@ async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(mesh:
         with identity.acting_as(mesh.user):
             msgs = await mesh.clients.trace.ListMessages(ts.ListMessagesRequest(trace_id=session))
         assert msgs.messages[-1].status == tp.MESSAGE_STATUS_CANCELLED
-        took = [o for o in mesh.names("orchestrator") if await handled(mesh, o, "CancelChat") > before[o]]
+        took = [o for o in mesh.names("orchestrator") if await handled(mesh, o, "CancelTurn") > before[o]]
         if running and took and running != took:
             crossed = True
             break
@@ -191,7 +191,8 @@ async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(mesh:
         task_id = sub_id = session = ""
         async with asyncio.timeout(20):
             async for event in sse_events(post):
-                session = event.get("sessionId", session)
+                if event["type"] == "start":
+                    session = event["traceId"]
                 task_id = event.get("taskId", task_id)
                 if event["type"] == "subagent-update" and event["subagent"]["status"] == "running":
                     sub_id = event["subagent"]["id"]
