@@ -334,7 +334,7 @@ async def test_a_fenced_block_renders_as_code_live_and_restored(page: Page, mesh
     reply = await send(page, "show code")
     code = reply.locator(".content pre > code")
     await expect(code).to_have_text("def add(a, b):\n    return a + b\n", timeout=T)
-    await expect(code).to_have_class("language-python")
+    await expect(code).to_have_class(re.compile(r"\blanguage-python\b"))
     assert await code.text_content() == "def add(a, b):\n    return a + b\n"  # indentation kept
     await expect(reply.locator(".content strong")).to_have_text("the")
     await expect(reply.locator(".content p").last).to_have_text("Done.")
