@@ -387,11 +387,12 @@ export class ChatView {
   }
 
   render() {
+    // A live turn's views belong to the path once the stored tree has their messages.
+    const stored = new Set([...this.bySeq.values()].map((m) => String(m.id)));
+    this.pending = this.pending.filter((v) => v.id == null || !stored.has(String(v.id)));
+    if (!this.pending.length) this.cut = null;
     const path = this.shownPath();
     const shown = path.map((m) => this.viewOf(m));
-    const ids = new Set(path.map((m) => String(m.id)));
-    this.pending = this.pending.filter((v) => v.id == null || !ids.has(String(v.id)));
-    if (!this.pending.length) this.cut = null;
     const els = [...shown, ...this.pending].map((v) => v.el);
     this.pinned(() => {
       if (!els.length) {

@@ -1,6 +1,6 @@
 """Retry, regenerate and edit on the last turn, in a real browser: each is a new turn that branches from
 the parent of the turn's user message (POST /api/chat with `parentSequence`), the previous version stays
-one click away ("‹ 1/2 ›"), and the path shown follows the newest branch. The switcher is built from
+one click away (a "1/2" switcher), and the path shown follows the newest branch. The switcher is built from
 GET /api/sessions/{id}/messages?mode=all (every message with its `sequence` and `parentSequence`)."""
 
 from __future__ import annotations
@@ -97,9 +97,13 @@ async def test_the_switcher_shows_every_version_of_a_turn(page: Page, mesh: Mesh
     assert body["sessionId"] == session_id and body["parentSequence"] == 2, body
     if response.status == 422:
         await expect(page.locator("#input")).to_have_value("follow up")  # nothing typed is lost
-        await expect(page.locator(".msg.assistant").last.locator(".content")).to_have_text("Answer to: branch me")
+        await expect(page.locator(".msg.assistant").last.locator(".content")).to_have_text(
+            "Answer to: branch me"
+        )
     await branched_or_xfail(page, response)
-    await expect(page.locator(".msg.assistant").last.locator(".content")).to_have_text("Answer to: follow up", timeout=T)
+    await expect(page.locator(".msg.assistant").last.locator(".content")).to_have_text(
+        "Answer to: follow up", timeout=T
+    )
     await expect(page.locator(".msg.assistant").first.locator(".branch-pos")).to_have_text("1/2")
 
 
@@ -113,7 +117,12 @@ async def test_regenerate_streams_a_new_version_and_keeps_the_old_one(page: Page
         await regenerate.click()
     response = await answer.value
     body = await body_of(response)
-    assert body == {"agent": "general", "message": "regen me", "sessionId": session_id, "parentSequence": 0}, body
+    assert body == {
+        "agent": "general",
+        "message": "regen me",
+        "sessionId": session_id,
+        "parentSequence": 0,
+    }, body
     if response.status == 422:  # the chat is as it was
         await expect(page.locator(".msg.assistant").last.locator(".content")).to_have_text("the first answer")
         await expect(page.locator(".msg")).to_have_count(2)
@@ -128,7 +137,9 @@ async def test_regenerate_streams_a_new_version_and_keeps_the_old_one(page: Page
     await last.get_by_role("button", name="Previous version").click()
     await expect(page.locator(".msg.assistant").last.locator(".content")).to_have_text("the first answer")
     await page.reload()  # the newest version is the one shown
-    await expect(page.locator(".msg.assistant").last.locator(".content")).to_contain_text("again59", timeout=T)
+    await expect(page.locator(".msg.assistant").last.locator(".content")).to_contain_text(
+        "again59", timeout=T
+    )
 
 
 async def test_a_cancelled_turn_offers_retry_and_edit(page: Page, mesh: Mesh) -> None:
@@ -163,4 +174,6 @@ async def test_a_cancelled_turn_offers_retry_and_edit(page: Page, mesh: Mesh) ->
     await expect(last.locator(".branch-pos")).to_have_text("2/2", timeout=T)
     await last.get_by_role("button", name="Previous version").click()
     await expect(page.locator(".msg.user").last.locator(".content")).to_have_text("stop me")
-    await expect(page.locator(".msg.assistant").last.locator(".msg-error")).to_have_text("This reply was cancelled.")
+    await expect(page.locator(".msg.assistant").last.locator(".msg-error")).to_have_text(
+        "This reply was cancelled."
+    )

@@ -19,7 +19,9 @@ from tests.e2e.ui.test_ui import T, send, sign_in
 from tests.mesh import TEST_CATALOG, Mesh, chat, start_mesh
 
 PACE = 30
-CODE = "Here is the function:\n\n```python\ndef add(a: int, b: int) -> int:\n    return a + b\n```\n\nIt adds."
+CODE = (
+    "Here is the function:\n\n```python\ndef add(a: int, b: int) -> int:\n    return a + b\n```\n\nIt adds."
+)
 STORY = " ".join(f"word{i}" for i in range(150))  # 5 s at PACE
 RULES: dict[str, Any] = {
     "rules": [
@@ -120,7 +122,9 @@ async def test_wide_screen_has_no_serious_accessibility_violation(
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
-async def test_narrow_screen_works_in_one_column(browser: Browser, mesh: Mesh, shots: Path, scheme: str) -> None:
+async def test_narrow_screen_works_in_one_column(
+    browser: Browser, mesh: Mesh, shots: Path, scheme: str
+) -> None:
     page = await open_page(browser, NARROW, scheme)
     await sign_in(page, mesh)
     await expect(page.locator("#app")).to_be_visible()

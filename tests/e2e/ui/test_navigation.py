@@ -108,7 +108,10 @@ async def test_delete_asks_first_and_stops_the_running_turn(page: Page, mesh: Me
 
     # Confirmed: the turn is cancelled first, then the chat deleted.
     calls: list[str] = []
-    page.on("request", lambda r: calls.append(f"{r.method} {r.url.split(mesh.url)[1]}") if session_id in r.url else None)
+    page.on(
+        "request",
+        lambda r: calls.append(f"{r.method} {r.url.split(mesh.url)[1]}") if session_id in r.url else None,
+    )
     await item.locator(".session-delete").click()
     await dialog.get_by_role("button", name="Delete").click()
     await expect(item).to_have_count(0, timeout=T)

@@ -45,7 +45,10 @@ RULES: dict[str, Any] = {
             "user": "^long results",
             "after_tool": False,
             "tool_calls": [
-                {"name": "delegate_parallel", "arguments": {"tasks": [{"goal": "long code", "agentSlug": "coder"}]}}
+                {
+                    "name": "delegate_parallel",
+                    "arguments": {"tasks": [{"goal": "long code", "agentSlug": "coder"}]},
+                }
             ],
         },
         {"system": r"\[general\]", "after_tool": True, "text": "All done."},
@@ -93,7 +96,9 @@ async def test_images_load_from_our_origin_once_and_others_only_when_allowed(pag
     async def logo(route: Route) -> None:
         ours.append(route.request.url)
         # no-store: every new <img> for it would ask again, so a count of one means one element
-        await route.fulfill(status=200, body=PNG, content_type="image/png", headers={"Cache-Control": "no-store"})
+        await route.fulfill(
+            status=200, body=PNG, content_type="image/png", headers={"Cache-Control": "no-store"}
+        )
 
     async def elsewhere(route: Route) -> None:
         theirs.append(route.request.url)

@@ -27,7 +27,9 @@ RULES: dict[str, Any] = {
                 {"name": "agent-invoke", "arguments": {"agentSlug": "coder", "input": "callee task"}},
                 {
                     "name": "delegate_parallel",
-                    "arguments": {"tasks": [{"goal": f"sub task {i}", "agentSlug": "coder"} for i in range(2)]},
+                    "arguments": {
+                        "tasks": [{"goal": f"sub task {i}", "agentSlug": "coder"} for i in range(2)]
+                    },
                 },
             ],
         },

@@ -557,7 +557,9 @@ async def test_rename_shows_the_new_title_or_the_error_of_the_answer(page: Page,
     await item.locator("input.session-edit").fill("Called")
     await item.locator("input.session-edit").press("Enter")
     # A server failure is said in a sentence for people, never with its transport detail.
-    await expect(item.locator(".session-error")).to_have_text("Rename failed: Something went wrong on the server.")
+    await expect(item.locator(".session-error")).to_have_text(
+        "Rename failed: Something went wrong on the server."
+    )
     await expect(item.locator(".session-title")).to_have_text("call me")
 
     await item.locator(".session-rename").click()
