@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, Page, expect
+from playwright.async_api import Browser, Page, ViewportSize, expect
 
 from tests.e2e.ui.conftest import AXE
 from tests.e2e.ui.test_ui import T, send, sign_in
@@ -45,8 +45,8 @@ RULES: dict[str, Any] = {
     ],
     "default": {"text": "Answer to: {user}"},
 }
-WIDE = {"width": 1280, "height": 800}
-NARROW = {"width": 375, "height": 812}
+WIDE: ViewportSize = {"width": 1280, "height": 800}
+NARROW: ViewportSize = {"width": 375, "height": 812}
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
     await m.stop()
 
 
-async def open_page(browser: Browser, viewport: dict[str, int], scheme: str) -> Page:
+async def open_page(browser: Browser, viewport: ViewportSize, scheme: str) -> Page:
     context = await browser.new_context(
         viewport=viewport,
         locale="en-US",
