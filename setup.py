@@ -27,6 +27,8 @@ MAPPED = {"agentmesh.services": "services", "agentmesh.gateway": "gateway", "age
 VENDOR = {
     "marked/lib/marked.esm.js": "marked.esm.js",
     "dompurify/dist/purify.es.mjs": "purify.es.mjs",
+    # highlight.js's own browser build (ES module, the common languages built in)
+    "@highlightjs/cdn-assets/es/highlight.min.js": "highlight.min.js",
 }
 VENDOR_DIR = "gateway/static/ui/vendor"
 
@@ -54,16 +56,17 @@ def generate_protos(out: Path) -> None:
 
 
 def copy_vendor(out: Path) -> None:
-    """The UI's browser libraries (with their source maps) from node_modules, installed by `npm ci`
-    when missing (npm is a build prerequisite, like a compiler)."""
+    """The UI's browser libraries (with their source maps, where the package has one) from node_modules,
+    installed by `npm ci` when missing (npm is a build prerequisite, like a compiler)."""
     modules = ROOT / "node_modules"
     if not all((modules / src).exists() for src in VENDOR):
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--silent"], cwd=ROOT, check=True)
     target = out / VENDOR_DIR
     target.mkdir(parents=True, exist_ok=True)
     for src, name in VENDOR.items():
-        for suffix in ("", ".map"):
-            shutil.copyfile(modules / (src + suffix), target / (name + suffix))
+        shutil.copyfile(modules / src, target / name)
+        if (modules / (src + ".map")).exists():
+            shutil.copyfile(modules / (src + ".map"), target / (name + ".map"))
 
 
 class BuildAssets(Command):

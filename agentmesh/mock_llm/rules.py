@@ -208,9 +208,29 @@ class ChatRequestView:
 
     def variables(self, groups: dict[str, str]) -> dict[str, str]:
         variables = {"user": self.user, "system": self.system, "tool_results": "\n".join(self.tool_results)}
+        variables["title"] = short_title(self.user)
         variables.update({f"tool_result_{i}": text for i, text in enumerate(self.tool_results, start=1)})
         variables.update(groups)
         return variables
+
+
+# Words a chat's title can do without ("please ask the coding assistant to write fizzbuzz").
+_TITLE_FILLER = frozenset(
+    "a an the please can could would will you me my i we us to for of and or in on with about hi hello "
+    "ask tell help want need let lets let's just some".split()
+)
+
+
+def short_title(text: str, words: int = 6) -> str:
+    """A few words that say what a message is about: its first line, without filler words, at most
+    `words` of them, capitalised ("Coding assistant write fizzbuzz"); the `{title}` of a rule."""
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    found = re.findall(r"[\w][\w'.+#-]*", line)
+    kept = [w for w in found if w.lower() not in _TITLE_FILLER]
+    if len(kept) < 2:  # a greeting or a one-word question: its own words say it best
+        kept = found
+    title = " ".join(kept[:words]).rstrip(".")
+    return title[:1].upper() + title[1:]
 
 
 def content_text(content: Any) -> str:

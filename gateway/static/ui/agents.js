@@ -34,7 +34,7 @@ export class AgentsPage {
       h(
         "header",
         { class: "agents-header" },
-        h("h2", {}, "Agents"),
+        h("h1", {}, "Agents"),
         h("button", { type: "button", id: "agent-new", class: "primary", onclick: () => this.edit(null) }, "+ New agent"),
       ),
       h("div", { class: "agents-body" }, this.list, this.editor),

@@ -1,17 +1,99 @@
 // The message list. An assistant message is, top to bottom
 // (docs/requirements.md#subagent-cards): its subagent batch cards,
-// its tool cards, its thinking block, its content (markdown, re-rendered at most once per animation
-// frame while it streams). Live turns and restored history use the same views.
+// its tool cards, its thinking block, its content (markdown, rendered incrementally at most once per
+// animation frame while it streams), how it ended, and its actions. Live turns and restored history
+// use the same views.
+//
+// A chat is a tree: every message names its parent (`parentSequence`); a retry, a regenerate or an
+// edit is a new turn whose user message is a sibling of the one it replaces. The list shows one path
+// from the root: at every fork the version the reader picked, else the one on the way to the head
+// (the newest turn), else the newest. A turn with several versions shows a "‹ 2/2 ›" switcher; the
+// last turn offers Retry (failed, cancelled) or Regenerate (completed), and Edit on its message.
+// Views are kept by message id, so switching versions or refreshing the tree never renders a message
+// again (nor fetches its images again).
 
 import { h } from "./dom.js";
+import { errorCode, errorText } from "./errors.js";
 import { LiveMarkdown } from "./markdown.js";
 import { BatchCard } from "./subagents.js";
-import { ToolCard } from "./tools.js";
+import { storedCallState, ToolCard } from "./tools.js";
+
+const SR = (text) => h("span", { class: "visually-hidden" }, text);
+
+export class UserView {
+  constructor(text, id = null) {
+    this.text = text;
+    this.content = h("div", { class: "content" }, text);
+    this.actions = h("div", { class: "msg-actions" });
+    this.body = h("div", { class: "msg-body" }, SR("You said:"), this.content, this.actions);
+    this.el = h("article", { class: "msg user" }, this.body);
+    this.setId(id);
+  }
+
+  setId(id) {
+    this.id = id;
+    if (id != null) this.el.dataset.messageId = id;
+  }
+
+  static restore(msg) {
+    return new UserView(msg.content, msg.id);
+  }
+
+  /** Edit (on the last turn): the text in a box; Save sends it as a new version of the turn. */
+  setActions({ onEdit = null, onRetry = null } = {}) {
+    if (this.editing) return;
+    this.actions.replaceChildren(
+      onEdit ? h("button", { type: "button", class: "link msg-edit", onclick: () => this.edit(onEdit) }, "Edit") : "",
+      onRetry ? h("button", { type: "button", class: "link msg-retry", onclick: () => onRetry() }, "Retry") : "",
+    );
+  }
+
+  edit(onSave) {
+    this.editing = true;
+    const box = h("textarea", { class: "msg-edit-box", rows: Math.min(8, this.text.split("\n").length + 1), "aria-label": "Edit your message" });
+    box.value = this.text;
+    const done = () => {
+      this.editing = false;
+      this.content.hidden = false;
+      form.remove();
+      this.actions.hidden = false;
+    };
+    const form = h(
+      "form",
+      {
+        class: "msg-edit-form",
+        onsubmit: (event) => {
+          event.preventDefault();
+          const text = box.value.trim();
+          if (!text) return;
+          done();
+          onSave(text);
+        },
+      },
+      box,
+      h("div", { class: "msg-edit-actions" }, h("button", { type: "submit", class: "primary" }, "Save and send"), h("button", { type: "button", onclick: done }, "Cancel")),
+    );
+    box.addEventListener("keydown", (event) => {
+      if (event.key === "Escape") {
+        event.preventDefault();
+        done();
+      } else if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+        event.preventDefault();
+        form.requestSubmit();
+      }
+    });
+    this.content.hidden = true;
+    this.actions.hidden = true;
+    this.content.after(form);
+    box.focus();
+  }
+}
 
 export class AssistantView {
   constructor(id = null) {
     this.el = h("article", { class: "msg assistant" });
     this.around = (render) => render(); // the message list sets one that keeps the scroll pinned
+    this.status = "pending";
     this.setId(id);
     this.reset();
   }
@@ -32,8 +114,21 @@ export class AssistantView {
     this.thinking = h("details", { class: "thinking", hidden: true }, h("summary", {}, "Thinking"), this.thinkingText);
     this.content = h("div", { class: "content" });
     this.text = new LiveMarkdown(this.content, (render) => this.around(render));
+    this.errorBox = h("div", { class: "msg-error", role: "alert", hidden: true });
     this.foot = h("div", { class: "msg-foot" });
-    const body = h("div", { class: "msg-body" }, this.batchBox, this.toolBox, this.thinking, this.content, this.foot);
+    this.actions = h("div", { class: "msg-actions" });
+    const body = h(
+      "div",
+      { class: "msg-body" },
+      SR("The agent said:"),
+      this.batchBox,
+      this.toolBox,
+      this.thinking,
+      this.content,
+      this.errorBox,
+      this.foot,
+      this.actions,
+    );
     this.el.replaceChildren(h("div", { class: "avatar", "aria-hidden": "true" }, "A"), body);
     this.body = body;
   }
@@ -41,22 +136,51 @@ export class AssistantView {
   /** A saved assistant message, with metadata.subagents and metadata.toolCalls. */
   static restore(msg) {
     const view = new AssistantView(msg.id);
-    for (const batch of msg.metadata?.subagents ?? []) view.addBatch(BatchCard.restore(batch));
-    for (const call of msg.metadata?.toolCalls ?? []) {
-      view.toolInput({ toolCallId: call.id, toolName: call.name, input: call.input });
-      if ("output" in call || "ok" in call) view.toolOutput({ toolCallId: call.id, ok: call.ok, output: call.output });
-    }
-    if (msg.thinking) view.appendReasoning(msg.thinking);
-    view.appendText(msg.content || "");
-    view.text.flush();
-    if (msg.status === "failed") view.error(msg.metadata?.error ?? { code: "failed", message: "the turn failed" });
-    if (msg.status === "cancelled") view.error({ code: "cancelled", message: "cancelled" });
-    if (msg.status !== "pending") view.finish({ model: msg.model, usage: msg.usage });
+    view.restoreFrom(msg);
     return view;
+  }
+
+  restoreFrom(msg) {
+    for (const batch of msg.metadata?.subagents ?? []) this.addBatch(BatchCard.restore(batch));
+    this.applyCalls(msg);
+    if (msg.thinking) this.appendReasoning(msg.thinking);
+    this.appendText(msg.content || "");
+    this.text.flush();
+    this.applyEnd(msg);
+  }
+
+  /** The stored tool calls, each in its stored state (a card that is missing is added). */
+  applyCalls(msg) {
+    for (const call of msg.metadata?.toolCalls ?? []) {
+      if (!this.tools.has(call.id)) this.toolInput({ toolCallId: call.id, toolName: call.name, input: call.input });
+      const state = storedCallState(call, msg.status);
+      if (state !== "running") this.tools.get(call.id).finish(call, state);
+    }
+  }
+
+  /** How the stored message ended: its error, its model and tokens; running cards end with it. */
+  applyEnd(msg) {
+    this.status = msg.status;
+    if (msg.status === "completed" || msg.status === "pending") this.errorBox.hidden = true;
+    if (msg.status === "failed" || msg.status === "cancelled") {
+      const error = msg.metadata?.error ?? { code: msg.status === "cancelled" ? "cancelled" : "failed" };
+      this.error(msg.status === "cancelled" ? { ...error, code: "cancelled" } : error);
+      this.settle(error.code ? error : { code: msg.status });
+    }
+    if (msg.status !== "pending") this.finish({ model: msg.model, usage: msg.usage });
+  }
+
+  /** After a turn: what was stored for it (tool states, batches, error) replaces what the stream said. */
+  reconcile(msg) {
+    this.applyCalls(msg);
+    const batches = msg.metadata?.subagents;
+    if (batches?.length) this.replaceBatches(batches);
+    this.applyEnd(msg);
   }
 
   setStreaming(on) {
     this.el.classList.toggle("streaming", on);
+    this.streaming = on;
     if (!on) this.text.flush();
   }
 
@@ -71,6 +195,7 @@ export class AssistantView {
   }
 
   toolInput(ev) {
+    if (this.tools.has(ev.toolCallId)) return;
     const card = new ToolCard(ev);
     this.tools.set(ev.toolCallId, card);
     this.toolBox.append(card.el);
@@ -79,6 +204,16 @@ export class AssistantView {
   toolOutput(ev) {
     if (!this.tools.has(ev.toolCallId)) this.toolInput({ ...ev, input: {} });
     this.tools.get(ev.toolCallId).finish(ev);
+  }
+
+  /** a2a-task-started: its tool card can open the callee from now on. */
+  taskStarted(ev) {
+    this.tools.get(ev.toolCallId)?.taskStarted(ev);
+  }
+
+  /** The turn ended (`error` or a lost stream): every card still running ends as the turn did. */
+  settle(error) {
+    for (const card of this.tools.values()) card.settle(error);
   }
 
   /** The batches as stored (metadata.subagents), in place of the live cards. */
@@ -112,8 +247,13 @@ export class AssistantView {
     card?.done(ev.summary);
   }
 
-  error({ code, message }) {
-    this.body.append(h("div", { class: "msg-error", role: "alert" }, code ? `${code}: ${message}` : message));
+  /** How the turn failed, in a sentence for people (the code stays on the element). */
+  error(err) {
+    const code = errorCode(err);
+    this.status = code === "cancelled" ? "cancelled" : "failed";
+    this.errorBox.textContent = errorText(err);
+    this.errorBox.dataset.code = code;
+    this.errorBox.hidden = false;
   }
 
   finish({ model, usage }) {
@@ -121,58 +261,245 @@ export class AssistantView {
     const tokens = usage ? ` · ${usage.inputTokens ?? 0} in / ${usage.outputTokens ?? 0} out tokens` : "";
     this.foot.textContent = `${model}${tokens}`;
   }
+
+  /** The switcher of the turn's versions and, on the last turn, Retry or Regenerate. */
+  setActions({ fork = null, onRetry = null } = {}) {
+    const again = onRetry && (this.status === "completed" ? "Regenerate" : "Retry");
+    this.actions.replaceChildren(
+      fork ? switcher(fork) : "",
+      again
+        ? h("button", { type: "button", class: `link msg-${again.toLowerCase()}`, title: again === "Retry" ? "Send this message again" : "Write a new answer to this message", onclick: () => onRetry() }, again)
+        : "",
+    );
+  }
+}
+
+/** "‹ 2/3 ›": fork = {index, count, go(i)}. */
+function switcher({ index, count, go }) {
+  return h(
+    "div",
+    { class: "branch", role: "group", "aria-label": "Versions of this turn" },
+    h("button", { type: "button", class: "icon branch-prev", "aria-label": "Previous version", disabled: index === 0, onclick: () => go(index - 1) }, "‹"),
+    h("span", { class: "branch-pos", "aria-live": "polite" }, `${index + 1}/${count}`),
+    h("button", { type: "button", class: "icon branch-next", "aria-label": "Next version", disabled: index === count - 1, onclick: () => go(index + 1) }, "›"),
+  );
 }
 
 export class ChatView {
-  constructor(root) {
-    this.root = root;
-    this.byId = new Map(); // assistant message id -> AssistantView
+  /** hooks: onRetry({user, text}) and onEdit({user, text}) for the last turn (user: the stored message). */
+  constructor(root, { onRetry = () => {}, onEdit = () => {} } = {}) {
+    Object.assign(this, { root, onRetry, onEdit });
+    this.views = new Map(); // message id -> UserView | AssistantView
+    this.busy = false;
     this.clear();
   }
 
+  /** An empty, new chat. */
   clear() {
-    this.byId.clear();
+    this.views.clear();
+    this.setMessages([], 0);
+    this.pending = [];
+    this.cut = null;
     this.root.replaceChildren(h("div", { class: "empty" }, "Send a message to start a conversation."));
   }
 
-  /** Renders a session's saved messages (GET /api/sessions/{id}/messages). */
-  renderHistory(messages) {
-    this.byId.clear();
-    this.root.replaceChildren();
-    for (const msg of messages) {
-      if (msg.role === "user") this.addUser(msg.content);
-      else if (msg.role === "assistant") this.add(AssistantView.restore(msg));
+  /** The state of a chat that does not exist (deleted, or never ours). */
+  notFound(onNew) {
+    this.clear();
+    this.root.replaceChildren(
+      h(
+        "div",
+        { class: "empty not-found", role: "status" },
+        h("p", { class: "not-found-title" }, "This chat no longer exists."),
+        h("p", { class: "muted" }, "It may have been deleted, or the link is wrong."),
+        h("button", { type: "button", class: "primary", onclick: onNew }, "Start a new chat"),
+      ),
+    );
+  }
+
+  /** Every message of the chat (GET .../messages?mode=all) and its head. */
+  setMessages(messages, head) {
+    this.bySeq = new Map(messages.map((m) => [m.sequence, m]));
+    this.children = new Map();
+    for (const m of [...messages].sort((a, b) => a.sequence - b.sequence)) {
+      const parent = m.parentSequence || 0;
+      if (!this.children.has(parent)) this.children.set(parent, []);
+      this.children.get(parent).push(m);
     }
-    if (!messages.length) this.clear();
+    this.head = head || messages.reduce((max, m) => Math.max(max, m.sequence), 0);
+    this.choice ??= new Map(); // parent sequence -> the child the reader picked
+  }
+
+  /** A chat opened from the history: its messages, shown along the newest path. */
+  renderHistory(messages, head) {
+    this.views.clear();
+    this.choice = new Map();
+    this.pending = [];
+    this.cut = null;
+    this.setMessages(messages, head);
+    this.render();
     this.scroll(true);
   }
 
-  addUser(text) {
-    this.root.querySelector(".empty")?.remove();
-    this.root.append(h("article", { class: "msg user" }, h("div", { class: "msg-body" }, h("div", { class: "content" }, text))));
-    this.scroll(true);
+  /** The path shown: from the root, at each fork the picked child, else the head's, else the newest. */
+  path() {
+    const onHead = new Set();
+    for (let s = this.head; s; s = this.bySeq.get(s)?.parentSequence) {
+      if (onHead.has(s)) break;
+      onHead.add(s);
+    }
+    const out = [];
+    for (let parent = 0; ; ) {
+      if (this.cut != null && parent === this.cut) break;
+      const kids = this.children.get(parent) ?? [];
+      if (!kids.length) break;
+      const picked = this.choice.get(parent);
+      const next = kids.find((k) => k.sequence === picked) ?? kids.find((k) => onHead.has(k.sequence)) ?? kids.at(-1);
+      out.push(next);
+      parent = next.sequence;
+      if (out.length > this.bySeq.size) break; // a cycle would be a bug of the store: never loop
+    }
+    return out;
   }
 
-  addAssistant(id = null) {
-    return this.add(new AssistantView(id));
+  /** The last message shown, when it is not the head: where a new message must branch from. */
+  branchPoint() {
+    const last = this.path().at(-1);
+    return last && last.sequence !== this.head ? last.sequence : null;
   }
 
-  add(view) {
-    view.around = (render) => this.pinned(render);
-    this.root.querySelector(".empty")?.remove();
-    this.root.append(view.el);
-    if (view.id != null) this.byId.set(String(view.id), view);
+  viewOf(msg) {
+    let view = this.views.get(String(msg.id));
+    const stale = view instanceof AssistantView && !view.live && view.status !== msg.status;
+    if (!view || stale) {
+      view = msg.role === "user" ? UserView.restore(msg) : AssistantView.restore(msg);
+      if (view instanceof AssistantView) view.around = (render) => this.pinned(render);
+      this.views.set(String(msg.id), view);
+    }
+    view.sequence = msg.sequence;
     return view;
   }
 
-  /** Gives a provisional view (created before the `start` event) its message id. */
+  /** Shows the path (views reused by id), the live turn after it, and each turn's controls. */
+  /** The messages of the path that are shown (user and assistant messages). */
+  shownPath() {
+    return this.path().filter((m) => m.role === "user" || m.role === "assistant");
+  }
+
+  render() {
+    // A live turn's views belong to the path once the stored tree has their messages.
+    const stored = new Set([...this.bySeq.values()].map((m) => String(m.id)));
+    this.pending = this.pending.filter((v) => v.id == null || !stored.has(String(v.id)));
+    if (!this.pending.length) this.cut = null;
+    const path = this.shownPath();
+    const shown = path.map((m) => this.viewOf(m));
+    const els = [...shown, ...this.pending].map((v) => v.el);
+    this.pinned(() => {
+      if (!els.length) {
+        this.root.replaceChildren(h("div", { class: "empty" }, "Send a message to start a conversation."));
+        return;
+      }
+      // Moved, not rebuilt: a message keeps its element (and its images, its open details).
+      els.forEach((el, i) => {
+        if (this.root.children[i] !== el) this.root.insertBefore(el, this.root.children[i] ?? null);
+      });
+      while (this.root.children.length > els.length) this.root.lastElementChild.remove();
+    });
+    this.controls(path);
+  }
+
+  controls(path) {
+    const lastUser = path.findLastIndex((m) => m.role === "user");
+    for (const [i, msg] of path.entries()) {
+      const view = this.viewOf(msg);
+      if (msg.role === "user") {
+        const last = i === lastUser && !this.busy && !this.pending.length;
+        const answered = path[i + 1]?.role === "assistant";
+        view.setActions({
+          onEdit: last ? (text) => this.onEdit({ user: msg, text }) : null,
+          onRetry: last && !answered ? () => this.onRetry({ user: msg, text: msg.content }) : null,
+        });
+        if (!answered) continue;
+      } else {
+        const user = path[i - 1]?.role === "user" ? path[i - 1] : null;
+        const last = user && i - 1 === lastUser && !this.busy && !this.pending.length && msg.status !== "pending";
+        view.setActions({
+          fork: this.busy ? null : (this.fork(user) ?? this.fork(msg)),
+          onRetry: last ? () => this.onRetry({ user, text: user.content }) : null,
+        });
+      }
+    }
+  }
+
+  /** The versions of a message (its siblings of its role), when it has several. */
+  fork(msg) {
+    if (!msg) return null;
+    const parent = msg.parentSequence || 0;
+    const versions = (this.children.get(parent) ?? []).filter((m) => m.role === msg.role);
+    if (versions.length < 2) return null;
+    return {
+      index: versions.indexOf(msg),
+      count: versions.length,
+      go: (i) => {
+        this.choice.set(parent, versions[i].sequence);
+        this.render();
+      },
+    };
+  }
+
+  /** A new turn's views, shown at once (before the server knows its ids). With `replacing` (a stored
+   * user message), the turn is a new version of that one: the path is shown up to its parent. */
+  beginTurn(text, replacing = null) {
+    this.before = this.choice; // given back if the turn does not begin
+    this.choice = new Map(); // the new turn becomes the head: the path follows it
+    this.cut = replacing ? replacing.parentSequence || 0 : null;
+    const user = new UserView(text);
+    const assistant = new AssistantView();
+    assistant.around = (render) => this.pinned(render);
+    assistant.live = true;
+    this.pending = [user, assistant];
+    this.render();
+    this.scroll(true);
+    return { user, assistant };
+  }
+
+  /** A turn whose request failed before it began: its views go, the path is as before. */
+  dropTurn() {
+    if (this.before) this.choice = this.before;
+    this.pending = [];
+    this.cut = null;
+    this.render();
+  }
+
+  /** Gives a view created before the `start` event its message id. */
   bind(view, id) {
     view.setId(id);
-    this.byId.set(String(id), view);
+    this.views.set(String(id), view);
+  }
+
+  /** A view for a running turn found in the history (a resumed turn) or a new one. */
+  liveAssistant(id) {
+    let view = this.views.get(String(id));
+    if (!(view instanceof AssistantView)) {
+      view = new AssistantView(id);
+      view.around = (render) => this.pinned(render);
+      this.views.set(String(id), view);
+      this.pending.push(view);
+      this.render();
+    }
+    view.live = true;
+    return view;
   }
 
   assistant(id) {
-    return this.byId.get(String(id));
+    const view = this.views.get(String(id));
+    return view instanceof AssistantView ? view : undefined;
+  }
+
+  setBusy(busy) {
+    this.busy = busy;
+    this.root.setAttribute("aria-busy", String(busy));
+    this.controls(this.shownPath());
   }
 
   /** Keeps the newest content in sight unless the reader scrolled up. */

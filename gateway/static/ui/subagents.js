@@ -1,12 +1,15 @@
 // Subagent batch cards
 // (docs/requirements.md#subagent-cards): one card per delegate batch, inline in the assistant message whose
 // id is the batch's parentMessageId. Live events and restored metadata.subagents build the same card.
-// A subagent's summary and its live text are markdown. Its live text comes from its buffer while that
-// exists, then from its stored trace; "open" shows the whole trace in the side panel (an `open-trace`
-// event that bubbles up to the page).
+// A subagent's summary and its live text are markdown, shown whole (a long one folds behind "Show
+// all", never inside a scrolling box that cuts its code). Its live text comes from its buffer while
+// that exists, then from its stored trace; "open" shows the whole trace in the side panel (an
+// `open-trace` event that bubbles up to the page). The batch's badge says how it ended: done (all
+// completed), cancelled, failed, or partly done.
 
 import { api, json } from "./api.js";
 import { h } from "./dom.js";
+import { errorCode, errorText } from "./errors.js";
 import { LiveMarkdown, renderMarkdown } from "./markdown.js";
 import { follow, resumeHeaders } from "./sse.js";
 
@@ -18,7 +21,7 @@ export class BatchCard {
     this.total = total;
     this.items = new Map(); // subagent id -> SubagentRow
     this.summary = null; // set by done()
-    this.state = h("span", { class: "badge", dataset: { status: "running" } }, "running");
+    this.state = h("span", { class: "badge batch-state", dataset: { status: "running" } }, "running");
     this.counts = h("span", { class: "batch-summary" });
     this.list = h("ol", { class: "batch-items" });
     this.el = h(
@@ -70,8 +73,10 @@ export class BatchCard {
   /** subagent-done: the final counts. */
   done(summary) {
     this.summary = summary;
-    this.state.textContent = "done";
-    this.state.dataset.status = "done";
+    const state = batchState(summary);
+    this.state.textContent = BATCH_LABEL[state];
+    this.state.dataset.status = state;
+    this.el.dataset.status = state;
     this.refresh();
   }
 
@@ -93,6 +98,16 @@ export class BatchCard {
   }
 }
 
+const BATCH_LABEL = { completed: "done", cancelled: "cancelled", failed: "failed", partial: "partly done" };
+
+/** How a finished batch ended, from its counts. */
+export function batchState({ total = 0, completed = 0, failed = 0, cancelled = 0 }) {
+  if (completed >= total) return "completed";
+  if (!completed && !failed) return "cancelled";
+  if (!completed && !cancelled) return "failed";
+  return "partial";
+}
+
 /** One subagent: name, status, goal, summary or error; a click shows its live text. */
 class SubagentRow {
   constructor(item) {
@@ -104,29 +119,32 @@ class SubagentRow {
     this.badge = h("span", { class: "badge" });
     this.goal = h("div", { class: "sub-goal" });
     this.result = h("div", { class: "sub-result" });
+    this.more = h("button", { type: "button", class: "link sub-more", hidden: true, "aria-expanded": "false", onclick: () => this.unfold() }, "Show all");
     this.resultText = null;
-    this.live = h("div", { class: "sub-live", hidden: true });
-    this.liveText = new LiveMarkdown(this.live);
+    this.liveBody = h("div", { class: "sub-live-text" });
+    this.live = h("div", { class: "sub-live", hidden: true }, this.liveBody);
+    this.liveText = new LiveMarkdown(this.liveBody);
     this.el = h(
       "li",
       { class: "sub", dataset: { subagentId: item.id } },
       h(
         "button",
-        { type: "button", class: "sub-head", title: "Show live output", onclick: () => this.toggle() },
+        { type: "button", class: "sub-head", title: "Show its text", "aria-expanded": "false", onclick: () => this.toggle() },
         h("span", { class: "dot", "aria-hidden": "true" }),
         this.name,
         this.badge,
       ),
-      h("button", { type: "button", class: "link open-trace", title: "Open the subagent's trace", onclick: () => this.open() }, "open"),
+      h("button", { type: "button", class: "link open-trace", title: "Open the subagent's trace in the side panel", onclick: (e) => this.open(e.currentTarget) }, "open"),
       this.goal,
       this.result,
+      this.more,
       this.live,
     );
   }
 
   /** The whole trace in the side panel, following it live while it runs. */
-  open() {
-    const detail = { name: this.name.textContent, traceId: this.traceId, streamUrl: this.streamUrl() };
+  open(opener = null) {
+    const detail = { name: this.name.textContent, task: this.goal.textContent, traceId: this.traceId, streamUrl: this.streamUrl(), opener };
     this.el.dispatchEvent(new CustomEvent("open-trace", { bubbles: true, detail }));
   }
 
@@ -156,11 +174,26 @@ class SubagentRow {
     if (error) this.result.textContent = error;
     else renderMarkdown(this.result, summary);
     this.result.hidden = !error && !summary;
+    this.result.classList.add("folded");
+    requestAnimationFrame(() => {
+      const long = this.result.scrollHeight > this.result.clientHeight + 2;
+      this.result.classList.toggle("folded", long && this.more.getAttribute("aria-expanded") !== "true");
+      this.more.hidden = !long && this.more.getAttribute("aria-expanded") !== "true";
+    });
+  }
+
+  /** Shows the whole result (or folds it again). */
+  unfold() {
+    const open = this.more.getAttribute("aria-expanded") !== "true";
+    this.more.setAttribute("aria-expanded", String(open));
+    this.more.textContent = open ? "Show less" : "Show all";
+    this.result.classList.toggle("folded", !open);
   }
 
   /** Shows (and follows, while it runs) the text of GET /api/subagents/{id}/stream. */
   async toggle() {
     this.live.hidden = !this.live.hidden;
+    this.el.querySelector(".sub-head").setAttribute("aria-expanded", String(!this.live.hidden));
     if (this.live.hidden || this.loading) return;
     this.loading = true;
     const text = this.liveText;
@@ -172,7 +205,7 @@ class SubagentRow {
         (lastId) => api(this.streamUrl(), { headers: resumeHeaders(lastId) }),
         (ev) => {
           if (ev.type === "text-delta") text.append(ev.textDelta);
-          else if (ev.type === "error") text.append(`\n[${ev.code}] ${ev.message}`);
+          else if (ev.type === "error") this.liveError(ev);
         },
       );
       if (!result.ended && !text.text) {
@@ -180,12 +213,17 @@ class SubagentRow {
         text.set(TERMINAL.has(this.status) ? await this.storedReply() : "(not started yet)");
       }
     } catch (err) {
-      text.set(`(${err.message})`);
+      this.liveError(err);
     } finally {
       text.flush();
       this.loading = false;
       this.live.dataset.state = "loaded";
     }
+  }
+
+  liveError(err) {
+    this.live.querySelector(".sub-live-error")?.remove();
+    this.live.append(h("div", { class: "sub-live-error", dataset: { code: errorCode(err) } }, errorText(err)));
   }
 
   async storedReply() {

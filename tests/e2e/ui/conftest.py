@@ -14,7 +14,9 @@ from tests.conftest import CI
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 # The UI's npm libraries, copied there by `make setup` (gitignored).
 VENDOR = Path(__file__).resolve().parents[3] / "gateway" / "static" / "ui" / "vendor"
-VENDOR_FILES = ("marked.esm.js", "purify.es.mjs")
+VENDOR_FILES = ("marked.esm.js", "purify.es.mjs", "highlight.min.js")
+# axe-core (an npm devDependency, never served to users) for the accessibility checks.
+AXE = Path(__file__).resolve().parents[3] / "node_modules" / "axe-core" / "axe.min.js"
 HAVE_CHROMIUM = CHROMIUM.exists()
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -46,6 +48,8 @@ async def browser() -> AsyncIterator[Browser]:
     missing = [name for name in VENDOR_FILES if not (VENDOR / name).exists()]
     if missing:
         pytest.fail(f"the UI's libraries are missing from {VENDOR} ({', '.join(missing)}): run `make setup`")
+    if not AXE.exists():
+        pytest.fail(f"axe-core is missing ({AXE}): run `make setup`")
     async with async_playwright() as pw:
         b = await pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield b

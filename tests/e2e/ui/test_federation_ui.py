@@ -92,7 +92,7 @@ async def test_the_panel_follows_a_peers_agent_and_reopens_its_trace(
     await expect(panel_text).to_contain_text("word3", timeout=T)
     badge = reply.locator('.tool[data-tool="agent-invoke"] .badge')
     assert await badge.inner_text() == "running", "the peer's text came while the tool still ran"
-    await expect(badge).to_have_text("ok", timeout=T)
+    await expect(badge).to_have_text("completed", timeout=T)
     await expect(panel_text).to_contain_text("word59")
     await expect(reply.locator(".content")).to_have_text("All done.", timeout=T)
 

@@ -66,7 +66,7 @@ async def test_a_refused_call_never_opens_the_panel(page: Page, mesh: Mesh) -> N
     tool = reply.locator('.tool[data-tool="agent-invoke"]')
     await expect(tool.locator(".badge")).to_have_text("failed", timeout=T)
     await expect(reply.locator(".content")).to_have_text("All done.", timeout=T)
-    await tool.locator("summary").click()
+    await tool.locator(".tool-toggle").click()
     await expect(tool.locator(".tool-output")).to_contain_text("may not call")
     await expect(page.locator("#invoke-panel")).to_be_hidden()
     await expect(tool.locator(".open-trace")).to_have_count(0)  # no trace to open
@@ -84,7 +84,7 @@ async def test_the_panel_text_grows_before_the_tool_card_is_done(page: Page, mes
     await expect(panel_text).to_contain_text("word20", timeout=T)
     assert len(await panel_text.inner_text()) > first, "and it keeps growing"
     await page.screenshot(path=str(shots / "panel.png"))
-    await expect(tool_badge).to_have_text("ok", timeout=T)
+    await expect(tool_badge).to_have_text("completed", timeout=T)
     await expect(page.locator("#invoke-status")).to_have_text("done", timeout=T)
     await expect(panel_text).to_contain_text("word59")
 
@@ -99,7 +99,7 @@ async def test_a_dropped_stream_says_the_connection_was_lost(page: Page, mesh: M
     await expect(page.locator("#invoke-body .panel-error")).to_contain_text(
         "connection to this stream was lost", timeout=T
     )
-    await expect(reply.locator('.tool[data-tool="agent-invoke"] .badge')).to_have_text("ok", timeout=T)
+    await expect(reply.locator('.tool[data-tool="agent-invoke"] .badge')).to_have_text("completed", timeout=T)
     # The tool's output still settles the call: its reply shows, marked done.
     await expect(page.locator("#invoke-status")).to_have_text("done", timeout=T)
     await expect(page.locator("#invoke-body .panel-text")).to_contain_text("def fizzbuzz")

@@ -291,3 +291,17 @@ async def test_invalid_requests_are_400(
     body = caught.value.body
     assert isinstance(body, dict) and body["type"] == "invalid_request_error" and body["param"] == param
     assert mock_llm.stats()["total"] == 0
+
+
+async def test_title_variable_says_what_a_message_is_about(
+    mock_llm: MockLLM, client: openai.AsyncOpenAI
+) -> None:
+    mock_llm.set_rules({"rules": [{"text": "{title}"}]})
+    cases = {
+        "Please help me plan a trip to Lisbon in May with my family\nand more": "Plan trip Lisbon May family",
+        "hi there": "Hi there",
+        "split this into subtasks: a todo app": "Split this into subtasks todo app",
+    }
+    for text, title in cases.items():
+        reply = await client.chat.completions.create(model="mock-gpt", messages=user(text))
+        assert reply.choices[0].message.content == title

@@ -96,3 +96,13 @@ async def test_anything_else_is_echoed(demo: MockLLM, client: openai.AsyncOpenAI
     reply = await turn(client, messages_for("general", "what is the weather?"), TOOLS)
     assert reply.message.content.startswith('Hello! You said: "what is the weather?"')
     assert reply.message.tool_calls in (None, [])
+
+
+async def test_the_demo_model_titles_a_chat(demo: MockLLM, client: openai.AsyncOpenAI) -> None:
+    """Asked for a title (the system prompt starts "Title this conversation"), it answers a few words
+    of the chat's first message: what the chat is about, not the whole message."""
+    messages = [
+        {"role": "system", "content": "Title this conversation in at most six words."},
+        {"role": "user", "content": "please ask the coding assistant to write fizzbuzz"},
+    ]
+    assert (await turn(client, messages)).message.content == "Coding assistant write fizzbuzz"
