@@ -71,10 +71,11 @@ class ChatRequest(BaseModel):
     parent_sequence: int | None = Field(
         default=None,
         alias="parentSequence",
-        ge=1,
+        ge=0,
         le=2**53 - 1,
-        description="Branch off this message of the trace (retry, regenerate, edit): the turn follows it "
-        "instead of the head, and the trace's main path follows the new branch.",
+        description="Branch off this message of the trace (retry, regenerate, edit; 0: a new first "
+        "message): the turn follows it instead of the head, and the trace's main path follows the new "
+        "branch.",
     )
 
     @model_validator(mode="after")
@@ -98,7 +99,7 @@ def _request(body: ChatRequest) -> orc.RunTurnRequest:
         trace_id=body.session_id or "",
         agent=body.agent,
         input=body.message,
-        parent_sequence=body.parent_sequence or 0,
+        parent_sequence=body.parent_sequence,
         chat=orc.ChatCaller(),
     )
 

@@ -132,7 +132,7 @@ class Kinds:
             source=tp.MESSAGE_SOURCE_USER,
             timeout_ms=_limit(req.limits.timeout_ms, agent.limits.timeout_ms, self._timeout_ms),
             overrides=rt.RunOverrides(max_output_tokens=req.limits.max_output_tokens),
-            parent_sequence=req.parent_sequence,
+            parent_sequence=req.parent_sequence if req.HasField("parent_sequence") else None,
             new_trace=new_trace,
             fresh_key=new_trace is not None,
             stream_metadata={"agent": agent.slug, "kind": "chat"},

@@ -71,7 +71,7 @@ class Turn:
     depth: int = 0
     timeout_ms: int = 0  # the turn's limit
     overrides: rt.RunOverrides = field(default_factory=rt.RunOverrides)
-    parent_sequence: int = 0  # the message it follows (0: the trace's head)
+    parent_sequence: int | None = None  # the message it follows (0: a new root; None: the head)
     new_trace: tp.Trace | None = None  # created with the turn's messages
     fresh_key: bool = False  # its buffer's key is new: no other turn can hold it
     stream_metadata: dict[str, str] = field(default_factory=dict)
@@ -137,7 +137,7 @@ class TurnEngine:
         start = turn_start(turn.trace_id, user.id, placeholder.id, turn.agent.slug)
         create = ss.CreateStreamRequest(key=turn.stream_key, metadata=turn.stream_metadata, events=[start])
         store = ts.BeginTurnRequest(trace_id=turn.trace_id, user_message=user, assistant_message=placeholder)
-        if turn.parent_sequence:
+        if turn.parent_sequence is not None:
             store.parent_sequence = turn.parent_sequence
         if turn.new_trace is not None:
             store.new_trace.CopyFrom(turn.new_trace)
