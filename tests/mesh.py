@@ -129,9 +129,12 @@ async def start_mesh(
     llm_timeout_s: float = 10.0,
     stream_options: dict[str, Any] | None = None,
     gateway_port: int = 0,
+    tokens_per_second: float = 0.0,
     **overrides: Any,
 ) -> Mesh:
-    timing = {"ttft_ms": 0.0, "tokens_per_second": 0.0}
+    """The whole mesh in this loop. The model answers at once unless `tokens_per_second` slows it (a
+    rule's own pace still wins)."""
+    timing = {"ttft_ms": 0.0, "tokens_per_second": tokens_per_second}
     mock = MockLLM(rules, **timing) if rules is not None else MockLLM.from_file(DEMO_RULES, **timing)
     await mock.start()
     values: dict[str, Any] = {
