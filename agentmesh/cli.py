@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from agentmesh import __version__, agents_cli
 from agentmesh.agents_cli import CliError
 from agentmesh.libs.config import MeshSettings, load_settings
+from agentmesh.libs.log import quiet_grpc_core
 from agentmesh.libs.transport import use_classic_transport
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def _serve(name: str) -> int:
     from agentmesh.libs import telemetry
     from agentmesh.libs.log import setup_logging
 
-    setup_logging(name, settings.log_level, settings.log_json)
+    setup_logging(name, settings.log_level, settings.log_json, access_log=settings.gateway_access_log)
     telemetry.setup(name)  # only with OTEL_EXPORTER_OTLP_ENDPOINT
     from agentmesh.libs.aio import run as run_loop
 
@@ -125,6 +126,7 @@ def _up(args: argparse.Namespace) -> int:
     dies is restarted (with backoff) while the rest keeps serving."""
     from agentmesh import ports
     from agentmesh.libs.identity import load_secret
+    from agentmesh.libs.log import setup_logging
     from agentmesh.supervisor import Supervisor
 
     bundled = not (args.no_mock_llm or args.model_url)
@@ -148,9 +150,9 @@ def _up(args: argparse.Namespace) -> int:
         return 1
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     load_secret(settings.mesh_secret, settings.data_dir)  # every child reads the same mesh secret
-    env = dict(os.environ)
-    env.setdefault("AGENTMESH_LOG_JSON", "false")
-    supervisor = Supervisor(env, settings.shutdown_grace_s)
+    # The children write to this stderr: JSON lines, or text when it is a terminal (libs/log.py).
+    setup_logging("up", settings.log_level, settings.log_json)
+    supervisor = Supervisor(dict(os.environ), settings.shutdown_grace_s)
     stop = False
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -489,6 +491,7 @@ def _setting_error(exc: ValidationError) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     use_classic_transport()  # before anything below imports gRPC
+    quiet_grpc_core()  # its lines would bypass the log format (libs/log.py)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "mock-llm":

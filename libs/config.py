@@ -132,7 +132,8 @@ class MeshSettings(BaseSettings):
     lease_s: float = 30.0  # work in progress whose runner stopped renewing it for this long is settled
     shutdown_grace_s: float = 10.0  # drain in-flight streams on SIGTERM
     log_level: str = "INFO"
-    log_json: bool = True
+    log_json: bool | None = None  # JSON lines; empty: JSON unless stderr is a terminal (libs/log.py)
+    gateway_access_log: bool = False  # a log line per HTTP request at the gateway (uvicorn's access log)
 
     def listen_address(self, service: str) -> str:
         """Where `service` (orchestrator, agent_runtime, trace, stream) binds: `listen`, else its address."""

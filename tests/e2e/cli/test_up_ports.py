@@ -6,6 +6,7 @@ by side on one machine. The bundled model's pace (`--tokens-per-second`) and ano
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -149,6 +150,25 @@ async def test_a_second_up_on_busy_ports_fails_fast_and_names_them(first: Up, tm
     assert not (tmp_path / "second").exists(), "nothing was written either"
     async with httpx.AsyncClient() as http:  # the first mesh is untouched
         assert (await http.get(f"{first.url}/healthz")).status_code == 200
+
+
+async def test_up_and_its_children_log_json_lines_to_a_file(first: Up) -> None:
+    """`up`'s stderr is a file here, not a terminal: every line of every child is JSON, uncoloured."""
+    text = log_text(first.data_dir / "up.log")
+    assert "\x1b" not in text and "\\u001b" not in text
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert {x["service"] for x in lines} >= {
+        "mock-llm",
+        "trace",
+        "stream",
+        "agent-runtime",
+        "orchestrator",
+        "gateway",
+    }
+
+
+def log_text(path: Path) -> str:
+    return path.read_text()
 
 
 async def test_one_busy_port_of_the_default_layout(tmp_path: Path, ports: Ports) -> None:
