@@ -79,6 +79,10 @@ def based_env(base: int, settings: MeshSettings) -> dict[str, str]:
             )
     if settings.a2a.grpc_listen:
         out["AGENTMESH_A2A__GRPC_LISTEN"] = _moved(settings.a2a.grpc_listen, base + OFFSETS["a2a-grpc"])
+    if settings.gateway_metrics_listen:
+        out["AGENTMESH_GATEWAY_METRICS_LISTEN"] = _moved(
+            settings.gateway_metrics_listen, base + OFFSETS["gateway-metrics"]
+        )
     return out
 
 
@@ -95,6 +99,8 @@ def planned(settings: MeshSettings, model_port: int | None) -> list[Port]:
             ports.append(Port(f"{service} metrics", *found))
     if settings.a2a.grpc_listen and (found := split(settings.a2a.grpc_listen)):
         ports.append(Port("A2A gRPC", *found))
+    if settings.gateway_metrics_listen and (found := split(settings.gateway_metrics_listen)):
+        ports.append(Port("gateway metrics", *found))
     if model_port is not None:
         ports.append(Port("model", "127.0.0.1", model_port))
     return ports

@@ -117,6 +117,8 @@ class MeshSettings(BaseSettings):
     metrics: MetricsAddresses = Field(default_factory=MetricsAddresses)
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8080
+    # host:port where the gateway serves GET /metrics instead of its public port; empty: the public port
+    gateway_metrics_listen: str = ""
     llm: LLMSettings = Field(default_factory=LLMSettings)
     stream: StreamSettings = Field(default_factory=StreamSettings)
     subagent: SubagentDefaults = Field(default_factory=SubagentDefaults)

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from agentmesh.libs import identity, telemetry
 from agentmesh.libs.errors import Unauthenticated, to_status
 from agentmesh.libs.identity import Signer
-from agentmesh.libs.metrics import MetricsServer, Refresh, RpcMetrics
+from agentmesh.libs.metrics import MetricsServer, Refresh, RpcMetrics, process_series
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class ServiceServer:
             # Clients reconnect (and re-resolve) on GOAWAY; calls in flight finish on the old connection
             # (no max_connection_age_grace: a turn's stream may last minutes).
             options.append(("grpc.max_connection_age_ms", int(self.max_connection_age_s * 1000)))
-        self.rpc_metrics = RpcMetrics(self.registry)
+        self.rpc_metrics = RpcMetrics(process_series(self.registry))
         self.metrics_server: MetricsServer | None = None
         self.server = grpc.aio.server(
             options=options,
