@@ -41,7 +41,7 @@ WRITABLE = (
 
 
 class CliError(Exception):
-    """A failure to report on stderr (the command exits 1)."""
+    """A failure to report on stderr in one line, `agentmesh <command>: <message>` (the command exits 1)."""
 
 
 def add_parser(sub: Any) -> None:
@@ -84,12 +84,8 @@ def run(args: argparse.Namespace) -> int:
             _call(http, "DELETE", f"/api/agents/{args.slug}", what=f"agent/{args.slug}")
             print(f"agent/{args.slug} deleted")
             return 0
-    except CliError as err:
-        print(str(err), file=sys.stderr)
-        return 1
     except httpx.HTTPError as exc:
-        print(f"cannot reach the gateway at {url}: {exc}", file=sys.stderr)
-        return 1
+        raise CliError(f"cannot reach the gateway at {url}: {exc or type(exc).__name__}") from exc
 
 
 def _error(resp: httpx.Response, what: str) -> CliError:
@@ -147,7 +143,7 @@ def read_agents(filename: str) -> list[dict[str, Any]]:
         text = sys.stdin.read() if filename == "-" else Path(filename).read_text(encoding="utf-8")
         documents = [d for d in yaml.safe_load_all(text) if d is not None]
     except (OSError, yaml.YAMLError) as exc:
-        raise CliError(f"cannot read {filename}: {exc}") from exc
+        raise CliError(f"cannot read {filename}: {' '.join(str(exc).split())}") from exc
     agents: list[Any] = []
     for doc in documents:
         if isinstance(doc, dict) and isinstance(doc.get("agents"), list):
@@ -188,8 +184,8 @@ def _apply(http: httpx.Client, filename: str) -> int:
             )
             changed = resp.json()["agent"]["version"] != current["version"]
             print(f"{what} {'configured' if changed else 'unchanged'}")
-        except CliError as err:
-            print(str(err), file=sys.stderr)
+        except CliError as err:  # reported, and the next agent is still applied
+            print(f"agentmesh agents apply: {err}", file=sys.stderr)
             failed += 1
     return 1 if failed else 0
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +37,7 @@ class Child:
 class Supervisor:
     env: dict[str, str]
     grace_s: float
-    log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
+    log: Callable[[str], None] = field(default=logging.getLogger("agentmesh.supervisor").warning)
     children: list[Child] = field(default_factory=list)
     stopping: bool = False
 

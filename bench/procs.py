@@ -45,7 +45,7 @@ LANGGRAPH_OFFLINE_ENV = {
 }
 
 
-# Ports the bench's processes serve on, held (SO_REUSEPORT, never listened on) for the whole run so
+# Ports the bench's processes serve on, held (SO_REUSEADDR, never listened on) for the whole run so
 # no other program takes one between the choice and the bind (see tests.mesh.Ports).
 PORTS = Ports()
 

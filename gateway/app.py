@@ -18,6 +18,7 @@ from agentmesh.gateway.routes import agents, chat, sessions, streams, traces, ui
 from agentmesh.libs import telemetry
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.metrics import MetricsServer
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +28,18 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own = clients is None
         app.state.clients = clients or Clients(settings)
+        if settings.gateway_metrics_listen:  # GET /metrics there, not on the public port
+            app.state.metrics_server = MetricsServer(
+                settings.gateway_metrics_listen, app.state.metrics.registry
+            )
+            await app.state.metrics_server.start()
         app.state.a2a = await a2a_server.start(app.state, settings)
         try:
             yield
         finally:
             await app.state.a2a.stop(settings.shutdown_grace_s)
+            if app.state.metrics_server is not None:
+                await app.state.metrics_server.stop()
             if own:
                 await app.state.clients.close()
 
@@ -43,6 +51,7 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     app.state.auth_cache = {}
     app.state.auth_pending = {}  # AuthService look-ups under way, by key
     app.state.metrics = Metrics()
+    app.state.metrics_server = None
     app.state.undocumented_paths = a2a_routes.PATHS
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(HeadLimitMiddleware)  # a head over the limits reaches no route (still counted)
@@ -58,7 +67,8 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    app.add_route("/metrics", metrics_endpoint, methods=["GET"], include_in_schema=False)
+    if not settings.gateway_metrics_listen:
+        app.add_route("/metrics", metrics_endpoint, methods=["GET"], include_in_schema=False)
     app.include_router(chat.router)
     app.include_router(sessions.router)
     app.include_router(traces.router)

@@ -1,8 +1,10 @@
 """The gateway's HTTP errors: every answer outside 2xx is `{"error": {code, reason, message}}` with a
 reason from the one table (libs/errors.py), and the OpenAPI document says which ones a route can give.
 
-- `HttpError`: a MeshError with an HTTP status of its own, for what only HTTP has (405, 414, 431): the
-  reason stays a row of the table (NOT_FOUND, RESOURCE_EXHAUSTED), the status says which part failed.
+- `HttpError`: a MeshError with an HTTP status of its own, for what only HTTP has (405, 408, 414, 431):
+  its reason is a row of the table (RESOURCE_EXHAUSTED: the status says which part failed) or, with no
+  row to stand for it, a reason of HTTP's own (METHOD_NOT_ALLOWED).
+- Every 401 says how to authenticate: `WWW-Authenticate: Bearer` (RFC 9110 11.6.1, RFC 6750 3).
 - `install(app)`: handlers for what FastAPI and Starlette raise themselves (unknown routes and methods,
   bodies that are not JSON, failed validation) and a last one for anything else: a 500 with the same
   body and no traceback (the traceback goes to the log).
@@ -22,17 +24,23 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from agentmesh.libs.errors import TABLE, Internal, InvalidArgument, MeshError, NotFound, from_rpc_error
+from agentmesh.libs.errors import TABLE, Internal, InvalidArgument, MeshError, NotFound, Row, from_rpc_error
 
 log = logging.getLogger(__name__)
 
 
 class HttpError(MeshError):
-    """An error whose HTTP status is not its reason's row (`reason` is still one of TABLE)."""
+    """An error whose HTTP status is not its reason's row: `reason` is one of TABLE or of HTTP_ONLY."""
 
     def __init__(self, message: str, *, reason: str, status: int) -> None:
         super().__init__(message, reason=reason)
+        self.reason = reason  # type: ignore[misc]
         self.status = status
+
+    @property
+    def row(self) -> Row:
+        """TABLE's row, or for an HTTP-only reason the row of INVALID_ARGUMENT (the request was wrong)."""
+        return TABLE.get(self.reason) or TABLE["INVALID_ARGUMENT"]
 
     @property
     def http_status(self) -> int:
@@ -42,14 +50,21 @@ class HttpError(MeshError):
 # What only HTTP has, by status: the reason each is reported under.
 HTTP_ONLY: dict[int, tuple[str, str]] = {
     408: ("DEADLINE_EXCEEDED", "the request head or body did not arrive in time (the connection closes)"),
-    405: ("NOT_FOUND", "the route has no such method (Allow lists the ones it has)"),
+    405: ("METHOD_NOT_ALLOWED", "the route has no such method (Allow lists the ones it has)"),
     414: ("RESOURCE_EXHAUSTED", "request line over 8 KiB"),
     431: ("RESOURCE_EXHAUSTED", "request headers over the limits (count, line, total)"),
 }
 
 
+# The challenge of every 401 (the gateway's only scheme: an API key as a bearer token).
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="agentmesh"'}
+
+
 def error_response(err: MeshError, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(err.json_body(), status_code=err.http_status, headers=dict(headers or {}))
+    out = dict(headers or {})
+    if err.http_status == 401:
+        out.update(CHALLENGE)
+    return JSONResponse(err.json_body(), status_code=err.http_status, headers=out)
 
 
 def _allowed_methods(request: Request) -> list[str]:
@@ -210,6 +225,14 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
             "description": f"{why} ({', '.join(reasons_for(status))})",
             "content": {"application/json": {"schema": error_schema(status)}},
         }
+        if status == 401:
+            out[status]["headers"] = {
+                "WWW-Authenticate": {
+                    "description": "the scheme to authenticate with: Bearer",
+                    "required": True,
+                    "schema": {"type": "string", "pattern": "^Bearer"},
+                }
+            }
     return out
 
 

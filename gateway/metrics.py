@@ -1,4 +1,6 @@
-"""GET /metrics: Prometheus text for the gateway (requests, latency, live streams, chat turns)."""
+"""GET /metrics: Prometheus text for the gateway (requests, latency, live streams, and the process's
+standard series), on the public HTTP port or, with AGENTMESH_GATEWAY_METRICS_LISTEN, only on an
+address of its own (gateway/app.py), so the public port does not expose them."""
 
 from __future__ import annotations
 
@@ -16,12 +18,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agentmesh.libs.metrics import process_series
+
 
 class Metrics:
     """One registry per app, so several gateways in one process (tests) do not share counters."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = process_series(CollectorRegistry())
         self.requests = Counter(
             "agentmesh_http_requests",
             "HTTP requests by route and status",

@@ -57,8 +57,8 @@ class GatewayServer(uvicorn.Server):
 def make_server(settings: MeshSettings) -> GatewayServer:
     config = uvicorn.Config(
         create_app(settings),
-        log_config=None,
-        access_log=False,
+        log_config=None,  # every line through the process's one formatter (libs/log.py)
+        access_log=settings.gateway_access_log,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
         **http_limits(),
     )

@@ -117,6 +117,8 @@ class MeshSettings(BaseSettings):
     metrics: MetricsAddresses = Field(default_factory=MetricsAddresses)
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8080
+    # host:port where the gateway serves GET /metrics instead of its public port; empty: the public port
+    gateway_metrics_listen: str = ""
     llm: LLMSettings = Field(default_factory=LLMSettings)
     stream: StreamSettings = Field(default_factory=StreamSettings)
     subagent: SubagentDefaults = Field(default_factory=SubagentDefaults)
@@ -132,7 +134,8 @@ class MeshSettings(BaseSettings):
     lease_s: float = 30.0  # work in progress whose runner stopped renewing it for this long is settled
     shutdown_grace_s: float = 10.0  # drain in-flight streams on SIGTERM
     log_level: str = "INFO"
-    log_json: bool = True
+    log_json: bool | None = None  # JSON lines; empty: JSON unless stderr is a terminal (libs/log.py)
+    gateway_access_log: bool = False  # a log line per HTTP request at the gateway (uvicorn's access log)
 
     def listen_address(self, service: str) -> str:
         """Where `service` (orchestrator, agent_runtime, trace, stream) binds: `listen`, else its address."""

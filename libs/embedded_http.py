@@ -41,17 +41,17 @@ class EmbeddedServer(uvicorn.Server):
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to host:port (0: a free port), with SO_REUSEADDR and SO_REUSEPORT like
-    gRPC servers, so a port a parent process reserved the same way can be taken over."""
+    """A TCP socket bound to host:port (0: a free port). SO_REUSEADDR (as gRPC and uvicorn set it), so
+    a restarted server binds over its predecessor's connections in TIME_WAIT; never SO_REUSEPORT: a
+    port in use by another server is an error (OSError EADDRINUSE), not a port silently shared."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY only then
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
-    except OSError:
+    except OSError as exc:
         sock.close()
-        raise
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from exc
     return sock
 
 

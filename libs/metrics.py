@@ -4,7 +4,8 @@ trace queries, the reaper), and the small HTTP server that serves them at GET /m
 
 Each server has its own registry (several services share one process in the tests), and each component
 registers its series on the registry it is given; a component given none gets a private one, counted
-but never served. The gateway serves its own at /metrics on its HTTP port (gateway/metrics.py).
+but never served. Every served registry has the process's standard series too (`process_series`). The
+gateway serves its own at /metrics on its HTTP port, or on an address of its own (gateway/metrics.py).
 Series names are the contract of deploy/grafana/agentmesh.json (tests/e2e/deploy checks each panel's).
 """
 
@@ -21,7 +22,10 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     generate_latest,
 )
 
@@ -39,6 +43,19 @@ TPS_BUCKETS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 200, 350, 500, 1000, 5000)
 
 def registry_or_new(registry: CollectorRegistry | None) -> CollectorRegistry:
     return registry if registry is not None else CollectorRegistry()
+
+
+def process_series(registry: CollectorRegistry) -> CollectorRegistry:
+    """The standard series of the process on a served registry, as prometheus_client's default registry
+    has them: CPU, memory, open files and start time (`process_*`, from /proc), the interpreter
+    (`python_info`) and its garbage collector (`python_gc_*`). Once per registry."""
+    try:
+        ProcessCollector(registry=registry)
+    except ValueError:  # already there (a registry served twice)
+        return registry
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
 
 
 class RpcMetrics:

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from agentmesh.libs import identity, telemetry
 from agentmesh.libs.errors import Unauthenticated, to_status
 from agentmesh.libs.identity import Signer
-from agentmesh.libs.metrics import MetricsServer, Refresh, RpcMetrics
+from agentmesh.libs.metrics import MetricsServer, Refresh, RpcMetrics, process_series
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,9 @@ _CHANNEL_OPTIONS = [
 ]
 _SERVER_OPTIONS = [
     *_SIZES,
+    # A port is owned: gRPC sets SO_REUSEPORT by default, and a second server on the same port (a
+    # second mesh, a stale process) would bind without an error and take half of the connections.
+    ("grpc.so_reuseport", 0),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 0),
@@ -62,6 +65,10 @@ def server_options(max_queued_s: float) -> list[tuple[str, Any]]:
     longer than grpc.server_max_unrequested_time_in_server (default 30 s) with a bare CANCELLED, as if
     its caller had gone. `max_queued_s` bounds that wait instead (and the caller's deadline, if any)."""
     return [*_SERVER_OPTIONS, ("grpc.server_max_unrequested_time_in_server", max(1, round(max_queued_s)))]
+
+
+class BindError(OSError):
+    """A server could not listen on its address."""
 
 
 @dataclass
@@ -119,7 +126,7 @@ class ServiceServer:
             # Clients reconnect (and re-resolve) on GOAWAY; calls in flight finish on the old connection
             # (no max_connection_age_grace: a turn's stream may last minutes).
             options.append(("grpc.max_connection_age_ms", int(self.max_connection_age_s * 1000)))
-        self.rpc_metrics = RpcMetrics(self.registry)
+        self.rpc_metrics = RpcMetrics(process_series(self.registry))
         self.metrics_server: MetricsServer | None = None
         self.server = grpc.aio.server(
             options=options,
@@ -144,9 +151,14 @@ class ServiceServer:
         return f"{host}:{self.port}"
 
     async def start(self) -> ServiceServer:
-        self.port = self.server.add_insecure_port(self.address)
-        if not self.port:
-            raise RuntimeError(f"cannot bind {self.address}")
+        try:
+            self.port = self.server.add_insecure_port(self.address)
+        except RuntimeError:
+            self.port = 0
+        if not self.port:  # gRPC does not say why
+            raise BindError(
+                f"cannot listen on {self.address}: the port is in use or the host is not this one"
+            )
         await self.server.start()
         for reg in self.registrations:
             await self.health.set(reg.name, health_pb2.HealthCheckResponse.SERVING)

@@ -1,4 +1,6 @@
-"""Shared fixtures: real PostgreSQL and Redis (skipped where unreachable, a failure under CI=true)."""
+"""Shared fixtures: real PostgreSQL and Redis (from TEST_DATABASE_URL / TEST_REDIS_URL, else from
+containers when a Docker engine answers, else the local servers: tests/backends.py), skipped where
+unreachable, a failure under CI=true."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from urllib.parse import urlparse
 import pytest
 
 from agentmesh.libs.transport import use_classic_transport
+from tests import backends
 
 # Before anything imports gRPC: the suite's in-process servers and clients run on the transport the
 # services run on.
@@ -24,8 +27,6 @@ if TYPE_CHECKING:
     from agentmesh.libs.identity import Signer
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-PG_ADMIN_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
-REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def _reachable(url: str, default_port: int) -> bool:
@@ -45,13 +46,30 @@ def _need(url: str, port: int, what: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
+def backend_source() -> backends.Source:
+    """Where this session's PostgreSQL and Redis come from (asked once: Docker's ping takes a moment)."""
+    return backends.choose(os.environ)
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(backend_source: backends.Source) -> Iterator[str]:
+    """The PostgreSQL server's admin URL: configured, local, or a container started for the session."""
+    if backend_source == "containers":
+        with backends.postgres_container() as url:
+            yield url
+        return
+    url = backends.configured_urls(os.environ)[0]
+    _need(url, 5432, "PostgreSQL")
+    yield url
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_admin_url: str) -> Iterator[str]:
     """A fresh, empty PostgreSQL database for this test run (dropped afterwards)."""
-    _need(PG_ADMIN_URL, 5432, "PostgreSQL")
     import asyncpg
 
     name = f"agentmesh_test_{uuid.uuid4().hex[:10]}"
-    admin = PG_ADMIN_URL.replace("postgresql+asyncpg://", "postgresql://")
+    admin = pg_admin_url.replace("postgresql+asyncpg://", "postgresql://")
 
     async def execute(sql: str) -> None:
         conn = await asyncpg.connect(admin)
@@ -72,9 +90,14 @@ def pg_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> str:
-    _need(REDIS_URL, 6379, "Redis")
-    return REDIS_URL
+def redis_url(backend_source: backends.Source) -> Iterator[str]:
+    if backend_source == "containers":
+        with backends.redis_container() as url:
+            yield url
+        return
+    url = backends.configured_urls(os.environ)[1]
+    _need(url, 6379, "Redis")
+    yield url
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import socket
 import sys
 import time
@@ -52,19 +53,49 @@ TREE_RULE: dict[str, Any] = {
 
 
 class Ports:
-    """Ports for processes started by a test, reserved until the test ends: each is bound here with
-    SO_REUSEPORT (and never listened on), so no other program can take it, while the process that
-    serves on it binds it too (gRPC, the gateway and the model server all set SO_REUSEPORT)."""
+    """Ports for processes started by a test, reserved until the test ends. Each is bound here (to
+    127.0.0.1, never listened on) by a socket that is alone on it when it binds, and only then marks
+    itself SO_REUSEADDR: the kernel hands the port to no bind(0) or outgoing connection and refuses it
+    to any other bind, but the one process that serves on it binds and listens as servers do (with
+    SO_REUSEADDR, which Linux allows beside a socket that is not listening). No server shares a port
+    (none sets SO_REUSEPORT): once one listens, every other bind of the port fails."""
 
     def __init__(self) -> None:
         self._held: list[socket.socket] = []
 
-    def take(self) -> int:
+    @staticmethod
+    def _hold(port: int) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(("127.0.0.1", 0))
+        try:
+            sock.bind(("127.0.0.1", port))  # fails on a port anybody has, a reservation included
+        except OSError:
+            sock.close()
+            raise
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # lets the server in
+        return sock
+
+    def take(self) -> int:
+        sock = self._hold(0)
         self._held.append(sock)
         return int(sock.getsockname()[1])
+
+    def take_range(self, count: int) -> int:
+        """`count` consecutive ports reserved the same way; the first (for `agentmesh up --port-base`).
+        Picked below the kernel's ephemeral range, which bind(0) and outgoing connections draw from."""
+        rng = random.Random()
+        for _ in range(200):
+            base = rng.randrange(20_000, 32_000 - count)
+            held: list[socket.socket] = []
+            try:
+                for port in range(base, base + count):
+                    held.append(self._hold(port))
+            except OSError:
+                for sock in held:
+                    sock.close()
+                continue
+            self._held.extend(held)
+            return base
+        raise RuntimeError(f"no {count} consecutive free ports found")
 
     def release(self) -> None:
         for sock in self._held:
@@ -129,9 +160,12 @@ async def start_mesh(
     llm_timeout_s: float = 10.0,
     stream_options: dict[str, Any] | None = None,
     gateway_port: int = 0,
+    tokens_per_second: float = 0.0,
     **overrides: Any,
 ) -> Mesh:
-    timing = {"ttft_ms": 0.0, "tokens_per_second": 0.0}
+    """The whole mesh in this loop. The model answers at once unless `tokens_per_second` slows it (a
+    rule's own pace still wins)."""
+    timing = {"ttft_ms": 0.0, "tokens_per_second": tokens_per_second}
     mock = MockLLM(rules, **timing) if rules is not None else MockLLM.from_file(DEMO_RULES, **timing)
     await mock.start()
     values: dict[str, Any] = {

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 
 from agentmesh.libs.config import MeshSettings
@@ -50,8 +51,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = MockLLM.from_file(args.rules, ttft_ms=args.ttft_ms, tokens_per_second=args.tokens_per_second)
     except (OSError, RulesError) as exc:
-        parser.error(f"cannot load rules {args.rules}: {exc}")
-    return asyncio.run(_serve(server, args.host, args.port))
+        print(f"agentmesh mock-llm: cannot load rules {args.rules}: {_reason(exc)}", file=sys.stderr)
+        return 1
+    try:
+        return asyncio.run(_serve(server, args.host, args.port))
+    except OSError as exc:  # its port
+        print(f"agentmesh mock-llm: {_reason(exc)}", file=sys.stderr)
+        return 1
+
+
+def _reason(exc: Exception) -> str:
+    """On one line: an OSError's own words, a rules error (YAML's spans several lines) joined."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 async def _serve(server: MockLLM, host: str, port: int) -> int:

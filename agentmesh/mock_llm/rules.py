@@ -1,4 +1,12 @@
-"""The rules of the scripted model: parsing a rules document, matching a request, rendering a reply."""
+"""The rules of the scripted model: parsing a rules document, matching a request, rendering a reply.
+
+A reply's templates see `{user}` (the last user message), `{system}`, the named groups of the rule's
+`user` regex, and the results of the tool calls the request answers (the tool messages after the last
+assistant message): `{tool_results}` / `{tool_result_N}` as the tools returned them (JSON for the mesh's
+tools), and `{tool_text}` / `{tool_text_N}` rendered for reading (`readable`): an agent-invoke callee's
+reply as its own markdown, a batch of subagents or callees as a markdown list of short summaries, a
+failure as one line, never a JSON dump.
+"""
 
 from __future__ import annotations
 
@@ -207,9 +215,16 @@ class ChatRequestView:
         )
 
     def variables(self, groups: dict[str, str]) -> dict[str, str]:
-        variables = {"user": self.user, "system": self.system, "tool_results": "\n".join(self.tool_results)}
-        variables["title"] = short_title(self.user)
+        texts = [readable(result) for result in self.tool_results]
+        variables = {
+            "user": self.user,
+            "system": self.system,
+            "tool_results": "\n".join(self.tool_results),
+            "tool_text": "\n\n".join(texts),
+            "title": short_title(self.user),
+        }
         variables.update({f"tool_result_{i}": text for i, text in enumerate(self.tool_results, start=1)})
+        variables.update({f"tool_text_{i}": text for i, text in enumerate(texts, start=1)})
         variables.update(groups)
         return variables
 
@@ -231,6 +246,78 @@ def short_title(text: str, words: int = 6) -> str:
         kept = found
     title = " ".join(kept[:words]).rstrip(".")
     return title[:1].upper() + title[1:]
+
+
+BRIEF_CHARS = 160  # the longest summary of one item in a readable list
+
+
+def brief(text: str) -> str:
+    """The first paragraph of a reply on one line (up to a blank line or a code fence), at most
+    BRIEF_CHARS long, without a trailing colon: a list item's summary."""
+    lines: list[str] = []
+    for line in text.strip().splitlines():
+        if not line.strip() or line.lstrip().startswith("```"):
+            if lines:
+                break
+            continue
+        lines.append(line.strip())
+    out = " ".join(" ".join(lines).split()).rstrip(":").rstrip()
+    if len(out) > BRIEF_CHARS:
+        out = out[: BRIEF_CHARS - 1].rsplit(" ", 1)[0].rstrip(",;:") + "…"
+    return out
+
+
+def _failure(result: dict[str, Any]) -> str:
+    return f"failed: {result.get('error') or result.get('code') or 'no reason given'}"
+
+
+def _item(result: Any) -> str:
+    """One entry of a batch (a subagent, one call of a list agent-invoke) as a markdown list item."""
+    if not isinstance(result, dict):
+        return f"- {brief(readable_value(result))}"
+    name = result.get("name") or result.get("agent") or result.get("goal") or ""
+    status = str(result.get("status") or "")
+    if status in ("failed", "cancelled") or result.get("ok") is False or "error" in result:
+        body = _failure(result) if status != "cancelled" else "cancelled"
+    else:
+        body = brief(str(result.get("summary") or result.get("output") or result.get("content") or ""))
+    return f"- **{name}**: {body}" if name else f"- {body}"
+
+
+def readable_value(value: Any) -> str:
+    """A tool's output (parsed) for reading: see `readable`."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(_item(item) for item in value)
+    if isinstance(value, dict):
+        if isinstance(value.get("results"), list):  # a batch: subagents, or agent-invoke with a list
+            return "\n".join(_item(item) for item in value["results"])
+        if value.get("ok") is False and "output" not in value:
+            return _failure(value)
+        for key in ("output", "summary", "content", "text"):  # an agent-invoke callee's reply, ...
+            if isinstance(value.get(key), str):
+                return value[key] if value.get("ok") is not False else _failure(value)
+        return "\n".join(f"- **{key}**: {_inline(item)}" for key, item in value.items())
+    return "" if value is None else str(value)
+
+
+def _inline(value: Any) -> str:
+    """A value of some other tool's result on one line: a list of plain values joined with commas."""
+    if isinstance(value, list) and not any(isinstance(item, dict | list) for item in value):
+        return ", ".join(str(item) for item in value)
+    return brief(readable_value(value))
+
+
+def readable(result: str) -> str:
+    """A tool message rendered for reading, never a JSON dump: a JSON result's text (an agent-invoke
+    reply as the callee wrote it, markdown and all), a batch's entries as a markdown list of short
+    summaries (`- **Coding Assistant**: ...`), a failure as `failed: <why>`; any other text as it is."""
+    try:
+        value = json.loads(result)
+    except ValueError:
+        return result
+    return readable_value(value)
 
 
 def content_text(content: Any) -> str:

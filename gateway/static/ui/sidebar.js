@@ -12,6 +12,9 @@ import { ago, fullDate } from "./time.js";
 
 const AGENT = "agentmesh.agent";
 const enc = encodeURIComponent;
+// The agent a browser starts on until the user picks another: the README's demo agent (the General
+// Assistant of services/trace/demo_catalog.yaml); without one, the first agent of the picker.
+const DEFAULT_AGENT = "general";
 
 export class Sidebar {
   /** hooks: onOpen(session), onDelete(session), onRenamed(session), onChange() after the list changed. */
@@ -53,7 +56,8 @@ export class Sidebar {
     const groups = [h("optgroup", { label: own.length ? "Built-in" : "Agents" }, builtin.map(option))];
     if (own.length) groups.unshift(h("optgroup", { label: "Your agents" }, own.map(option)));
     this.agentSelect.replaceChildren(...groups);
-    this.agent = localStorage.getItem(AGENT) || "";
+    this.agent = DEFAULT_AGENT;
+    this.agent = localStorage.getItem(AGENT) || DEFAULT_AGENT; // a stored pick that is gone keeps the default
   }
 
   async loadSessions() {

@@ -131,9 +131,15 @@ async def test_apply_list_show_and_delete(mesh: Mesh, tmp_path: Path) -> None:
     deleted = await agents(mesh, "delete", "planner")
     assert (deleted.code, deleted.out) == (0, "agent/planner deleted\n")
     missing = await agents(mesh, "show", "planner")
-    assert (missing.code, missing.err) == (1, "agent/planner: unknown agent 'planner'\n")
+    assert (missing.code, missing.err) == (
+        1,
+        "agentmesh agents show: agent/planner: unknown agent 'planner'\n",
+    )
     gone = await agents(mesh, "delete", "planner")
-    assert (gone.code, gone.err) == (1, "agent/planner: error 404: unknown agent 'planner'\n")
+    assert (gone.code, gone.err) == (
+        1,
+        "agentmesh agents delete: agent/planner: error 404: unknown agent 'planner'\n",
+    )
 
 
 async def test_apply_refuses_what_the_gateway_refuses(mesh: Mesh, tmp_path: Path) -> None:
@@ -148,7 +154,7 @@ async def test_apply_refuses_what_the_gateway_refuses(mesh: Mesh, tmp_path: Path
     late = await agents(mesh, "apply", "-f", "-", stdin=yaml.safe_dump(stale))
     assert late.code == 1 and late.out == ""
     assert late.err == (
-        "agent/reviewer: error 412: agent 'reviewer' is at version 2, not 1: "
+        "agentmesh agents apply: agent/reviewer: error 412: agent 'reviewer' is at version 2, not 1: "
         "read it again and redo the change\n"
     )
     assert (await get(mesh, "reviewer"))["systemPrompt"] == "Theirs."
@@ -161,7 +167,7 @@ async def test_apply_refuses_what_the_gateway_refuses(mesh: Mesh, tmp_path: Path
     mixed = await agents(mesh, "apply", "-f", "-", stdin=docs)
     assert mixed.code == 1
     assert mixed.out == "agent/ok-one created\nagent/ok-two created\n"
-    assert mixed.err.startswith("agent/bad: error 422: tools: unknown tool 'shell'")
+    assert mixed.err.startswith("agentmesh agents apply: agent/bad: error 422: tools: unknown tool 'shell'")
 
     for text, message in (
         ("", "-: no agents in it"),
@@ -169,6 +175,7 @@ async def test_apply_refuses_what_the_gateway_refuses(mesh: Mesh, tmp_path: Path
         ("a: [", "cannot read -:"),
     ):
         bad = await agents(mesh, "apply", "-f", "-", stdin=text)
-        assert bad.code == 1 and bad.err.startswith(message), bad.err
+        assert bad.code == 1 and bad.err.startswith(f"agentmesh agents apply: {message}"), bad.err
+        assert bad.err.count("\n") == 1, bad.err  # one line, also for a YAML error
     wrong_key = await agents(mesh, "list", key="am_wrong")
     assert wrong_key.code == 1 and "error 401" in wrong_key.err

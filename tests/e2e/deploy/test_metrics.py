@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentmesh.libs.config import MetricsAddresses
-from tests.mesh import ANY_PORT, BACKENDS, TEST_CATALOG, Mesh, chat, mesh_on
+from tests.mesh import ANY_PORT, BACKENDS, TEST_CATALOG, Mesh, chat, mesh_on, start_mesh
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy/grafana/agentmesh.json"
 RULES: dict[str, Any] = {
@@ -177,3 +177,50 @@ async def test_every_dashboard_panel_plots_exported_series(mesh: Mesh) -> None:
             assert names, (panel["title"], target["expr"])
             missing = names - exported
             assert not missing, (panel["title"], missing)
+
+
+PROCESS_SERIES = (
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "process_open_fds",
+    "process_start_time_seconds",
+    "python_info",
+    "python_gc_collections_total",
+)
+
+
+async def test_every_process_serves_the_standard_process_series(mesh: Mesh) -> None:
+    for service, samples in (await scrape_all(mesh)).items():
+        names = {name for name, _ in samples}
+        missing = [name for name in PROCESS_SERIES if name not in names]
+        assert not missing, (service, missing)
+        assert value(samples, "process_resident_memory_bytes") > 0, service
+
+
+@pytest.fixture(scope="module")
+async def private_metrics(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
+    """A gateway whose metrics are on an address of their own (AGENTMESH_GATEWAY_METRICS_LISTEN)."""
+    m = await start_mesh(
+        tmp_path_factory.mktemp("private-metrics"),
+        rules=RULES,
+        catalog=TEST_CATALOG,
+        gateway_metrics_listen=ANY_PORT,
+    )
+    yield m
+    await m.stop()
+
+
+async def test_the_gateways_metrics_on_their_own_address(private_metrics: Mesh) -> None:
+    mesh = private_metrics
+    server = mesh.gateway.config.app.state.metrics_server  # type: ignore[union-attr]
+    assert server is not None and server.port
+    async with mesh.http() as http:
+        public = await http.get("/metrics")
+        assert public.status_code == 404 and public.json()["error"]["reason"] == "NOT_FOUND"
+        assert (await http.get("/api/sessions")).status_code == 200
+    samples = await scrape(f"http://127.0.0.1:{server.port}/metrics")
+    assert value(samples, "agentmesh_http_requests_total", route="/api/sessions", status="200") == 1
+    assert value(samples, "agentmesh_http_requests_total", route="unmatched", status="404") == 1
+    assert "process_cpu_seconds_total" in {name for name, _ in samples}
+    async with httpx.AsyncClient(timeout=5) as http:  # that address serves metrics and nothing else
+        assert (await http.get(f"http://127.0.0.1:{server.port}/api/sessions")).status_code == 404

@@ -113,6 +113,17 @@ async def sessions(mesh: Mesh) -> list[dict[str, Any]]:
     return list(resp.json()["sessions"])
 
 
+async def test_a_new_browser_opens_on_the_demo_agent(page: Page, mesh: Mesh) -> None:
+    """The README's demo talks to `general`: a first visit picks it (not the first agent by slug); a
+    pick of the user's own is kept across reloads."""
+    await sign_in(page, mesh)
+    await expect(page.locator("#agent option").first).not_to_have_attribute("value", "general")
+    await expect(page.locator("#agent")).to_have_value("general", timeout=T)
+    await page.select_option("#agent", "coder")
+    await page.reload()
+    await expect(page.locator("#agent")).to_have_value("coder", timeout=T)
+
+
 async def test_sign_in_chat_streams_and_sidebar_lists_it(page: Page, mesh: Mesh) -> None:
     await sign_in(page, mesh)
     await expect(page.locator("#app")).to_be_visible()

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import websockets
 
+from agentmesh.gateway import errors
 from agentmesh.gateway.app import create_app
 from agentmesh.gateway.limits import (
     MAX_BODY_BYTES,
@@ -271,11 +272,38 @@ async def test_unknown_routes_and_methods(mesh: Mesh) -> None:
         assert (r.status_code, r.json()) == (404, error(404, "NOT_FOUND", "no route /api/nope"))
         r = await http.put("/api/sessions/abc")
         assert r.status_code == 405 and r.headers["allow"] == "GET, PATCH, DELETE"
-        assert r.json() == error(405, "NOT_FOUND", "PUT is not allowed here; allowed: GET, PATCH, DELETE")
+        assert r.json() == error(
+            405, "METHOD_NOT_ALLOWED", "PUT is not allowed here; allowed: GET, PATCH, DELETE"
+        )
         r = await http.options("/api/sessions")  # two routes on one path: Allow names both
         assert r.status_code == 405 and r.headers["allow"] == "GET, DELETE"
+        assert r.json()["error"]["reason"] == "METHOD_NOT_ALLOWED"
         r = await http.get("/api/chat")
         assert (r.status_code, r.headers["allow"]) == (405, "POST")
+        r = await http.post("/a2a/general/.well-known/agent-card.json")  # an A2A path (not in the document)
+        assert (r.status_code, r.headers["allow"]) == (405, "GET, HEAD")
+        assert r.json()["error"]["reason"] == "METHOD_NOT_ALLOWED"
+    assert "METHOD_NOT_ALLOWED" in errors.reasons_for(405) and "NOT_FOUND" not in errors.reasons_for(405)
+
+
+async def test_every_401_says_bearer(mesh: Mesh) -> None:
+    """A missing, malformed or unknown key, on the API, the WebSocket's HTTP side and A2A: each 401
+    carries `WWW-Authenticate: Bearer` (RFC 9110: a 401 must name its scheme)."""
+    async with mesh.http(api_key="") as anonymous, mesh.http(api_key="am_unknown") as wrong:
+        answers = [
+            await anonymous.get("/api/sessions"),
+            await anonymous.post("/api/chat", json={"agent": "general", "message": "hi"}),
+            await anonymous.get("/api/sessions", headers={"Authorization": "Basic dXNlcjpwdw=="}),
+            await wrong.get("/api/agents"),
+            await wrong.get("/api/traces/abc"),
+            await wrong.post("/a2a/general", json={"jsonrpc": "2.0", "id": 1, "method": "GetTask"}),
+        ]
+    for r in answers:
+        assert r.status_code == 401, (r.request.url, r.status_code, r.text)
+        assert r.headers["www-authenticate"].startswith("Bearer"), r.request.url
+        assert r.json()["error"]["reason"] == "UNAUTHENTICATED"
+    document = errors.responses(401)[401]
+    assert document["headers"]["WWW-Authenticate"]["required"] is True
 
 
 @pytest.mark.parametrize(
