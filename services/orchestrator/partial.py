@@ -52,8 +52,18 @@ class Partial:
             data = to_json(event.tool_output_available)
             call = self.calls.get(data["toolCallId"])
             if call is not None:
-                call.update(output=data.get("output"), ok=data["ok"], metadata=data.get("metadata", {}))
+                meta = {**call.get("metadata", {}), **data.get("metadata", {})}
+                call.update(output=data.get("output"), ok=data["ok"], metadata=meta, done=True)
             self._after_output = True
+        elif which == "a2a_task_started":  # a callee of a call: it can be opened from the history
+            started = event.a2a_task_started
+            call = self.calls.get(started.tool_call_id)
+            if call is not None:
+                meta = call.setdefault("metadata", {})
+                meta.setdefault("taskIds", []).append(started.task_id)
+                meta.setdefault("traceIds", []).append(started.trace_id)
+                if len(meta["taskIds"]) == 1:
+                    meta.update(taskId=started.task_id, traceId=started.trace_id)
 
     def message(self, message_id: int, status: int, err: MeshError) -> tp.Message:
         """The placeholder as the failed turn leaves it: what streamed, the status and the error."""
@@ -65,7 +75,13 @@ class Partial:
         )
         metadata: dict[str, Any] = {"error": {"code": err.code_name, "message": err.message}}
         if self.calls:
-            metadata["toolCalls"] = list(self.calls.values())
+            # Each call says how it ended: a call the turn's end cut off ended as the turn did.
+            cut = "cancelled" if status == tp.MESSAGE_STATUS_CANCELLED else "failed"
+            metadata["toolCalls"] = [
+                {k: v for k, v in call.items() if k != "done"}
+                | {"status": ("completed" if call["ok"] else "failed") if call.get("done") else cut}
+                for call in self.calls.values()
+            ]
         msg.metadata.update(metadata)
         return msg
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from google.protobuf import json_format
-
 from agentmesh.libs import events
 from agentmesh.libs.errors import InvalidArgument
 from agentmesh.libs.ids import TraceRef
@@ -87,5 +85,5 @@ class TraceHandler:
             by_anchor[row.parent_message_id].append(row)
         for message in lacking:
             rows = by_anchor.get(message.id)
-            if rows:
-                json_format.ParseDict({"subagents": events.batches_json(rows)}, message.metadata)
+            if rows:  # beside what the metadata holds (ParseDict would replace it whole)
+                message.metadata.update({"subagents": events.batches_json(rows)})

@@ -43,12 +43,8 @@ async def body_of(response: Response) -> dict[str, Any]:
     return dict(json.loads(response.request.post_data or "{}"))
 
 
-async def branched_or_xfail(page: Page, response: Response) -> None:
-    """Until the server takes parentSequence (the lead's turn protocol), it refuses the field (422):
-    then the UI must say so in a sentence and keep the chat as it was."""
-    if response.status == 422:
-        await expect(page.locator("#notice")).to_have_text("The server did not accept this request.")
-        pytest.xfail("POST /api/chat does not take parentSequence yet (see the report to the lead)")
+async def branched(page: Page, response: Response) -> None:
+    """The server took the branch (POST /api/chat with parentSequence)."""
     assert response.ok, response.status
 
 
@@ -94,13 +90,13 @@ async def test_the_switcher_shows_every_version_of_a_turn(page: Page, mesh: Mesh
         await send(page, "follow up")
     response = await answer.value
     body = await body_of(response)
-    assert body["sessionId"] == session_id and body["parentSequence"] == 2, body
+    assert body["traceId"] == session_id and body["parentSequence"] == 2, body
     if response.status == 422:
         await expect(page.locator("#input")).to_have_value("follow up")  # nothing typed is lost
         await expect(page.locator(".msg.assistant").last.locator(".content")).to_have_text(
             "Answer to: branch me"
         )
-    await branched_or_xfail(page, response)
+    await branched(page, response)
     await expect(page.locator(".msg.assistant").last.locator(".content")).to_have_text(
         "Answer to: follow up", timeout=T
     )
@@ -120,13 +116,13 @@ async def test_regenerate_streams_a_new_version_and_keeps_the_old_one(page: Page
     assert body == {
         "agent": "general",
         "message": "regen me",
-        "sessionId": session_id,
+        "traceId": session_id,
         "parentSequence": 0,
     }, body
     if response.status == 422:  # the chat is as it was
         await expect(page.locator(".msg.assistant").last.locator(".content")).to_have_text("the first answer")
         await expect(page.locator(".msg")).to_have_count(2)
-    await branched_or_xfail(page, response)
+    await branched(page, response)
 
     last = page.locator(".msg.assistant").last
     await expect(last.locator(".content")).to_contain_text("again3", timeout=T)
@@ -166,7 +162,7 @@ async def test_a_cancelled_turn_offers_retry_and_edit(page: Page, mesh: Mesh) ->
     response = await answer.value
     body = await body_of(response)
     assert body["message"] == "edited question" and body["parentSequence"] == 0, body
-    await branched_or_xfail(page, response)
+    await branched(page, response)
     await expect(page.locator(".msg.user").last.locator(".content")).to_have_text("edited question")
     last = page.locator(".msg.assistant").last
     await expect(last.locator(".content")).to_contain_text("again3", timeout=T)
