@@ -416,11 +416,11 @@ class InProcessStore:
     async def new_session(self, owner: str) -> str:
         from agentmesh.trace.v1 import trace_pb2 as tp
 
-        return str((await self.stores.traces.create_trace(owner, tp.Trace(agent="general"))).id)
+        return str((await self.stores.traces.create_trace(owner, tp.Trace(agent="general"), "")).id)
 
     def append(self, content: str) -> Append:
         async def one(_: int, owner: str, sid: str) -> Any:
-            return await self.stores.traces.append_message(owner, _message(sid, content))
+            return await self.stores.messages.append_message(owner, _message(sid, content))
 
         return one
 
@@ -463,7 +463,7 @@ ONE_DEFAULTS: dict[str, Any] = {
 def one_statement() -> tuple[str, list[str]]:
     from sqlalchemy.dialects.postgresql import asyncpg as dialect
 
-    from agentmesh.services.trace.store.sql.appends import PG_APPEND_ONE
+    from agentmesh.services.trace.store.sql.append_writes import PG_APPEND_ONE
 
     compiled = PG_APPEND_ONE.compile(dialect=dialect.dialect())
     return str(compiled), list(compiled.positiontup or [])

@@ -14,10 +14,19 @@ from agentmesh.libs.metrics import PeerMetrics, TraceStoreMetrics
 from agentmesh.libs.peer_http import PeerClients
 from agentmesh.libs.peers import PeerRegistry
 from agentmesh.libs.rpc import Registration, ServiceServer, server_settings
-from agentmesh.services.trace.agent_handler import AgentHandler
 from agentmesh.services.trace.agents import load_catalog
-from agentmesh.services.trace.handler import TraceHandler
-from agentmesh.services.trace.servicer import AgentServicer, AuthServicer, LeaseServicer, TraceServicer
+from agentmesh.services.trace.handlers.agents import AgentHandler
+from agentmesh.services.trace.handlers.messages import MessageHandler
+from agentmesh.services.trace.handlers.subagents import SubagentHandler
+from agentmesh.services.trace.handlers.tasks import TaskHandler
+from agentmesh.services.trace.handlers.traces import TraceHandler
+from agentmesh.services.trace.servicer import (
+    AgentServicer,
+    AuthServicer,
+    Handlers,
+    LeaseServicer,
+    TraceServicer,
+)
 from agentmesh.services.trace.starts import TurnStarts
 from agentmesh.services.trace.store.hybrid import HybridTraceStore
 from agentmesh.services.trace.store.sql import SqlStores
@@ -45,20 +54,31 @@ async def build(
         stores = SqlStores.open(engine, settings.subagent, settings.lease_s)
         await stores.agents.import_builtins(load_catalog(settings.catalog))
         peers = PeerClients(settings.federation, metrics=PeerMetrics(registry))
-        traces = HybridTraceStore(
-            stores.traces, stores.copies, peer_registry, peers, page_size=settings.federation.page_size
+        # Traces and messages: this mesh's, or a peer's through a cached copy (one store for both).
+        federated = HybridTraceStore(
+            stores.traces,
+            stores.messages,
+            stores.copies,
+            peer_registry,
+            peers,
+            page_size=settings.federation.page_size,
         )
         signer = signer or signer_for(settings)
         clients = Clients(settings, signer)  # the stream service, for turns' `start` (BeginTurn)
         starts = TurnStarts(lambda: clients.stream, settings.turn_timeout_s)
-        handler = TraceHandler(traces, stores.tasks, stores.subagents, stores.agents, starts)
+        handlers = Handlers(
+            traces=TraceHandler(federated),
+            messages=MessageHandler(federated, stores.subagents, stores.agents, starts),
+            tasks=TaskHandler(stores.tasks, federated),
+            subagents=SubagentHandler(stores.subagents),
+        )
         server = ServiceServer(
             [
                 Registration.of(
                     trace_service_pb2,
                     "TraceService",
                     trace_service_pb2_grpc.add_TraceServiceServicer_to_server,
-                    TraceServicer(handler, signer),
+                    TraceServicer(handlers, signer),
                 ),
                 Registration.of(
                     agent_service_pb2,

@@ -1,10 +1,12 @@
-"""TraceService, AgentService and AuthService: thin gRPC adapters. The acting user comes from the
-call's verified identity (libs.identity), never from the request; an append of AppendMessageStream
-may carry an identity token of its own, verified as the call's is."""
+"""TraceService, AgentService, AuthService and LeaseService: thin gRPC adapters from protobuf to the
+handlers (services/trace/handlers/), errors through the one table (libs/errors.py). The acting user
+comes from the call's verified identity (libs.identity), never from the request; an append of
+AppendMessageStream may carry an identity token of its own, verified as the call's is."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TypeAlias
 
 import grpc
@@ -17,8 +19,11 @@ from agentmesh.leases.v1 import lease_service_pb2 as ls
 from agentmesh.leases.v1 import lease_service_pb2_grpc
 from agentmesh.libs.errors import InvalidArgument, MeshError, PermissionDenied, grpc_errors
 from agentmesh.libs.identity import Principal, Signer, current, current_user, user_of
-from agentmesh.services.trace.agent_handler import AgentHandler
-from agentmesh.services.trace.handler import TraceHandler
+from agentmesh.services.trace.handlers.agents import AgentHandler
+from agentmesh.services.trace.handlers.messages import MessageHandler
+from agentmesh.services.trace.handlers.subagents import SubagentHandler
+from agentmesh.services.trace.handlers.tasks import TaskHandler
+from agentmesh.services.trace.handlers.traces import TraceHandler
 from agentmesh.services.trace.store.base import (
     Append,
     Deleted,
@@ -26,15 +31,21 @@ from agentmesh.services.trace.store.base import (
     KeyStore,
     LeaseStore,
     MessageQuery,
-    each_apart,
 )
-from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from agentmesh.trace.v1 import trace_service_pb2_grpc
 
 Ctx: TypeAlias = grpc.aio.ServicerContext
-MAX_SUBAGENT_UPDATES = 100  # per UpdateSubagentSessions (a delegate batch has at most 10 rows)
-MAX_STREAM_APPENDS = 500  # per AppendMessageStream request (the append batcher's statement takes 500)
+
+
+@dataclass
+class Handlers:
+    """The trace domain, one handler per resource."""
+
+    traces: TraceHandler
+    messages: MessageHandler
+    tasks: TaskHandler
+    subagents: SubagentHandler
 
 
 def _deleted(cls: type, d: Deleted) -> object:
@@ -48,55 +59,54 @@ def _parent(append: ts.AppendMessageRequest) -> int | None:
 
 
 class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, handler: TraceHandler, signer: Signer) -> None:
-        self.h = handler
+    def __init__(self, handlers: Handlers, signer: Signer) -> None:
+        self.traces = handlers.traces
+        self.messages = handlers.messages
+        self.tasks = handlers.tasks
+        self.subagents = handlers.subagents
         self.signer = signer  # the server's (IdentityInterceptor): verifies the tokens of stream appends
 
     @grpc_errors
     async def CreateTrace(self, request: ts.CreateTraceRequest, context: Ctx) -> ts.CreateTraceResponse:
-        trace = await self.h.traces.create_trace(current_user(), request.trace, request.trace_id)
+        trace = await self.traces.create(current_user(), request.trace, request.trace_id)
         return ts.CreateTraceResponse(trace=trace)
 
     @grpc_errors
     async def GetTrace(self, request: ts.GetTraceRequest, context: Ctx) -> ts.GetTraceResponse:
-        owner = current_user()
-        resp = ts.GetTraceResponse(trace=await self.h.traces.get_trace(owner, request.trace_id))
-        if request.view == ts.TRACE_VIEW_FULL:
-            resp.message_count, resp.main_path_count = await self.h.traces.count_messages(
-                owner, request.trace_id
-            )
-        return resp
+        full = request.view == ts.TRACE_VIEW_FULL
+        trace, (count, path) = await self.traces.get(current_user(), request.trace_id, counts=full)
+        if not full:
+            return ts.GetTraceResponse(trace=trace)
+        return ts.GetTraceResponse(trace=trace, message_count=count, main_path_count=path)
 
     @grpc_errors
     async def ListTraces(self, request: ts.ListTracesRequest, context: Ctx) -> ts.ListTracesResponse:
-        traces, token = await self.h.traces.list_traces(current_user(), request.page_size, request.page_token)
+        traces, token = await self.traces.list(current_user(), request.page_size, request.page_token)
         return ts.ListTracesResponse(traces=traces, next_page_token=token)
 
     @grpc_errors
     async def UpdateTrace(self, request: ts.UpdateTraceRequest, context: Ctx) -> ts.UpdateTraceResponse:
         paths = list(request.update_mask.paths)
-        return ts.UpdateTraceResponse(
-            trace=await self.h.traces.update_trace(current_user(), request.trace, paths)
-        )
+        return ts.UpdateTraceResponse(trace=await self.traces.update(current_user(), request.trace, paths))
 
     @grpc_errors
     async def DeleteTrace(self, request: ts.DeleteTraceRequest, context: Ctx) -> ts.DeleteTraceResponse:
-        deleted = await self.h.traces.delete_traces(current_user(), [request.trace_id])
+        deleted = await self.traces.delete(current_user(), [request.trace_id])
         return _deleted(ts.DeleteTraceResponse, deleted)  # type: ignore[return-value]
 
     @grpc_errors
     async def DeleteTraces(self, request: ts.DeleteTracesRequest, context: Ctx) -> ts.DeleteTracesResponse:
-        deleted = await self.h.traces.delete_traces(current_user(), None)
+        deleted = await self.traces.delete(current_user(), None)
         return _deleted(ts.DeleteTracesResponse, deleted)  # type: ignore[return-value]
 
     @grpc_errors
     async def SetTraceHead(self, request: ts.SetTraceHeadRequest, context: Ctx) -> ts.SetTraceHeadResponse:
-        trace = await self.h.traces.set_head(current_user(), request.trace_id, request.head_sequence)
+        trace = await self.traces.set_head(current_user(), request.trace_id, request.head_sequence)
         return ts.SetTraceHeadResponse(trace=trace)
 
     @grpc_errors
     async def AppendMessage(self, request: ts.AppendMessageRequest, context: Ctx) -> ts.AppendMessageResponse:
-        message = await self.h.traces.append_message(current_user(), request.message, _parent(request))
+        message = await self.messages.append(current_user(), request.message, _parent(request))
         return ts.AppendMessageResponse(message=message)
 
     @grpc_errors
@@ -108,9 +118,7 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
             if not request.appends:
                 append = request.append
                 try:
-                    message = await self.h.traces.append_message(
-                        user_of(caller), append.message, _parent(append)
-                    )
+                    message = await self.messages.append(user_of(caller), append.message, _parent(append))
                 except MeshError as err:  # this append's error: the stream goes on
                     yield ts.AppendMessageStreamResponse(error_reason=err.reason, error_message=err.message)
                     continue
@@ -122,17 +130,15 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
         self, caller: Principal | None, request: ts.AppendMessageStreamRequest
     ) -> ts.AppendMessageStreamResponse:
         """A request of several appends: each as its token's verified user (or the stream's caller),
-        handed to the store together, answered in order (an append that fails fails alone)."""
+        handed to the handler together, answered in order (an append that fails fails alone)."""
         if request.HasField("append"):
             raise InvalidArgument("a request carries one append or several appends, not both")
-        if len(request.appends) > MAX_STREAM_APPENDS:
-            raise InvalidArgument(f"at most {MAX_STREAM_APPENDS} appends per request")
 
         def verified(item: ts.StreamAppend) -> Append:  # as the server interceptor verifies the call's token
             owner = user_of(self.signer.verify(item.identity) if item.identity else caller)
             return Append(owner, item.append.message, _parent(item.append))
 
-        results = await each_apart(request.appends, verified, self.h.traces.append_each)
+        results = await self.messages.append_each(request.appends, verified)
         resp = ts.AppendMessageStreamResponse()
         for r in results:
             if isinstance(r, MeshError):
@@ -145,31 +151,25 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
     async def AppendMessages(
         self, request: ts.AppendMessagesRequest, context: Ctx
     ) -> ts.AppendMessagesResponse:
-        if any(m.status == tp.MESSAGE_STATUS_PENDING for m in request.messages):
-            raise InvalidArgument("appended messages are finished: completed, failed or cancelled")
-        if len(request.messages) > 100:
-            raise InvalidArgument("at most 100 messages per append")
         parent = request.parent_sequence if request.HasField("parent_sequence") else None
-        stored = await self.h.traces.append_messages(
-            current_user(), request.trace_id, list(request.messages), parent
+        stored = await self.messages.append_finished(
+            current_user(), request.trace_id, request.messages, parent
         )
         return ts.AppendMessagesResponse(messages=stored)
 
     @grpc_errors
     async def BeginTurn(self, request: ts.BeginTurnRequest, context: Ctx) -> ts.BeginTurnResponse:
-        return await self.h.begin_turn(current_user(), request, context.time_remaining())
+        return await self.messages.begin_turn(current_user(), request, context.time_remaining())
 
     @grpc_errors
     async def UpdateMessage(self, request: ts.UpdateMessageRequest, context: Ctx) -> ts.UpdateMessageResponse:
         paths = list(request.update_mask.paths)
-        message = await self.h.traces.update_message(current_user(), request.message, paths)
+        message = await self.messages.update(current_user(), request.message, paths)
         return ts.UpdateMessageResponse(message=message)
 
     @grpc_errors
     async def GetMessage(self, request: ts.GetMessageRequest, context: Ctx) -> ts.GetMessageResponse:
-        return ts.GetMessageResponse(
-            message=await self.h.traces.get_message(current_user(), request.message_id)
-        )
+        return ts.GetMessageResponse(message=await self.messages.get(current_user(), request.message_id))
 
     @grpc_errors
     async def ListMessages(self, request: ts.ListMessagesRequest, context: Ctx) -> ts.ListMessagesResponse:
@@ -181,7 +181,7 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
             limit=request.limit,
             offset=request.offset,
         )
-        page = await self.h.list_messages(current_user(), query, request.view)
+        page = await self.messages.list(current_user(), query, request.view)
         resp = ts.ListMessagesResponse(
             messages=page.messages, head_sequence=page.head_sequence, total=page.total, stale=page.stale
         )
@@ -191,32 +191,29 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
 
     @grpc_errors
     async def CreateA2ATask(self, request: ts.CreateA2ATaskRequest, context: Ctx) -> ts.CreateA2ATaskResponse:
-        task = await self.h.create_task(current_user(), request.task, request.continue_trace_id)
+        task = await self.tasks.create(current_user(), request.task, request.continue_trace_id)
         return ts.CreateA2ATaskResponse(task=task)
 
     @grpc_errors
     async def UpdateA2ATask(self, request: ts.UpdateA2ATaskRequest, context: Ctx) -> ts.UpdateA2ATaskResponse:
-        task = await self.h.tasks.update_task_state(current_user(), request.task_id, request.state)
+        task = await self.tasks.update_state(current_user(), request.task_id, request.state)
         return ts.UpdateA2ATaskResponse(task=task)
 
     @grpc_errors
     async def GetA2ATask(self, request: ts.GetA2ATaskRequest, context: Ctx) -> ts.GetA2ATaskResponse:
-        return ts.GetA2ATaskResponse(task=await self.h.tasks.get_task(current_user(), request.task_id))
+        return ts.GetA2ATaskResponse(task=await self.tasks.get(current_user(), request.task_id))
 
     @grpc_errors
     async def ListA2ATasks(self, request: ts.ListA2ATasksRequest, context: Ctx) -> ts.ListA2ATasksResponse:
         if request.caller_session_id:
-            return ts.ListA2ATasksResponse(
-                tasks=await self.h.tasks.list_tasks(current_user(), request.caller_session_id)
-            )
+            tasks = await self.tasks.list_started(current_user(), request.caller_session_id)
+            return ts.ListA2ATasksResponse(tasks=tasks)
         query = InboundTaskQuery(
-            callee_agent=request.callee_agent,
-            trace_id=request.trace_id,
-            state=request.state,
-            page_size=request.page_size,
-            page_token=request.page_token,
+            callee_agent=request.callee_agent, trace_id=request.trace_id, state=request.state
         )
-        tasks, token = await self.h.tasks.list_inbound_tasks(current_user(), query)
+        tasks, token = await self.tasks.list_inbound(
+            current_user(), query, request.page_size, request.page_token
+        )
         return ts.ListA2ATasksResponse(tasks=tasks, next_page_token=token)
 
     @grpc_errors
@@ -224,7 +221,7 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
         self, request: ts.CreateSubagentSessionsRequest, context: Ctx
     ) -> ts.CreateSubagentSessionsResponse:
         turns = [(t.user_message, t.assistant_message) for t in request.turns]
-        rows, begun = await self.h.subagents.create_subagents(current_user(), request.subagents, turns)
+        rows, begun = await self.subagents.create(current_user(), request.subagents, turns)
         return ts.CreateSubagentSessionsResponse(
             subagents=rows,
             turns=[ts.TurnMessages(user_message=u, assistant_message=a) for u, a in begun],
@@ -235,33 +232,29 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
         self, request: ts.UpdateSubagentSessionRequest, context: Ctx
     ) -> ts.UpdateSubagentSessionResponse:
         paths = list(request.update_mask.paths)
-        row = await self.h.subagents.update_subagent(current_user(), request.subagent, paths)
+        row = await self.subagents.update(current_user(), request.subagent, paths)
         return ts.UpdateSubagentSessionResponse(subagent=row)
 
     @grpc_errors
     async def UpdateSubagentSessions(
         self, request: ts.UpdateSubagentSessionsRequest, context: Ctx
     ) -> ts.UpdateSubagentSessionsResponse:
-        if len(request.updates) > MAX_SUBAGENT_UPDATES:
-            raise InvalidArgument(f"at most {MAX_SUBAGENT_UPDATES} subagent changes per call")
         updates = [(u.subagent, list(u.update_mask.paths)) for u in request.updates]
-        rows = await self.h.subagents.update_subagents(current_user(), updates)
+        rows = await self.subagents.update_many(current_user(), updates)
         return ts.UpdateSubagentSessionsResponse(subagents=rows)
 
     @grpc_errors
     async def GetSubagentSession(
         self, request: ts.GetSubagentSessionRequest, context: Ctx
     ) -> ts.GetSubagentSessionResponse:
-        row = await self.h.subagents.get_subagent(current_user(), request.subagent_id)
+        row = await self.subagents.get(current_user(), request.subagent_id)
         return ts.GetSubagentSessionResponse(subagent=row)
 
     @grpc_errors
     async def ListSubagentSessions(
         self, request: ts.ListSubagentSessionsRequest, context: Ctx
     ) -> ts.ListSubagentSessionsResponse:
-        rows = await self.h.subagents.list_subagents(
-            current_user(), request.trace_id, request.parent_message_id
-        )
+        rows = await self.subagents.list(current_user(), request.trace_id, request.parent_message_id)
         return ts.ListSubagentSessionsResponse(subagents=rows)
 
 

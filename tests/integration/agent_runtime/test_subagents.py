@@ -20,7 +20,7 @@ from agentmesh.libs import identity
 from agentmesh.libs.config import SubagentDefaults
 from agentmesh.libs.ids import subagent_key
 from agentmesh.services.trace.store.sql.db import create_engine
-from agentmesh.services.trace.store.sql.traces import SqlTraceStore
+from agentmesh.services.trace.store.sql.messages import SqlMessageStore
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.mesh import (
@@ -474,20 +474,20 @@ async def test_a_subagent_turn_is_stored_with_its_row_and_runs_at_once(
     BeginTurn), its reply lands on that placeholder, and `start` names both messages."""
     mesh.mock.set_rules(rules(*fan_out([{"goal": "early part", "agentSlug": "helper"}], "early child")))
     begun: list[Any] = []
-    stored, created = SqlTraceStore.append_messages, SqlTraceStore.create_trace_with_messages
+    stored, created = SqlMessageStore.append_messages, SqlMessageStore.create_trace_with_messages
 
-    async def appending(self: SqlTraceStore, owner: str, trace_id: str, msgs: Any, parent: Any) -> Any:
+    async def appending(self: SqlMessageStore, owner: str, trace_id: str, msgs: Any, parent: Any) -> Any:
         if is_subagent_turn(msgs):
             begun.append(trace_id)
         return await stored(self, owner, trace_id, msgs, parent)
 
-    async def creating(self: SqlTraceStore, owner: str, trace: Any, trace_id: str, msgs: Any) -> Any:
+    async def creating(self: SqlMessageStore, owner: str, trace: Any, trace_id: str, msgs: Any) -> Any:
         if is_subagent_turn(msgs):
             begun.append(trace_id)
         return await created(self, owner, trace, trace_id, msgs)
 
-    monkeypatch.setattr(SqlTraceStore, "append_messages", appending)
-    monkeypatch.setattr(SqlTraceStore, "create_trace_with_messages", creating)
+    monkeypatch.setattr(SqlMessageStore, "append_messages", appending)
+    monkeypatch.setattr(SqlMessageStore, "create_trace_with_messages", creating)
     events = await chat(mesh, "general", "early child", timeout=30)
     monkeypatch.undo()
     assert begun == [], "the child's turn was stored with its row"

@@ -24,7 +24,7 @@ from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.services.agent_runtime.sink import EventSink
 from agentmesh.services.trace.starts import TurnStarts
 from agentmesh.services.trace.store.sql.agents import SqlAgentStore
-from agentmesh.services.trace.store.sql.traces import SqlTraceStore
+from agentmesh.services.trace.store.sql.messages import SqlMessageStore
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.stream.v1 import stream_service_pb2_grpc
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -68,12 +68,12 @@ async def test_a_turn_that_fails_to_begin_after_its_run_started(
     asked = len(mesh.mock.requests())
     tried: list[str] = []
 
-    async def down(self: SqlTraceStore, owner: str, trace: tp.Trace, trace_id: str, messages: Any) -> Any:
+    async def down(self: SqlMessageStore, owner: str, trace: tp.Trace, trace_id: str, messages: Any) -> Any:
         tried.append(trace_id)
         await mesh.mock.wait_requests(asked + 1)  # the run is under way: its reply is on its way
         raise Unavailable("the database went away")
 
-    monkeypatch.setattr(SqlTraceStore, "create_trace_with_messages", down)
+    monkeypatch.setattr(SqlMessageStore, "create_trace_with_messages", down)
     async with mesh.http() as http:
         resp = await http.post("/api/chat", json={"agent": "general", "message": "doomed"})
     assert resp.status_code == 503, resp.text
@@ -227,7 +227,7 @@ async def test_a_new_session_calls_the_model_while_its_agent_is_read_again(
     asked = len(mesh.mock.requests())
     reads: list[str] = []
     order: list[str] = []
-    original, create = SqlAgentStore.get_agent, SqlTraceStore.create_trace_with_messages
+    original, create = SqlAgentStore.get_agent, SqlMessageStore.create_trace_with_messages
 
     async def late(self: SqlAgentStore, owner: str, slug: str) -> Any:
         reads.append(slug)
@@ -235,12 +235,12 @@ async def test_a_new_session_calls_the_model_while_its_agent_is_read_again(
         order.append("read")
         return await original(self, owner, slug)
 
-    async def storing(self: SqlTraceStore, *args: Any) -> Any:
+    async def storing(self: SqlMessageStore, *args: Any) -> Any:
         order.append("store")
         return await create(self, *args)
 
     monkeypatch.setattr(SqlAgentStore, "get_agent", late)
-    monkeypatch.setattr(SqlTraceStore, "create_trace_with_messages", storing)
+    monkeypatch.setattr(SqlMessageStore, "create_trace_with_messages", storing)
     got = await chat(mesh, "general", "again")
     monkeypatch.undo()
     assert "general" in reads and order == ["read", "store"]  # the agent first, in the one BeginTurn

@@ -284,21 +284,21 @@ async def test_a_dead_pooled_connection_is_retried_on_a_fresh_one(pg_stores, tra
     caplog.set_level(logging.WARNING, "agentmesh.services.trace.store.sql.common")
     stores, engine = pg_stores
     owner = f"u-{unique}"
-    trace = await stores.traces.create_trace(owner, tp.Trace(agent="general"))
+    trace = await stores.traces.create_trace(owner, tp.Trace(agent="general"), "")
     for round_ in range(3):
         pids = await _pids(engine, 3)
         _terminate(trace_pg_url, pids)  # blocking: the pool's sockets are closed but not yet read
-        message = await stores.traces.append_message(
+        message = await stores.messages.append_message(
             owner, tp.Message(trace_id=trace.id, role=USER, content=f"after kill {round_}")
         )
         assert message.sequence == round_ + 1
     _terminate(trace_pg_url, await _pids(engine, 3))
-    changed = await stores.traces.update_message(
+    changed = await stores.messages.update_message(
         owner, tp.Message(id=message.id, content="changed"), ["content"]
     )
     assert changed.content == "changed"
     _terminate(trace_pg_url, await _pids(engine, 3))
-    assert (await stores.traces.get_message(owner, message.id)).content == "changed"
+    assert (await stores.messages.get_message(owner, message.id)).content == "changed"
     # Nothing was written twice, and the retry (not luck) got them through.
     count = await stores.traces.count_messages(owner, trace.id)
     assert count == (3, 3)
@@ -333,9 +333,9 @@ async def _driver_statements(stores, engine, registry, owner: str) -> None:
         value = registry.get_sample_value("agentmesh_trace_query_seconds_count", {"operation": operation})
         return value or 0.0
 
-    trace = await stores.traces.create_trace(owner, tp.Trace(agent="general"))
+    trace = await stores.traces.create_trace(owner, tp.Trace(agent="general"), "")
     before = timed("with")
-    written = await stores.traces.append_each(
+    written = await stores.messages.append_each(
         [Append(owner, tp.Message(trace_id=trace.id, role=USER, content=f"m{i}"), None) for i in range(3)]
     )
     assert [m.sequence for m in written] == [1, 2, 3]  # type: ignore[union-attr]

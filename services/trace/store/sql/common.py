@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, a
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs.errors import InvalidArgument, NotFound, Unavailable
 from agentmesh.libs.protojson import enum_to_str, str_to_enum
-from agentmesh.services.trace.domain import aware, need_owner
+from agentmesh.services.trace.domain import aware
 from agentmesh.services.trace.store.sql.db import session_factory
 from agentmesh.services.trace.store.sql.models import (
     A2ATaskRow,
@@ -433,9 +433,6 @@ class Database:
     async def owned_trace(conn: AsyncConnection, owner: str, trace_id: str) -> Any:
         """The trace `owner` owns (Core: id, head_sequence, user_id, agent); NotFound, like a missing
         one, otherwise."""
-        need_owner(owner)
-        if not trace_id:
-            raise InvalidArgument("trace_id is required")
         row = (await conn.execute(_OWNED_TRACE, {"id": trace_id, "owner": owner})).first()
         if row is None:
             raise NotFound("trace not found")
@@ -444,9 +441,7 @@ class Database:
     async def trace_row(
         self, db: AsyncSession, owner: str, trace_id: str, *, lock: bool = False
     ) -> SessionRow:
-        need_owner(owner)
-        if not trace_id:
-            raise InvalidArgument("trace_id is required")
+        """The trace `owner` owns; NotFound, like a missing one, otherwise."""
         stmt = select(SessionRow).where(SessionRow.id == trace_id, self.owned(owner))
         if lock:
             stmt = stmt.with_for_update()
@@ -459,7 +454,6 @@ class Database:
         self, db: AsyncSession, model: type[R], where: Any, owner: str, what: str, *, lock: bool = False
     ) -> R:
         """A row (matched by `where`) of a trace `owner` owns (NotFound, like a missing one, otherwise)."""
-        need_owner(owner)
         stmt = (
             select(model)
             .join(SessionRow, SessionRow.id == model.session_id)  # type: ignore[attr-defined]

@@ -63,13 +63,11 @@ class SqlCopyStore(CopyStore):
         return _state(row, int(outbox or 0), int(pending or 0), int(outbox_pending or 0))
 
     async def find(self, owner: str, home: str) -> CopyState | None:
-        domain.need_owner(owner)
         async with self.db.read() as db:
             row = await db.scalar(select(SessionRow).where(SessionRow.home == home, self.db.owned(owner)))
             return None if row is None else await self._extras(db, row)
 
     async def of_trace(self, owner: str, trace_id: str) -> CopyState | None:
-        domain.need_owner(owner)
         async with self.db.read() as db:
             row = await db.scalar(
                 select(SessionRow).where(
@@ -81,7 +79,6 @@ class SqlCopyStore(CopyStore):
     async def save(
         self, owner: str, home: str, trace: tp.Trace, messages: Sequence[tp.Message], final: bool
     ) -> CopyState:
-        domain.need_owner(owner)
         try:
             return await self._save(owner, home, trace, messages, final)
         except IntegrityError:  # two first reads of one trace at once: the other created the copy
@@ -157,7 +154,6 @@ class SqlCopyStore(CopyStore):
             return _state(row)
 
     async def outbox(self, owner: str, trace_id: str) -> list[tp.Message]:
-        domain.need_owner(owner)
         async with self.db.read() as db:
             row = await self.db.trace_row(db, owner, trace_id)
             rows = (
