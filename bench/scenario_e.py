@@ -17,7 +17,7 @@ $TEST_DATABASE_URL) and for the trace service also on SQLite:
   `AppendMessageStream`s opened as the mesh, each append carrying its writer's user token, the
   appends that queue while a request is answered sent together in the next): the path for writers
   of many messages, and the one issue 17's goals are read on;
-- `trace`: the same process and writers, one unary `AppendMessage` per append;
+- `trace`: the same process and writers, one unary `AppendMessages` of one message per append;
 - `grpc_floor`: grpc.health.v1 Check on that same trace process with the same writers: a unary
   call that does nothing, the most any RPC can reach here (not for `one_session`: no session);
 - `store`: the same store in this process (no gRPC), which shows what the transport costs;
@@ -298,7 +298,7 @@ class TraceProcess:
     async def __aenter__(self) -> TraceProcess:
         from agentmesh.libs.identity import Signer
         from agentmesh.libs.rpc import channel, wait_serving
-        from agentmesh.trace.v1 import trace_service_pb2_grpc
+        from agentmesh.trace.v1 import message_service_pb2_grpc, trace_service_pb2_grpc
         from bench import procs
 
         data = self.work / ("trace-pg" if self.database_url else "trace-sqlite")
@@ -322,6 +322,7 @@ class TraceProcess:
             raise RuntimeError(f"the trace service did not start:\n{self.proc.tail()}") from None
         self.channel = channel(self.target, Signer(self.secret.encode()), unary_timeout_s=60)
         self.stub = trace_service_pb2_grpc.TraceServiceStub(self.channel)
+        self.messages = message_service_pb2_grpc.MessageServiceStub(self.channel)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -347,11 +348,12 @@ class TraceProcess:
 
     def append(self, content: str) -> Append:
         from agentmesh.libs import identity
-        from agentmesh.trace.v1 import trace_service_pb2 as ts
+        from agentmesh.trace.v1 import message_service_pb2 as ms
 
         async def one(_: int, owner: str, sid: str) -> Any:
+            request = ms.AppendMessagesRequest(trace_id=sid, messages=[_message(sid, content)])
             with identity.acting_as(owner):
-                return await self.stub.AppendMessage(ts.AppendMessageRequest(message=_message(sid, content)))
+                return (await self.messages.AppendMessages(request)).messages[0]
 
         return one
 
@@ -380,7 +382,7 @@ class TraceStream:
         async def one(i: int, owner: str, sid: str) -> Any:
             if self.appender is None:
                 signer = Signer(self.trace.secret.encode())
-                self.appender = MessageAppender(self.trace.stub, timeout_s=60, signer=signer)
+                self.appender = MessageAppender(self.trace.messages, timeout_s=60, signer=signer)
             with identity.acting_as(owner):
                 return await self.appender.append(_message(sid, content))
 
@@ -723,7 +725,7 @@ def goals(table: dict[str, Any], cases: list[dict[str, Any]]) -> dict[str, Any]:
 
 TARGET_NAMES = {
     "trace_stream": "trace service, AppendMessageStream (one appender, two streams, shared by the writers)",
-    "trace": "trace service, unary AppendMessage",
+    "trace": "trace service, unary AppendMessages (one message)",
     "grpc_floor": "gRPC floor: health Check, same process",
     "store": "the store in-process, no gRPC",
     "raw_tx": "raw asyncpg, the old transaction",
@@ -792,7 +794,7 @@ def markdown(s: dict[str, Any]) -> list[str]:
         f"(goal {g.get('sessions_of_raw_insert_goal')}); "
         f"one session x writers: {num(g.get('one_session_per_s'), 0)}/s (goal {g.get('one_session_goal')}), "
         f"p99 {num(g.get('one_session_p99_ms'), 1)} ms (goal {g.get('one_session_p99_goal_ms')}); "
-        f"unary AppendMessage: {num(g.get('unary_sessions_per_s'), 0)}/s and "
+        f"unary AppendMessages: {num(g.get('unary_sessions_per_s'), 0)}/s and "
         f"{num(g.get('unary_one_session_per_s'), 0)}/s.",
         "",
     ]

@@ -575,18 +575,26 @@ class Tree:
 
 async def read_tree(mesh: ProcessMesh, session: str) -> Tree | None:
     """The session's tree as the trace service has it, or None while the trace service is away."""
-    from agentmesh.trace.v1 import trace_service_pb2 as ts
+    from agentmesh.trace.v1 import message_service_pb2 as ms
+    from agentmesh.trace.v1 import subagent_service_pb2 as sbs
+    from agentmesh.trace.v1 import task_service_pb2 as tks
 
     assert mesh.clients is not None
     try:
         with identity.acting_as(mesh.user):
-            t = mesh.clients.trace
-            every = ts.PATH_MODE_ALL
-            msgs = list((await t.ListMessages(ts.ListMessagesRequest(trace_id=session, mode=every))).messages)
-            tasks = (await t.ListA2ATasks(ts.ListA2ATasksRequest(caller_session_id=session))).tasks
-            subs = (await t.ListSubagentSessions(ts.ListSubagentSessionsRequest(trace_id=session))).subagents
+            c = mesh.clients
+            every = ms.PATH_MODE_ALL
+            msgs = list(
+                (await c.messages.ListMessages(ms.ListMessagesRequest(trace_id=session, mode=every))).messages
+            )
+            tasks = (await c.tasks.ListA2ATasks(tks.ListA2ATasksRequest(caller_session_id=session))).tasks
+            subs = (
+                await c.subagents.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=session))
+            ).subagents
             for child in [task.trace_id for task in tasks] + [s.child_trace_id for s in subs]:
-                msgs += (await t.ListMessages(ts.ListMessagesRequest(trace_id=child, mode=every))).messages
+                msgs += (
+                    await c.messages.ListMessages(ms.ListMessagesRequest(trace_id=child, mode=every))
+                ).messages
     except Exception:  # the trace service is coming back
         return None
     return Tree(msgs, list(tasks), list(subs))

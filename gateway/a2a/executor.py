@@ -48,8 +48,8 @@ from agentmesh.libs.tools import A2A_CALLEE
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 log = logging.getLogger(__name__)
 GRACE_S = 5.0  # the turn's own deadline fires first; RunTurn's is a backstop
@@ -107,8 +107,8 @@ class InboundTasks(SimpleRequestContextBuilder):
         row = tp.A2ATask(callee_agent=agent.slug, caller_context=events.struct(caller_context))
         try:
             created = await rpc(
-                self.clients.trace.CreateA2ATask(
-                    ts.CreateA2ATaskRequest(task=row, continue_trace_id=context_id or "")
+                self.clients.tasks.CreateA2ATask(
+                    tks.CreateA2ATaskRequest(task=row, continue_trace_id=context_id or "")
                 )
             )
         except (NotFound, InvalidArgument) as err:  # another user's contextId answers like a missing one

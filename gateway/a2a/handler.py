@@ -37,8 +37,8 @@ from agentmesh.libs.errors import Cancelled, FailedPrecondition, NotFound, rpc
 from agentmesh.libs.ids import a2a_key
 from agentmesh.libs.leases import LeaseKeeper
 from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 MAX_OFFSET_CHARS = 64
 
@@ -142,8 +142,8 @@ class MeshRequestHandler(DefaultRequestHandler):
             )
         with contextlib.suppress(FailedPrecondition):  # it ended meanwhile
             await rpc(
-                self.clients.trace.UpdateA2ATask(
-                    ts.UpdateA2ATaskRequest(task_id=row.id, state=tp.TASK_STATE_CANCELED)
+                self.clients.tasks.UpdateA2ATask(
+                    tks.UpdateA2ATaskRequest(task_id=row.id, state=tp.TASK_STATE_CANCELED)
                 )
             )
         return await self.store.get(row.id, context)

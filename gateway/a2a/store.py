@@ -16,8 +16,9 @@ from agentmesh.gateway.a2a.events import agent_text
 from agentmesh.libs.a2a import RESPONSE_ARTIFACT, from_a2a_state, to_a2a_state
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.errors import FailedPrecondition, InvalidArgument, NotFound, rpc
+from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 _REMEMBERED = 10_000
 
@@ -32,7 +33,7 @@ class MeshTaskStore(TaskStore):
     async def row(self, task_id: str, context: ServerCallContext | None) -> tp.A2ATask | None:
         """Our task row, or None when it is missing, another user's, not inbound or another agent's."""
         try:
-            task = (await rpc(self.clients.trace.GetA2ATask(ts.GetA2ATaskRequest(task_id=task_id)))).task
+            task = (await rpc(self.clients.tasks.GetA2ATask(tks.GetA2ATaskRequest(task_id=task_id)))).task
         except (NotFound, InvalidArgument):
             return None
         slug = addressed_agent(context)
@@ -45,7 +46,9 @@ class MeshTaskStore(TaskStore):
         if not state or self._saved.get(task.id) == state:
             return
         try:
-            await rpc(self.clients.trace.UpdateA2ATask(ts.UpdateA2ATaskRequest(task_id=task.id, state=state)))
+            await rpc(
+                self.clients.tasks.UpdateA2ATask(tks.UpdateA2ATaskRequest(task_id=task.id, state=state))
+            )
         except FailedPrecondition:
             pass  # already final: settled by another writer (a cancel, the reaper)
         self._saved[task.id] = state
@@ -61,8 +64,8 @@ class MeshTaskStore(TaskStore):
 
     async def list(self, params: a2a.ListTasksRequest, context: ServerCallContext) -> a2a.ListTasksResponse:
         resp = await rpc(
-            self.clients.trace.ListA2ATasks(
-                ts.ListA2ATasksRequest(
+            self.clients.tasks.ListA2ATasks(
+                tks.ListA2ATasksRequest(
                     callee_agent=addressed_agent(context),
                     trace_id=params.context_id,
                     state=from_a2a_state(params.status),
@@ -93,8 +96,8 @@ class MeshTaskStore(TaskStore):
         if not with_messages:
             return task
         resp = await rpc(
-            self.clients.trace.ListMessages(
-                ts.ListMessagesRequest(trace_id=row.trace_id, mode=ts.PATH_MODE_ALL, limit=1000)
+            self.clients.messages.ListMessages(
+                ms.ListMessagesRequest(trace_id=row.trace_id, mode=ms.PATH_MODE_ALL, limit=1000)
             )
         )
         for message in resp.messages:

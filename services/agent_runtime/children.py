@@ -15,8 +15,8 @@ from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.services.agent_runtime.tools import ToolContext
 from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 GRACE_S = 5.0  # the child's own deadline fires first; the call's deadline is a backstop
 
@@ -44,7 +44,7 @@ async def create_task(
         "anchorMessageId": ctx.anchor_message_id,
         **context,
     }
-    request = ts.CreateA2ATaskRequest(
+    request = tks.CreateA2ATaskRequest(
         task=tp.A2ATask(
             callee_agent=callee,
             caller_agent=ctx.agent.slug,
@@ -53,11 +53,11 @@ async def create_task(
         ),
         continue_trace_id=continue_trace_id,
     )
-    return (await rpc(ctx.clients.trace.CreateA2ATask(request))).task
+    return (await rpc(ctx.clients.tasks.CreateA2ATask(request))).task
 
 
 async def set_task_state(ctx: ToolContext, task_id: str, state: int) -> None:
-    await rpc(ctx.clients.trace.UpdateA2ATask(ts.UpdateA2ATaskRequest(task_id=task_id, state=state)))  # type: ignore[arg-type]
+    await rpc(ctx.clients.tasks.UpdateA2ATask(tks.UpdateA2ATaskRequest(task_id=task_id, state=state)))  # type: ignore[arg-type]
 
 
 async def settle_task(ctx: ToolContext, key: str, task_id: str, err: MeshError) -> None:

@@ -50,8 +50,8 @@ from agentmesh.services.agent_runtime.peer_agents import PeerCallee, parse_remot
 from agentmesh.services.agent_runtime.sink import EventSink
 from agentmesh.services.agent_runtime.tools import A2A_CALLEE, ToolContext, ToolOutcome
 from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 log = logging.getLogger(__name__)
 
@@ -240,8 +240,8 @@ class RemoteCallee:
                 caller_session_id=ctx.trace_id,
             )
             begun = await rpc(
-                ctx.clients.trace.BeginTurn(
-                    ts.BeginTurnRequest(trace_id=task.trace_id, user_message=user, assistant_message=pending)
+                ctx.clients.messages.BeginTurn(
+                    ms.BeginTurnRequest(trace_id=task.trace_id, user_message=user, assistant_message=pending)
                 )
             )
             placeholder = begun.assistant_message
@@ -279,8 +279,8 @@ class RemoteCallee:
             )
         usage = ev.Usage(input_tokens=reply.input_tokens, output_tokens=reply.output_tokens)
         await rpc(
-            ctx.clients.trace.UpdateMessage(
-                ts.UpdateMessageRequest(
+            ctx.clients.messages.UpdateMessage(
+                ms.UpdateMessageRequest(
                     message=tp.Message(
                         id=placeholder.id,
                         content=reply.text,
@@ -331,8 +331,8 @@ class RemoteCallee:
             meta["error"] = {"code": err.code_name, "message": err.message}
             with contextlib.suppress(MeshError):
                 await rpc(
-                    ctx.clients.trace.UpdateMessage(
-                        ts.UpdateMessageRequest(
+                    ctx.clients.messages.UpdateMessage(
+                        ms.UpdateMessageRequest(
                             message=tp.Message(
                                 id=placeholder.id,
                                 content="".join(streamed),

@@ -23,8 +23,8 @@ from agentmesh.services.agent_runtime.directory import AgentDirectory
 from agentmesh.services.agent_runtime.llm import LLM, ToolCall
 from agentmesh.services.agent_runtime.sink import EventSink
 from agentmesh.services.agent_runtime.tools import RunState, ToolContext, ToolOutcome, ToolRegistry
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 log = logging.getLogger(__name__)
 HISTORY_LIMIT = 1000
@@ -104,16 +104,16 @@ class AgentRunner:
             return history_to_openai(list(req.history))
         if not req.trace_id:
             return []
-        request = ts.ListMessagesRequest(
+        request = ms.ListMessagesRequest(
             trace_id=req.trace_id,
-            mode=ts.PATH_MODE_MAIN_PATH,
+            mode=ms.PATH_MODE_MAIN_PATH,
             head_sequence=req.history_head_sequence,
             limit=HISTORY_LIMIT,
         )
-        resp = await rpc(self.clients.trace.ListMessages(request))
+        resp = await rpc(self.clients.messages.ListMessages(request))
         if resp.total > len(resp.messages):  # a long trace: the model gets its newest messages
             request.offset = resp.total - HISTORY_LIMIT
-            resp = await rpc(self.clients.trace.ListMessages(request))
+            resp = await rpc(self.clients.messages.ListMessages(request))
         return history_to_openai(list(resp.messages))
 
     async def run(self, req: rt.RunAgentRequest, sink: EventSink) -> rt.RunResult:

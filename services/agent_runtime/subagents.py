@@ -32,8 +32,9 @@ from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.services.agent_runtime.children import ChildOutcome, close_buffer, run_child
 from agentmesh.services.agent_runtime.tools import SUBAGENT, ToolContext, ToolOutcome, names
 from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import subagent_service_pb2 as sbs
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 MAX_TASKS = MAX_DELEGATE_TASKS
 
@@ -106,10 +107,10 @@ class RowWriter:
 
     def __init__(self, clients: Clients) -> None:
         self.clients = clients
-        self._queue: list[tuple[ts.UpdateSubagentSessionRequest, asyncio.Future[tp.SubagentSession]]] = []
+        self._queue: list[tuple[sbs.UpdateSubagentSessionRequest, asyncio.Future[tp.SubagentSession]]] = []
         self._writer: asyncio.Task[None] | None = None
 
-    async def update(self, request: ts.UpdateSubagentSessionRequest) -> tp.SubagentSession:
+    async def update(self, request: sbs.UpdateSubagentSessionRequest) -> tp.SubagentSession:
         """The changed row (or the change's error). A caller cancelled meanwhile stops waiting; the
         change is still written."""
         fut: asyncio.Future[tp.SubagentSession] = asyncio.get_running_loop().create_future()
@@ -119,7 +120,7 @@ class RowWriter:
         return await asyncio.shield(fut)
 
     async def _write(self) -> None:
-        batch: list[tuple[ts.UpdateSubagentSessionRequest, asyncio.Future[tp.SubagentSession]]] = []
+        batch: list[tuple[sbs.UpdateSubagentSessionRequest, asyncio.Future[tp.SubagentSession]]] = []
         try:
             while self._queue:
                 batch, self._queue = self._queue, []
@@ -137,21 +138,21 @@ class RowWriter:
             raise
 
     async def _send(
-        self, requests: list[ts.UpdateSubagentSessionRequest]
+        self, requests: list[sbs.UpdateSubagentSessionRequest]
     ) -> list[tp.SubagentSession | MeshError]:
-        trace = self.clients.trace
+        stub = self.clients.subagents
         if len(requests) > 1:
             try:
                 resp = await rpc(
-                    trace.UpdateSubagentSessions(ts.UpdateSubagentSessionsRequest(updates=requests))
+                    stub.UpdateSubagentSessions(sbs.UpdateSubagentSessionsRequest(updates=requests))
                 )
                 return list(resp.subagents)
             except MeshError:
                 pass  # all or none: each on its own, so that only the failing row fails
 
-        async def one(request: ts.UpdateSubagentSessionRequest) -> tp.SubagentSession | MeshError:
+        async def one(request: sbs.UpdateSubagentSessionRequest) -> tp.SubagentSession | MeshError:
             try:
-                return (await rpc(trace.UpdateSubagentSession(request))).subagent
+                return (await rpc(stub.UpdateSubagentSession(request))).subagent
             except MeshError as err:
                 return err
 
@@ -167,7 +168,7 @@ class SubagentBatch:
         self.title = title
         self.cfg = ctx.agent.effective_subagent_config
         self.rows: list[tp.SubagentSession] = []
-        self.turns: list[ts.TurnMessages] = []  # each row's turn, stored with it
+        self.turns: list[ms.TurnMessages] = []  # each row's turn, stored with it
         self.outputs: list[dict[str, Any]] = []
         self.writer = RowWriter(ctx.clients)
         self._opened: set[int] = set()  # rows whose buffer may exist
@@ -183,7 +184,7 @@ class SubagentBatch:
             else:
                 setattr(row, key, value)
         self.rows[i] = await self.writer.update(
-            ts.UpdateSubagentSessionRequest(subagent=row, update_mask=field_mask_pb2.FieldMask(paths=paths))
+            sbs.UpdateSubagentSessionRequest(subagent=row, update_mask=field_mask_pb2.FieldMask(paths=paths))
         )
         self._emit_update(i)
 
@@ -224,8 +225,8 @@ class SubagentBatch:
         )
         ctx.state.subagent_batches[ctx.tool_call_id] = {}  # holds its place among the turn's batches
         resp = await rpc(
-            ctx.clients.trace.CreateSubagentSessions(
-                ts.CreateSubagentSessionsRequest(
+            ctx.clients.subagents.CreateSubagentSessions(
+                sbs.CreateSubagentSessionsRequest(
                     subagents=[
                         tp.SubagentSession(
                             trace_id=ctx.trace_id,
@@ -293,7 +294,7 @@ class SubagentBatch:
         ok = summary.completed > 0
         return ToolOutcome({"ok": ok, "results": self.outputs, "summary": counts}, ok=ok, metadata=meta)
 
-    def _turn(self, plan: _Plan) -> ts.TurnMessages:
+    def _turn(self, plan: _Plan) -> ms.TurnMessages:
         """A subagent's turn, stored with its row: the goal (and context) as the user message."""
         text = plan.goal if not plan.context else f"{plan.goal}\n\nContext:\n{plan.context}"
         user, placeholder = turn_messages(
@@ -304,7 +305,7 @@ class SubagentBatch:
             caller_session_id=self.ctx.trace_id,
             model=plan.agent.model,
         )
-        return ts.TurnMessages(user_message=user, assistant_message=placeholder)
+        return ms.TurnMessages(user_message=user, assistant_message=placeholder)
 
     async def _one(self, i: int, slots: asyncio.Semaphore) -> None:
         plan = self.plans[i]
@@ -346,8 +347,8 @@ class SubagentBatch:
         message.metadata.update({"error": {"code": err.code_name, "message": err.message}})
         with contextlib.suppress(MeshError):
             await rpc(
-                self.ctx.clients.trace.UpdateMessage(
-                    ts.UpdateMessageRequest(
+                self.ctx.clients.messages.UpdateMessage(
+                    ms.UpdateMessageRequest(
                         message=message, update_mask=field_mask_pb2.FieldMask(paths=["status", "metadata"])
                     )
                 )
@@ -399,7 +400,7 @@ class SubagentBatch:
             out.update(status="cancelled" if cancelled else "failed", error=message)
 
     async def _run(
-        self, plan: _Plan, row: tp.SubagentSession, key: str, turn: ts.TurnMessages
+        self, plan: _Plan, row: tp.SubagentSession, key: str, turn: ms.TurnMessages
     ) -> ChildOutcome:
         ctx = self.ctx
         prompt = plan.agent.system_prompt + GUIDANCE.format(parent=ctx.agent.name, goal=plan.goal)

@@ -34,6 +34,7 @@ from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.services.orchestrator.turns import SHUTDOWN, TurnEngine, TurnOutcome, cancel_reason
 from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 
@@ -63,7 +64,7 @@ class _Opening(NamedTuple):
     last: ap.Agent | None  # the agent as this user last read it, if they did
     buffer: asyncio.Future[Any]  # its CreateStream
     early: grpc.aio.UnaryStreamCall | None  # its run, started with `last`
-    begun: asyncio.Future[ts.BeginTurnResponse] | None  # its BeginTurn with `last`, reading the agent
+    begun: asyncio.Future[ms.BeginTurnResponse] | None  # its BeginTurn with `last`, reading the agent
     reading: asyncio.Future[Any]  # `begun`, or else a GetAgent
 
 
@@ -75,7 +76,7 @@ class _Opened(NamedTuple):
     trace: tp.Trace  # the row BeginTurn creates
     buffer: asyncio.Future[Any]  # its CreateStream
     early: grpc.aio.UnaryStreamCall | None  # its run, started with the agent as last read
-    begun: asyncio.Future[ts.BeginTurnResponse] | None  # its BeginTurn, sent then too
+    begun: asyncio.Future[ms.BeginTurnResponse] | None  # its BeginTurn, sent then too
 
 
 @dataclass
@@ -173,7 +174,7 @@ class ChatOrchestrator:
         announced = ""  # the session said before its turn began
         buffer: asyncio.Future[Any] | None = None
         early: grpc.aio.UnaryStreamCall | None = None
-        begun: asyncio.Future[ts.BeginTurnResponse] | None = None
+        begun: asyncio.Future[ms.BeginTurnResponse] | None = None
         if any_kind:
             if not is_local_id(session_id):
                 raise InvalidArgument(
@@ -315,7 +316,7 @@ class ChatOrchestrator:
         agent: ap.Agent | None,
         buffer: asyncio.Future[Any],
         early: grpc.aio.UnaryStreamCall | None = None,
-        begun: asyncio.Future[ts.BeginTurnResponse] | None = None,
+        begun: asyncio.Future[ms.BeginTurnResponse] | None = None,
     ) -> TurnOutcome:
         """Runs the turn, handing its events to `queue` (from_stream: once the buffer exists, that it
         does, then the events without an offset alone: the caller reads the rest from the buffer).
@@ -423,8 +424,8 @@ class ChatOrchestrator:
         A live turn on another replica marks it the same way, so the two cannot disagree."""
         if not session.head_sequence:
             return False
-        head = await self.clients.trace.ListMessages(
-            ts.ListMessagesRequest(
+        head = await self.clients.messages.ListMessages(
+            ms.ListMessagesRequest(
                 trace_id=session.id,
                 head_sequence=session.head_sequence,
                 since_sequence=session.head_sequence - 1,
@@ -433,8 +434,8 @@ class ChatOrchestrator:
         settled = False
         for message in head.messages:
             if message.role == tp.MESSAGE_ROLE_ASSISTANT and message.status == tp.MESSAGE_STATUS_PENDING:
-                await self.clients.trace.UpdateMessage(
-                    ts.UpdateMessageRequest(
+                await self.clients.messages.UpdateMessage(
+                    ms.UpdateMessageRequest(
                         message=tp.Message(id=message.id, status=tp.MESSAGE_STATUS_CANCELLED),
                         update_mask=field_mask_pb2.FieldMask(paths=["status"]),
                     )

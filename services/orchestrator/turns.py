@@ -48,6 +48,7 @@ from agentmesh.libs.turns import turn_messages, turn_start
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 
@@ -204,7 +205,7 @@ class TurnEngine:
         agent: ap.Agent | None = None,
         buffer: Awaitable[Any] | None = None,
         early: grpc.aio.UnaryStreamCall | None = None,
-        begun: Awaitable[ts.BeginTurnResponse] | None = None,
+        begun: Awaitable[ms.BeginTurnResponse] | None = None,
     ) -> TurnOutcome:
         """Runs the turn; returns its outcome (failures are in `outcome.error`); re-raises cancellation.
 
@@ -256,7 +257,7 @@ class TurnEngine:
         agent: ap.Agent | None,
         buffer: Awaitable[Any] | None = None,
         started: grpc.aio.UnaryStreamCall | None = None,
-        begun: Awaitable[ts.BeginTurnResponse] | None = None,
+        begun: Awaitable[ms.BeginTurnResponse] | None = None,
     ) -> TurnOutcome:
         out = TurnOutcome()
         partial = Partial()
@@ -264,7 +265,7 @@ class TurnEngine:
         if spec.HasField("begun"):  # stored by the caller, with `start` in its buffer already
             begun = asyncio.get_running_loop().create_future()
             begun.set_result(
-                ts.BeginTurnResponse(
+                ms.BeginTurnResponse(
                     user_message=spec.begun.user_message, assistant_message=spec.begun.assistant_message
                 )
             )
@@ -290,7 +291,7 @@ class TurnEngine:
         try:
             stored = await self._begin(
                 spec,
-                begun or rpc(self.clients.trace.BeginTurn(begin, timeout=self.write_timeout_s)),
+                begun or rpc(self.clients.messages.BeginTurn(begin, timeout=self.write_timeout_s)),
                 create,
                 out,
                 partial,
@@ -334,11 +335,11 @@ class TurnEngine:
         err = cancel_reason(why) if isinstance(why, asyncio.CancelledError) else as_mesh_error(why)
         await self._close(key, events.error(err), None)
 
-    def begin_request(self, spec: orc.RunTurnRequest, new_trace: tp.Trace | None) -> ts.BeginTurnRequest:
+    def begin_request(self, spec: orc.RunTurnRequest, new_trace: tp.Trace | None) -> ms.BeginTurnRequest:
         """The user message and the placeholder (and a new trace): one call, all stored or none; the
         trace service appends the turn's `start` to its buffer then (unless the caller did: `begun`)."""
         user, placeholder = self._messages(spec)
-        begin = ts.BeginTurnRequest(trace_id=spec.trace_id, user_message=user, assistant_message=placeholder)
+        begin = ms.BeginTurnRequest(trace_id=spec.trace_id, user_message=user, assistant_message=placeholder)
         if new_trace is not None:
             begin.new_trace.CopyFrom(new_trace)
         if not spec.HasField("begun"):
@@ -348,16 +349,18 @@ class TurnEngine:
 
     def begin_early(
         self, spec: orc.RunTurnRequest, new_trace: tp.Trace, resolve_agent: str, last: ap.Agent
-    ) -> asyncio.Future[ts.BeginTurnResponse]:
+    ) -> asyncio.Future[ms.BeginTurnResponse]:
         """The BeginTurn of a new trace, sent now (what `run(..., begun=)` takes), reading the agent
         `resolve_agent` too: its `start` goes in the buffer only when that read is `last` (as the
         caller last read it). One no turn takes is the caller's to undo (`drop_begun`)."""
         request = self.begin_request(spec, new_trace)
         request.resolve_agent = resolve_agent
         request.start_if_agent.CopyFrom(last)
-        return asyncio.ensure_future(rpc(self.clients.trace.BeginTurn(request, timeout=self.write_timeout_s)))
+        return asyncio.ensure_future(
+            rpc(self.clients.messages.BeginTurn(request, timeout=self.write_timeout_s))
+        )
 
-    async def drop_begun(self, begun: Awaitable[ts.BeginTurnResponse], trace_id: str) -> None:
+    async def drop_begun(self, begun: Awaitable[ms.BeginTurnResponse], trace_id: str) -> None:
         """Undoes a `begin_early` no turn takes: the trace it stored, if it did, is deleted."""
         try:
             await begun
@@ -373,11 +376,11 @@ class TurnEngine:
     async def _begin(
         self,
         spec: orc.RunTurnRequest,
-        begin: Awaitable[ts.BeginTurnResponse],
+        begin: Awaitable[ms.BeginTurnResponse],
         create: Awaitable[Any] | None,
         out: TurnOutcome,
         partial: Partial,
-    ) -> ts.BeginTurnResponse:
+    ) -> ms.BeginTurnResponse:
         """`begin` (the BeginTurn call), beside `create` (the buffer's creation) when given; the
         messages are on `out` once stored. A turn that fails to begin ends its buffer with the error."""
         try:
@@ -385,12 +388,12 @@ class TurnEngine:
                 return await begin
             results = await asyncio.gather(begin, create, return_exceptions=True)
             begun = results[0]
-            if isinstance(begun, ts.BeginTurnResponse):
+            if isinstance(begun, ms.BeginTurnResponse):
                 out.user_message, out.assistant_message = begun.user_message, begun.assistant_message
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
-            assert isinstance(begun, ts.BeginTurnResponse)
+            assert isinstance(begun, ms.BeginTurnResponse)
             return begun
         except MeshError as err:
             await to_the_end(self._fail(spec, out, err, None, partial))  # never leave the buffer open
@@ -427,7 +430,7 @@ class TurnEngine:
         out: TurnOutcome,
         request: rt.RunAgentRequest,
         call: grpc.aio.UnaryStreamCall | None,
-        stored: ts.BeginTurnResponse,
+        stored: ms.BeginTurnResponse,
     ) -> None:
         """start (unless the caller put it in the buffer: `spec.begun`; appended by BeginTurn when
         `stored` says so) -> the run (`call`: already started, awaiting `start`) -> the write-back ->
@@ -535,8 +538,8 @@ class TurnEngine:
         )
         msg.metadata.CopyFrom(r.metadata)
         resp = await rpc(
-            self.clients.trace.UpdateMessage(
-                ts.UpdateMessageRequest(
+            self.clients.messages.UpdateMessage(
+                ms.UpdateMessageRequest(
                     message=msg, update_mask=field_mask_pb2.FieldMask(paths=RESULT_FIELDS)
                 ),
                 timeout=self.write_timeout_s,
@@ -569,8 +572,8 @@ class TurnEngine:
             status = tp.MESSAGE_STATUS_CANCELLED if cancelled else tp.MESSAGE_STATUS_FAILED
             msg = partial.message(out.assistant_message.id, status, err)
             try:
-                resp = await self.clients.trace.UpdateMessage(
-                    ts.UpdateMessageRequest(
+                resp = await self.clients.messages.UpdateMessage(
+                    ms.UpdateMessageRequest(
                         message=msg,
                         update_mask=field_mask_pb2.FieldMask(
                             paths=["content", "thinking", "status", "metadata"]

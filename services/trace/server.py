@@ -1,4 +1,6 @@
-"""The trace process: engine, migrations, the built-in agents, and the Trace, Agent and Auth services."""
+"""The trace process: engine, migrations, the built-in agents, and its services: TraceService,
+MessageService, TaskService and SubagentService (the trace domain), AgentService, AuthService and
+LeaseService."""
 
 from __future__ import annotations
 
@@ -20,18 +22,25 @@ from agentmesh.services.trace.handlers.messages import MessageHandler
 from agentmesh.services.trace.handlers.subagents import SubagentHandler
 from agentmesh.services.trace.handlers.tasks import TaskHandler
 from agentmesh.services.trace.handlers.traces import TraceHandler
-from agentmesh.services.trace.servicer import (
-    AgentServicer,
-    AuthServicer,
-    Handlers,
-    LeaseServicer,
-    TraceServicer,
-)
+from agentmesh.services.trace.servicers.agents import AgentServicer, AuthServicer, LeaseServicer
+from agentmesh.services.trace.servicers.messages import MessageServicer
+from agentmesh.services.trace.servicers.subagents import SubagentServicer
+from agentmesh.services.trace.servicers.tasks import TaskServicer
+from agentmesh.services.trace.servicers.traces import TraceServicer
 from agentmesh.services.trace.starts import TurnStarts
 from agentmesh.services.trace.store.hybrid import HybridTraceStore
 from agentmesh.services.trace.store.sql import SqlStores
 from agentmesh.services.trace.store.sql.db import create_engine, migrate, time_queries
-from agentmesh.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from agentmesh.trace.v1 import (
+    message_service_pb2,
+    message_service_pb2_grpc,
+    subagent_service_pb2,
+    subagent_service_pb2_grpc,
+    task_service_pb2,
+    task_service_pb2_grpc,
+    trace_service_pb2,
+    trace_service_pb2_grpc,
+)
 
 
 async def build(
@@ -66,19 +75,32 @@ async def build(
         signer = signer or signer_for(settings)
         clients = Clients(settings, signer)  # the stream service, for turns' `start` (BeginTurn)
         starts = TurnStarts(lambda: clients.stream, settings.turn_timeout_s)
-        handlers = Handlers(
-            traces=TraceHandler(federated),
-            messages=MessageHandler(federated, stores.subagents, stores.agents, starts),
-            tasks=TaskHandler(stores.tasks, federated),
-            subagents=SubagentHandler(stores.subagents),
-        )
+        messages = MessageHandler(federated, stores.subagents, stores.agents, starts)
         server = ServiceServer(
             [
                 Registration.of(
                     trace_service_pb2,
                     "TraceService",
                     trace_service_pb2_grpc.add_TraceServiceServicer_to_server,
-                    TraceServicer(handlers, signer),
+                    TraceServicer(TraceHandler(federated)),
+                ),
+                Registration.of(
+                    message_service_pb2,
+                    "MessageService",
+                    message_service_pb2_grpc.add_MessageServiceServicer_to_server,
+                    MessageServicer(messages, signer),
+                ),
+                Registration.of(
+                    task_service_pb2,
+                    "TaskService",
+                    task_service_pb2_grpc.add_TaskServiceServicer_to_server,
+                    TaskServicer(TaskHandler(stores.tasks, federated)),
+                ),
+                Registration.of(
+                    subagent_service_pb2,
+                    "SubagentService",
+                    subagent_service_pb2_grpc.add_SubagentServiceServicer_to_server,
+                    SubagentServicer(SubagentHandler(stores.subagents)),
                 ),
                 Registration.of(
                     agent_service_pb2,

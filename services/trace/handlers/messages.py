@@ -28,11 +28,11 @@ from agentmesh.services.trace.store.base import (
     SubagentStore,
     each_apart,
 )
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 ItemT = TypeVar("ItemT")
-MODES = frozenset({ts.PATH_MODE_UNSPECIFIED, ts.PATH_MODE_MAIN_PATH, ts.PATH_MODE_ALL})
+MODES = frozenset({ms.PATH_MODE_UNSPECIFIED, ms.PATH_MODE_MAIN_PATH, ms.PATH_MODE_ALL})
 
 
 def checked(append: Append) -> Append:
@@ -119,15 +119,15 @@ class MessageHandler:
         return await self.store.create_trace_with_messages(owner, trace, trace_id, messages)
 
     async def begin_turn(
-        self, owner: str, request: ts.BeginTurnRequest, within_s: float | None = None
-    ) -> ts.BeginTurnResponse:
+        self, owner: str, request: ms.BeginTurnRequest, within_s: float | None = None
+    ) -> ms.BeginTurnResponse:
         """The turn's user message and placeholder (and its new trace), stored together; with
         `resolve_agent`, the turn's agent read first, as the owner reads it (NotFound stores nothing).
         With `start_key`, the turn's `start` is appended to that buffer then (`within_s`: what is left
         of the caller's deadline), unless the agent read is not `start_if_agent`."""
         if request.start_key and not request.HasField("start"):
             raise InvalidArgument("start_key needs the turn's start (its agent)")
-        out = ts.BeginTurnResponse()
+        out = ms.BeginTurnResponse()
         if request.resolve_agent:
             assert self.agents is not None, "a trace handler that resolves agents needs the agent store"
             out.agent.CopyFrom(await self.agents.get_agent(owner, request.resolve_agent))
@@ -166,7 +166,7 @@ class MessageHandler:
         need_owner(owner)
         return await self.store.get_message(owner, message_id)
 
-    async def list(self, owner: str, query: MessageQuery, view: int = ts.MESSAGE_VIEW_BASIC) -> MessagePage:
+    async def list(self, owner: str, query: MessageQuery, view: int = ms.MESSAGE_VIEW_BASIC) -> MessagePage:
         """A page of messages (the window checked; limit 0: the default); in MESSAGE_VIEW_FULL an
         assistant message whose metadata lacks `subagents` gets its batches rebuilt from the rows
         anchored to it (docs/requirements.md#subagent-history-restore)."""
@@ -176,6 +176,6 @@ class MessageHandler:
         need_owner(owner)
         need(query.trace_id, "trace_id")
         page = await self.store.list_messages(owner, dataclasses.replace(query, limit=limit))
-        if view == ts.MESSAGE_VIEW_FULL and TraceRef.parse(query.trace_id).is_local:
+        if view == ms.MESSAGE_VIEW_FULL and TraceRef.parse(query.trace_id).is_local:
             await restore_subagents(self.subagents, owner, query.trace_id, page.messages)
         return page

@@ -27,8 +27,8 @@ from typing import TypeVar
 from agentmesh.agents.v1 import agent_pb2
 from agentmesh.libs.errors import MeshError
 from agentmesh.services.trace.domain import Cursor
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 
 @dataclass
@@ -36,7 +36,7 @@ class MessageQuery:
     """Which messages of a trace to list (docs/requirements.md#trace-api)."""
 
     trace_id: str
-    mode: int = ts.PATH_MODE_MAIN_PATH
+    mode: int = ms.PATH_MODE_MAIN_PATH
     head_sequence: int = 0
     since_sequence: int = 0
     limit: int = 0

@@ -51,8 +51,8 @@ from agentmesh.services.trace.store.base import (
     each_apart,
 )
 from agentmesh.services.trace.store.remote import RemoteTraceStore
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 log = logging.getLogger(__name__)
 UNREACHABLE = (Unavailable, DeadlineExceeded, ResourceExhausted)
@@ -132,7 +132,7 @@ class HybridTraceStore(TraceStore, MessageStore):
             while True:
                 page = await r.store.list_messages(
                     owner,
-                    MessageQuery(r.ref.id, mode=ts.PATH_MODE_ALL, since_sequence=since, limit=self.page_size),
+                    MessageQuery(r.ref.id, mode=ms.PATH_MODE_ALL, since_sequence=since, limit=self.page_size),
                 )
                 done = len(page.messages) < self.page_size
                 state = await self.copies.save(owner, r.home, trace, page.messages, final=done)

@@ -14,10 +14,10 @@ from agentmesh.libs.peer_http import PeerClient
 from agentmesh.libs.protojson import from_json, to_json
 from agentmesh.services.trace.domain import Cursor
 from agentmesh.services.trace.store.base import Deleted, MessagePage, MessageQuery, MessageStore, TraceStore
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
-MODES: dict[int, str] = {ts.PATH_MODE_ALL: "all"}  # anything else: the main path
+MODES: dict[int, str] = {ms.PATH_MODE_ALL: "all"}  # anything else: the main path
 # What a message sent home carries (ids, sequences and times are the peer's to give).
 SENT_FIELDS = ("role", "content", "thinking", "metadata", "model", "usage", "status", "source")
 

@@ -206,7 +206,6 @@ async def test_deleting_the_owners_data_deletes_the_cached_copies(fed: Fed) -> N
 
     from agentmesh.libs import identity
     from agentmesh.services.trace.store.sql.common import Database  # noqa: F401  (the copy is a row of sessions)
-    from agentmesh.trace.v1 import trace_service_pb2 as ts
 
     engine = create_async_engine(
         fed.cloud.settings.model_copy(update={"database_url": _pg(fed)}).sqlalchemy_url
@@ -224,7 +223,7 @@ async def test_deleting_the_owners_data_deletes_the_cached_copies(fed: Fed) -> N
     finally:
         await engine.dispose()
     assert [r[0] for r in rows] == ["dave-fed"]
-    del identity, ts
+    del identity
 
 
 def _pg(fed: Fed) -> str:

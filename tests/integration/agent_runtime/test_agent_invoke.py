@@ -15,6 +15,8 @@ from agentmesh.libs import events as evlib
 from agentmesh.libs import identity
 from agentmesh.libs.ids import a2a_key
 from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.mesh import (
@@ -97,15 +99,15 @@ def rules(mesh: Mesh) -> None:
 async def tasks_of(mesh: Mesh, session_id: str) -> list[tp.A2ATask]:
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
-        resp = await mesh.clients.trace.ListA2ATasks(ts.ListA2ATasksRequest(caller_session_id=session_id))
+        resp = await mesh.clients.tasks.ListA2ATasks(tks.ListA2ATasksRequest(caller_session_id=session_id))
     return list(resp.tasks)
 
 
 async def messages_of(mesh: Mesh, trace_id: str) -> list[tp.Message]:
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
-        resp = await mesh.clients.trace.ListMessages(
-            ts.ListMessagesRequest(trace_id=trace_id, mode=ts.PATH_MODE_ALL)
+        resp = await mesh.clients.messages.ListMessages(
+            ms.ListMessagesRequest(trace_id=trace_id, mode=ms.PATH_MODE_ALL)
         )
     return list(resp.messages)
 
@@ -202,8 +204,8 @@ async def test_stream_routes_without_a_buffer(mesh: Mesh) -> None:
         trace = tp.Trace(agent="general")
         session = (await mesh.clients.trace.CreateTrace(ts.CreateTraceRequest(trace=trace))).trace
         task = (
-            await mesh.clients.trace.CreateA2ATask(
-                ts.CreateA2ATaskRequest(
+            await mesh.clients.tasks.CreateA2ATask(
+                tks.CreateA2ATaskRequest(
                     task=tp.A2ATask(
                         callee_agent="coder", caller_agent="general", caller_session_id=session.id
                     )

@@ -27,6 +27,7 @@ from agentmesh.services.trace.store.sql.agents import SqlAgentStore
 from agentmesh.services.trace.store.sql.messages import SqlMessageStore
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.stream.v1 import stream_service_pb2_grpc
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.mesh import BACKENDS, Mesh, chat, mesh_on, read_buffer, sse_events, system_of
@@ -428,10 +429,10 @@ async def test_a_session_said_early_streams_live_at_a_model_pace(
     )
 
 
-def _begin(trace_id: str, key: str, text: str, agent: str = "general") -> ts.BeginTurnRequest:
+def _begin(trace_id: str, key: str, text: str, agent: str = "general") -> ms.BeginTurnRequest:
     """The BeginTurn of a new chat session `trace_id` that puts its `start` in buffer `key`."""
     user, placeholder = turn_messages(trace_id, text)
-    return ts.BeginTurnRequest(
+    return ms.BeginTurnRequest(
         trace_id=trace_id,
         new_trace=tp.Trace(agent=agent, kind=tp.TRACE_KIND_CHAT, title=text),
         user_message=user,
@@ -457,7 +458,7 @@ async def test_begin_turn_puts_the_turns_start_in_its_buffer(mesh: Mesh) -> None
     key = session_key(trace_id)
     with identity.acting_as(mesh.user):
         await mesh.clients.stream.CreateStream(ss.CreateStreamRequest(key=key))
-        begun = await mesh.clients.trace.BeginTurn(_begin(trace_id, key, "started here"))
+        begun = await mesh.clients.messages.BeginTurn(_begin(trace_id, key, "started here"))
     assert begun.start_offset and not begun.HasField("start_error"), begun
     first, last = await _ended(mesh, key)
     assert first.offset == begun.start_offset and events.kind(last) == "done"
@@ -485,7 +486,7 @@ async def test_begin_turn_leaves_the_start_to_the_caller_when_it_cannot_append_i
         request = _begin(trace_id, key, "another agent")
         request.resolve_agent = "general"
         request.start_if_agent.CopyFrom(stale)
-        begun = await mesh.clients.trace.BeginTurn(request)
+        begun = await mesh.clients.messages.BeginTurn(request)
         assert begun.agent == agent and begun.assistant_message.id
         assert not begun.start_offset and not begun.HasField("start_error"), begun
         assert [events.kind(e) for e in await _ended(mesh, key)] == ["done"]
@@ -494,13 +495,13 @@ async def test_begin_turn_leaves_the_start_to_the_caller_when_it_cannot_append_i
         request = _begin(unmade, session_key(unmade), "no buffer yet")
         request.resolve_agent = "general"
         request.start_if_agent.CopyFrom(agent)  # as expected this time
-        begun = await mesh.clients.trace.BeginTurn(request)
+        begun = await mesh.clients.messages.BeginTurn(request)
         assert begun.assistant_message.id and not begun.start_offset and not begun.HasField("start_error")
 
         unsaid = _begin(new_id(), key, "no start")
         unsaid.ClearField("start")
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await mesh.clients.trace.BeginTurn(unsaid)
+            await mesh.clients.messages.BeginTurn(unsaid)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
         assert "start_key needs the turn's start" in (refused.value.details() or "")
         with pytest.raises(grpc.aio.AioRpcError) as missing:

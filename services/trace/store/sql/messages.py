@@ -38,8 +38,8 @@ from agentmesh.services.trace.store.sql.common import (
 )
 from agentmesh.services.trace.store.sql.traces import MAIN_PATH, new_trace_row
 from agentmesh.services.trace.store.sql.updates import Update, UpdateBatcher
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 
 class SqlMessageStore(MessageStore):
@@ -170,7 +170,7 @@ class SqlMessageStore(MessageStore):
                 _M.c.sequence > query.since_sequence,
             ]
             params: dict[str, Any] = {}
-            if query.mode == ts.PATH_MODE_ALL:
+            if query.mode == ms.PATH_MODE_ALL:
                 # Every branch is listed whatever the head, but an unknown head is an error in both
                 # modes, on every page (main path mode finds out below, from an empty page).
                 if query.head_sequence and not await has(conn, trace.id, query.head_sequence):

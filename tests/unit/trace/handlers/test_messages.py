@@ -14,8 +14,8 @@ from agentmesh.services.trace.handlers.subagents import SubagentHandler
 from agentmesh.services.trace.handlers.traces import TraceHandler
 from agentmesh.services.trace.store.base import Append, MessagePage, MessageQuery
 from agentmesh.services.trace.store.sql import SqlStores
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.unit.trace.handlers.conftest import assistant, user
 
 
@@ -151,7 +151,7 @@ async def test_a_read_reaches_the_store_with_its_effective_limit(
     recording: tuple[MessageHandler, Recording],
 ) -> None:
     handler, store = recording
-    await handler.list("alice", MessageQuery("t", mode=ts.PATH_MODE_ALL))
+    await handler.list("alice", MessageQuery("t", mode=ms.PATH_MODE_ALL))
     ((name, (owner, query)),) = store.calls
     assert (name, owner, query.limit, query.mode) == ("list_messages", "alice", domain.DEFAULT_LIMIT, 2)
 
@@ -171,7 +171,7 @@ async def test_the_full_view_restores_subagent_batches(
         ],
     )
     basic = await messages.list(owner, MessageQuery(trace.id))
-    full = await messages.list(owner, MessageQuery(trace.id), ts.MESSAGE_VIEW_FULL)
+    full = await messages.list(owner, MessageQuery(trace.id), ms.MESSAGE_VIEW_FULL)
     assert "subagents" not in basic.messages[1].metadata.fields
     (batch,) = full.messages[1].metadata.fields["subagents"].list_value.values
     assert batch.struct_value.fields["title"].string_value == "b"
