@@ -32,7 +32,6 @@ from agentmesh.services.agent_runtime import server as runtime_server
 from agentmesh.services.orchestrator import server as orchestrator_server
 from agentmesh.services.stream import server as stream_server
 from agentmesh.services.trace import server as trace_server
-from agentmesh.stream.v1 import stream_service_pb2 as ss
 
 ANY_PORT = "127.0.0.1:0"
 TEST_CATALOG = Path(__file__).parent / "catalogs" / "mesh.yaml"  # agents whose prompts the test rules match
@@ -350,11 +349,12 @@ async def read_buffer(mesh: Mesh, key: str) -> list[Any]:
     """Every event of buffer `key` (as the mesh's user) from its start to its terminal one."""
     assert mesh.clients is not None
     out: list[Any] = []
-    request = ss.SubscribeStreamRequest(key=key, idle_timeout_ms=5000)
     with identity.acting_as(mesh.user):
-        async for resp in mesh.clients.stream.SubscribeStream(request, timeout=10):
-            out.append(resp.event)
-            if events.is_terminal(resp.event):
+        follow = mesh.clients.follows.follow(key, idle_timeout_ms=5000)
+    async with asyncio.timeout(10):
+        async for event in follow:
+            out.append(event)
+            if events.is_terminal(event):
                 break
     return out
 

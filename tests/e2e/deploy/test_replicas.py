@@ -21,7 +21,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentmesh.libs import events as evlib
 from agentmesh.libs import identity
-from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
 from tests.mesh import (
@@ -103,12 +102,12 @@ async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(mesh:
     assert mesh.clients is not None
     # 1. Turns spread over the replicas: each gateway sends turns, each orchestrator's channel spreads
     # its runs over the runtimes, every process appends through either stream replica (the orchestrator
-    # with AppendEvents, the runtime's writers with WriteStream).
+    # with AppendEvents, the runtime's writers with WriteStreams).
     served = {
         "gateway": ("/api/chat",),
         "orchestrator": ("ExecuteChat",),
         "agent-runtime": ("RunAgent",),
-        "stream": ("AppendEvents", "WriteStream"),
+        "stream": ("AppendEvents", "WriteStreams"),
     }
 
     async def spread() -> bool:
@@ -229,12 +228,9 @@ async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(mesh:
     # Nothing a reader saw is missing from its buffer (Redis kept every acknowledged event).
     for reader, key in readers:
         with identity.acting_as(mesh.user):
-            stored = [
-                evlib.to_dict(r.event, with_offset=True)
-                async for r in mesh.clients.stream.SubscribeStream(
-                    ss.SubscribeStreamRequest(key=key), timeout=10
-                )
-            ]
+            follow = mesh.clients.follows.follow(key)
+        async with asyncio.timeout(10):
+            stored = [evlib.to_dict(e, with_offset=True) async for e in follow]
         by_offset = {e["offset"]: e for e in stored}
         for seen in reader.events:
             if seen.get("_id") and seen["type"] != "text-delta":

@@ -14,7 +14,6 @@ from google.protobuf import field_mask_pb2
 from agentmesh.libs import events as evlib
 from agentmesh.libs import identity
 from agentmesh.libs.ids import a2a_key
-from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -117,8 +116,10 @@ async def buffer(mesh: Mesh, key: str) -> list[dict[str, Any]]:
     assert mesh.clients is not None
     out = []
     with identity.acting_as(mesh.user):
-        async for resp in mesh.clients.stream.SubscribeStream(ss.SubscribeStreamRequest(key=key), timeout=10):
-            out.append(evlib.to_dict(resp.event))
+        follow = mesh.clients.follows.follow(key)
+    async with asyncio.timeout(10):
+        async for event in follow:
+            out.append(evlib.to_dict(event))
     return out
 
 

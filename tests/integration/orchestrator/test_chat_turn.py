@@ -263,21 +263,19 @@ async def test_the_live_turn_is_read_from_the_stream_service(mesh: Mesh) -> None
         )
         first = await call.read()
         assert first.session_id and not first.events, first
-        follow = mesh.clients.stream.SubscribeStream(
-            ss.SubscribeStreamRequest(key=session_key(first.session_id), from_offset="")
-        )
+        follow = mesh.clients.follows.follow(session_key(first.session_id))
         rest: list[str] = []
         offsets: list[str] = []
         text_before_end = False
         stored = tp.Message()
         async with asyncio.timeout(20):
-            async for resp in follow:
-                kind = resp.event.WhichOneof("payload")
+            async for event in follow:
+                kind = event.WhichOneof("payload")
                 rest.append(kind)
-                offsets.append(resp.event.offset)
+                offsets.append(event.offset)
                 if kind == "start":
-                    assert resp.event.start.session_id == first.session_id
-                    start = resp.event
+                    assert event.start.session_id == first.session_id
+                    start = event
                 if kind == "text_delta" and not text_before_end:
                     text_before_end = True
                     assert not call.done(), "text arrives while the turn still runs"
