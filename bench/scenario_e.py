@@ -22,7 +22,7 @@ $TEST_DATABASE_URL) and for the trace service also on SQLite:
   call that does nothing, the most any RPC can reach here (not for `one_session`: no session);
 - `store`: the same store in this process (no gRPC), which shows what the transport costs;
 - `raw_tx`: asyncpg straight, one connection per writer, the transaction the store ran before
-  issue 17 (BEGIN, SELECT ... FOR UPDATE, UPDATE sessions, INSERT ... RETURNING, COMMIT);
+  issue 17 (BEGIN, SELECT ... FOR UPDATE, UPDATE traces, INSERT ... RETURNING, COMMIT);
 - `raw_stmt`: asyncpg straight, the one statement an append is now (sequence, head and row in one
   round trip, no explicit transaction), one append per statement;
 - `raw_insert`: asyncpg straight, single INSERTs of rows whose sequence the writer counts itself
@@ -222,12 +222,12 @@ class CpuMeter:
 
 CHECK_SQL = """
 SELECT s.id, s.last_sequence, s.head_sequence,
-       (SELECT count(*) FROM messages m WHERE m.session_id = s.id) AS n,
-       (SELECT count(DISTINCT m.sequence) FROM messages m WHERE m.session_id = s.id) AS distinct_n,
-       (SELECT coalesce(max(m.sequence), 0) FROM messages m WHERE m.session_id = s.id) AS max_seq,
-       (SELECT count(*) FROM messages m WHERE m.session_id = s.id AND m.sequence > 1
+       (SELECT count(*) FROM messages m WHERE m.trace_id = s.id) AS n,
+       (SELECT count(DISTINCT m.sequence) FROM messages m WHERE m.trace_id = s.id) AS distinct_n,
+       (SELECT coalesce(max(m.sequence), 0) FROM messages m WHERE m.trace_id = s.id) AS max_seq,
+       (SELECT count(*) FROM messages m WHERE m.trace_id = s.id AND m.sequence > 1
           AND m.parent_sequence IS DISTINCT FROM m.sequence - 1) AS off_chain
-FROM sessions s WHERE s.id = ANY($1::text[])
+FROM traces s WHERE s.id = ANY($1::text[])
 """
 
 
@@ -429,16 +429,16 @@ class InProcessStore:
 
 # The transaction an append ran before issue 17, statement for statement (what SQLAlchemy sent).
 RAW_TX = (
-    "SELECT id, last_sequence, head_sequence FROM sessions WHERE id = $1 AND user_id = "
+    "SELECT id, last_sequence, head_sequence FROM traces WHERE id = $1 AND user_id = "
     "(SELECT id FROM users WHERE name = $2) AND deleted_at IS NULL FOR UPDATE",
-    "UPDATE sessions SET head_sequence = $1, last_sequence = $2, updated_at = $3 WHERE id = $4",
-    "INSERT INTO messages (session_id, sequence, parent_sequence, role, content, thinking, metadata, "
+    "UPDATE traces SET head_sequence = $1, last_sequence = $2, updated_at = $3 WHERE id = $4",
+    "INSERT INTO messages (trace_id, sequence, parent_sequence, role, content, thinking, metadata, "
     "model, input_tokens, output_tokens, sort_order, status, source, a2a_task_id, caller_agent_id, "
-    "caller_session_id, created_at) VALUES ($1, $2, $3, 'user', $4, '', NULL, '', 0, 0, 0, "
+    "caller_trace_id, created_at) VALUES ($1, $2, $3, 'user', $4, '', NULL, '', 0, 0, 0, "
     "'completed', 'user', NULL, NULL, NULL, $5) RETURNING id, created_at",
 )
 RAW_INSERT = (
-    "INSERT INTO messages (session_id, sequence, parent_sequence, role, content, thinking, metadata, "
+    "INSERT INTO messages (trace_id, sequence, parent_sequence, role, content, thinking, metadata, "
     "model, input_tokens, output_tokens, sort_order, status, source, created_at) VALUES "
     "($1, $2, $3, 'user', $4, '', NULL, '', 0, 0, 0, 'completed', 'user', $5) RETURNING id"
 )
@@ -521,7 +521,7 @@ class RawPg:
         )
         sid = str(uuid.uuid4())
         await conn.execute(
-            "INSERT INTO sessions (id, user_id, agent, kind, visible_in_sidebar, head_sequence, "
+            "INSERT INTO traces (id, user_id, agent, kind, visible_in_sidebar, head_sequence, "
             "last_sequence, title, created_at, updated_at) VALUES ($1, $2, 'general', 'chat', 0, 0, 0, "
             "'', now(), now())",
             sid,

@@ -587,7 +587,7 @@ async def read_tree(mesh: ProcessMesh, session: str) -> Tree | None:
             msgs = list(
                 (await c.messages.ListMessages(ms.ListMessagesRequest(trace_id=session, mode=every))).messages
             )
-            tasks = (await c.tasks.ListA2ATasks(tks.ListA2ATasksRequest(caller_session_id=session))).tasks
+            tasks = (await c.tasks.ListA2ATasks(tks.ListA2ATasksRequest(caller_trace_id=session))).tasks
             subs = (
                 await c.subagents.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=session))
             ).subagents

@@ -37,7 +37,7 @@ class MeshTaskStore(TaskStore):
         except (NotFound, InvalidArgument):
             return None
         slug = addressed_agent(context)
-        if task.caller_session_id or (slug and task.callee_agent != slug):
+        if task.caller_trace_id or (slug and task.callee_agent != slug):
             return None
         return task
 

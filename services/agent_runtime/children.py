@@ -48,7 +48,7 @@ async def create_task(
         task=tp.A2ATask(
             callee_agent=callee,
             caller_agent=ctx.agent.slug,
-            caller_session_id=ctx.trace_id,
+            caller_trace_id=ctx.trace_id,
             caller_context=events.struct(caller_context),
         ),
         continue_trace_id=continue_trace_id,

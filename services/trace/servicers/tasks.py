@@ -41,8 +41,8 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
 
     @grpc_errors
     async def ListA2ATasks(self, request: tks.ListA2ATasksRequest, context: Ctx) -> tks.ListA2ATasksResponse:
-        if request.caller_session_id:
-            tasks = await self.tasks.list_started(current_user(), request.caller_session_id)
+        if request.caller_trace_id:
+            tasks = await self.tasks.list_started(current_user(), request.caller_trace_id)
             return tks.ListA2ATasksResponse(tasks=tasks)
         query = InboundTaskQuery(
             callee_agent=request.callee_agent, trace_id=request.trace_id, state=request.state

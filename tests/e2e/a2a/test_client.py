@@ -211,7 +211,7 @@ async def _start_chat(mesh: Mesh, message: str) -> tuple[asyncio.Task[list[dict[
             traces = (await mesh.clients.trace.ListTraces(ts.ListTracesRequest())).traces
             for trace in traces:
                 tasks = (
-                    await mesh.clients.tasks.ListA2ATasks(tks.ListA2ATasksRequest(caller_session_id=trace.id))
+                    await mesh.clients.tasks.ListA2ATasks(tks.ListA2ATasksRequest(caller_trace_id=trace.id))
                 ).tasks
                 for task in tasks:
                     if task.state == tp.TASK_STATE_WORKING:

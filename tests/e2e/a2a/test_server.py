@@ -97,7 +97,7 @@ async def test_stream_persists_a_hidden_a2a_trace(mesh: Mesh, binding: str) -> N
     first = responses[0].task
     task = await task_row(mesh, first.id)
     assert task.trace_id == first.context_id and task.state == tp.TASK_STATE_COMPLETED
-    assert task.callee_agent == "echo" and not task.caller_session_id
+    assert task.callee_agent == "echo" and not task.caller_trace_id
     messages = await messages_of(mesh, task.trace_id)
     assert [(m.role, m.source, m.a2a_task_id) for m in messages] == [
         (tp.MESSAGE_ROLE_USER, tp.MESSAGE_SOURCE_A2A, first.id),
@@ -262,7 +262,7 @@ async def test_cancel_cancels_the_whole_tree(mesh: Mesh) -> None:
         assert mesh.clients is not None
         with identity.acting_as(mesh.user):
             resp = await mesh.clients.tasks.ListA2ATasks(
-                tks.ListA2ATasksRequest(caller_session_id=task.context_id)
+                tks.ListA2ATasksRequest(caller_trace_id=task.context_id)
             )
         return [t for t in resp.tasks if t.state == tp.TASK_STATE_WORKING]
 

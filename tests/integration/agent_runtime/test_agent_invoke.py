@@ -98,7 +98,7 @@ def rules(mesh: Mesh) -> None:
 async def tasks_of(mesh: Mesh, session_id: str) -> list[tp.A2ATask]:
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
-        resp = await mesh.clients.tasks.ListA2ATasks(tks.ListA2ATasksRequest(caller_session_id=session_id))
+        resp = await mesh.clients.tasks.ListA2ATasks(tks.ListA2ATasksRequest(caller_trace_id=session_id))
     return list(resp.tasks)
 
 
@@ -174,7 +174,7 @@ async def test_general_invokes_coder_live_and_persisted(mesh: Mesh) -> None:
     assert [m.role for m in msgs] == [tp.MESSAGE_ROLE_USER, tp.MESSAGE_ROLE_ASSISTANT]
     for m in msgs:
         assert m.source == tp.MESSAGE_SOURCE_A2A and m.a2a_task_id == task_id
-        assert m.caller_agent == "general" and m.caller_session_id == session_id
+        assert m.caller_agent == "general" and m.caller_trace_id == session_id
     assert msgs[0].content == "write add"
     assert msgs[1].content == callee_text and msgs[1].model == "mock-gpt"
     assert msgs[1].usage.input_tokens > 0 and msgs[1].usage.output_tokens > 0
@@ -207,9 +207,7 @@ async def test_stream_routes_without_a_buffer(mesh: Mesh) -> None:
         task = (
             await mesh.clients.tasks.CreateA2ATask(
                 tks.CreateA2ATaskRequest(
-                    task=tp.A2ATask(
-                        callee_agent="coder", caller_agent="general", caller_session_id=session.id
-                    )
+                    task=tp.A2ATask(callee_agent="coder", caller_agent="general", caller_trace_id=session.id)
                 )
             )
         ).task

@@ -325,7 +325,7 @@ async def test_deleting_an_agent_keeps_the_rows_that_name_it(
         task = (
             await task_stub.CreateA2ATask(
                 tks.CreateA2ATaskRequest(
-                    task=tp.A2ATask(callee_agent="coder", caller_agent="caller", caller_session_id=session.id)
+                    task=tp.A2ATask(callee_agent="coder", caller_agent="caller", caller_trace_id=session.id)
                 )
             )
         ).task

@@ -135,7 +135,7 @@ async def test_an_append_without_an_answer_fails_by_its_deadline(
     with identity.acting_as(owner):
         await appender.append(_msg(s.id, "before"))
         async with trace_engine.connect() as conn:
-            await conn.execute(text("UPDATE sessions SET title = title WHERE id = :id"), {"id": s.id})
+            await conn.execute(text("UPDATE traces SET title = title WHERE id = :id"), {"id": s.id})
             with pytest.raises(DeadlineExceeded, match="within 1 s"):
                 await asyncio.wait_for(appender.append(_msg(s.id, "held")), 15)
             await conn.rollback()

@@ -16,24 +16,24 @@ from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.integration.trace.conftest import TraceStubs, append, count_rows, error_of, new_trace
 
 ASSISTANT = tp.MESSAGE_ROLE_ASSISTANT
-_GONE = "NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = {})"
+_GONE = "NOT EXISTS (SELECT 1 FROM traces s WHERE s.id = {})"
 ORPHANS = {
-    "messages": "SELECT count(*) FROM messages m WHERE " + _GONE.format("m.session_id"),
+    "messages": "SELECT count(*) FROM messages m WHERE " + _GONE.format("m.trace_id"),
     "a2a_tasks": "SELECT count(*) FROM a2a_tasks t WHERE "
-    + _GONE.format("t.session_id")
-    + " OR (t.caller_session_id IS NOT NULL AND "
-    + _GONE.format("t.caller_session_id")
+    + _GONE.format("t.trace_id")
+    + " OR (t.caller_trace_id IS NOT NULL AND "
+    + _GONE.format("t.caller_trace_id")
     + ")",
     "subagent_sessions": "SELECT count(*) FROM subagent_sessions r WHERE "
-    + _GONE.format("r.session_id")
+    + _GONE.format("r.trace_id")
     + " OR "
-    + _GONE.format("r.child_session_id")
+    + _GONE.format("r.child_trace_id")
     + " OR NOT EXISTS (SELECT 1 FROM messages m WHERE m.id = r.parent_message_id)",
 }
 
 
 async def _task(stub: TraceStubs, owner, caller_trace_id, callee="coder"):
-    task = tp.A2ATask(callee_agent=callee, caller_agent="general", caller_session_id=caller_trace_id)
+    task = tp.A2ATask(callee_agent=callee, caller_agent="general", caller_trace_id=caller_trace_id)
     with identity.acting_as(owner):
         return (await stub.tasks.CreateA2ATask(tks.CreateA2ATaskRequest(task=task))).task
 
@@ -74,14 +74,14 @@ async def _left(engine, traces, tasks, subagents):
     """Rows still present for the given ids, per table."""
     out = {}
     for table, column, ids in (
-        ("sessions", "id", traces),
-        ("messages", "session_id", traces),
+        ("traces", "id", traces),
+        ("messages", "trace_id", traces),
         ("a2a_tasks", "id", tasks),
-        ("a2a_tasks", "session_id", traces),
-        ("a2a_tasks", "caller_session_id", traces),
+        ("a2a_tasks", "trace_id", traces),
+        ("a2a_tasks", "caller_trace_id", traces),
         ("subagent_sessions", "public_id", subagents),
-        ("subagent_sessions", "session_id", traces),
-        ("subagent_sessions", "child_session_id", traces),
+        ("subagent_sessions", "trace_id", traces),
+        ("subagent_sessions", "child_trace_id", traces),
     ):
         params = {f"p{i}": v for i, v in enumerate(ids)}
         marks = ", ".join(f":{k}" for k in params)
@@ -101,7 +101,7 @@ async def test_delete_one_trace_cascades(trace_stub, trace_engine, unique, messa
     keep = await new_trace(trace_stub, owner)
     await append(message_stub, owner, keep.id, "stay")
     before = await _left(trace_engine, traces, tasks, subagents)
-    assert before["sessions.id"] == 6 and before["messages.session_id"] == 8
+    assert before["traces.id"] == 6 and before["messages.trace_id"] == 8
     assert before["a2a_tasks.id"] == 3 and before["subagent_sessions.public_id"] == 2
 
     with identity.acting_as(owner):
@@ -137,11 +137,11 @@ async def test_delete_all_traces_cascades(trace_stub, trace_engine, unique, stub
     assert list(resp.deleted_subagent_ids) == sorted(subs_a | subs_b)
     after = await _left(trace_engine, traces_a | traces_b | {plain.id}, tasks_a | tasks_b, subs_a | subs_b)
     assert after == dict.fromkeys(after, 0)
-    owned = "SELECT count(*) FROM sessions s JOIN users u ON u.id = s.user_id WHERE u.name = :u"
+    owned = "SELECT count(*) FROM traces s JOIN users u ON u.id = s.user_id WHERE u.name = :u"
     assert await count_rows(trace_engine, owned, u=owner) == 0
     assert await _orphans(trace_engine) == dict.fromkeys(ORPHANS, 0)
     untouched = await _left(trace_engine, other_traces, other_tasks, other_subs)
-    assert untouched["sessions.id"] == 6 and untouched["messages.session_id"] == 8
+    assert untouched["traces.id"] == 6 and untouched["messages.trace_id"] == 8
     assert untouched["a2a_tasks.id"] == 3 and untouched["subagent_sessions.public_id"] == 2
     with identity.acting_as(owner):
         empty = await trace_stub.DeleteTraces(ts.DeleteTracesRequest())
@@ -203,7 +203,7 @@ async def test_other_owner_gets_not_found_on_every_rpc(
                 ms.ListMessagesRequest(trace_id=t, mode=ms.PATH_MODE_ALL, view=ms.MESSAGE_VIEW_FULL)
             ),
             "CreateA2ATask(caller)": lambda: task_stub.CreateA2ATask(
-                tks.CreateA2ATaskRequest(task=tp.A2ATask(callee_agent="coder", caller_session_id=t))
+                tks.CreateA2ATaskRequest(task=tp.A2ATask(callee_agent="coder", caller_trace_id=t))
             ),
             "CreateA2ATask(continue)": lambda: task_stub.CreateA2ATask(
                 tks.CreateA2ATaskRequest(
@@ -215,7 +215,7 @@ async def test_other_owner_gets_not_found_on_every_rpc(
                 tks.UpdateA2ATaskRequest(task_id=k, state=tp.TASK_STATE_CANCELED)
             ),
             "GetA2ATask": lambda: task_stub.GetA2ATask(tks.GetA2ATaskRequest(task_id=k)),
-            "ListA2ATasks": lambda: task_stub.ListA2ATasks(tks.ListA2ATasksRequest(caller_session_id=t)),
+            "ListA2ATasks": lambda: task_stub.ListA2ATasks(tks.ListA2ATasksRequest(caller_trace_id=t)),
             "CreateSubagentSessions": lambda: subagent_stub.CreateSubagentSessions(
                 sbs.CreateSubagentSessionsRequest(
                     subagents=[tp.SubagentSession(trace_id=t, parent_message_id=m)]
@@ -264,11 +264,11 @@ async def test_other_owner_gets_not_found_on_every_rpc(
         )
         listed = await subagent_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=trace.id))
         assert [r.status for r in listed.subagents] == [ev.SUBAGENT_STATUS_QUEUED]
-        tasks = await task_stub.ListA2ATasks(tks.ListA2ATasksRequest(caller_session_id=trace.id))
+        tasks = await task_stub.ListA2ATasks(tks.ListA2ATasksRequest(caller_trace_id=trace.id))
         assert [t.id for t in tasks.tasks] == [task.id]
     with identity.acting_as(b):
         assert len((await trace_stub.DeleteTraces(ts.DeleteTracesRequest())).deleted_trace_ids) == 1
-    assert await count_rows(trace_engine, "SELECT count(*) FROM sessions WHERE id = :s", s=trace.id) == 1
+    assert await count_rows(trace_engine, "SELECT count(*) FROM traces WHERE id = :s", s=trace.id) == 1
     # No stranger became a user by probing.
     users = "SELECT count(*) FROM users WHERE name = :u"
     assert await count_rows(trace_engine, users, u=f"never-{unique}") == 0

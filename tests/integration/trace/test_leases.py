@@ -118,7 +118,7 @@ async def test_tasks_subagents_and_child_traces_are_settled_with_their_buffers(t
         task = (
             await stub.tasks.CreateA2ATask(
                 tks.CreateA2ATaskRequest(
-                    task=tp.A2ATask(callee_agent="coder", caller_agent="general", caller_session_id=caller.id)
+                    task=tp.A2ATask(callee_agent="coder", caller_agent="general", caller_trace_id=caller.id)
                 )
             )
         ).task

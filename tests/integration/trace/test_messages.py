@@ -164,7 +164,7 @@ async def test_message_fields_and_update(trace_stub, unique, message_stub):
         source=tp.MESSAGE_SOURCE_A2A,
         a2a_task_id="task-1",
         caller_agent="general",
-        caller_session_id="caller-1",
+        caller_trace_id="caller-1",
         metadata=meta,
         model="mock-gpt",
         thinking="first thoughts",
@@ -173,7 +173,7 @@ async def test_message_fields_and_update(trace_stub, unique, message_stub):
     assert (placeholder.trace_id, placeholder.sequence, placeholder.role) == (s.id, 1, ASSISTANT)
     assert placeholder.status == tp.MESSAGE_STATUS_PENDING
     assert (placeholder.source, placeholder.a2a_task_id) == (tp.MESSAGE_SOURCE_A2A, "task-1")
-    assert (placeholder.caller_agent, placeholder.caller_session_id) == ("general", "caller-1")
+    assert (placeholder.caller_agent, placeholder.caller_trace_id) == ("general", "caller-1")
     assert placeholder.metadata == meta and (placeholder.model, placeholder.thinking) == (
         "mock-gpt",
         "first thoughts",
@@ -186,7 +186,7 @@ async def test_message_fields_and_update(trace_stub, unique, message_stub):
         tp.MESSAGE_STATUS_COMPLETED,
         tp.MESSAGE_ROLE_USER,
     )
-    assert (plain.a2a_task_id, plain.caller_agent, plain.caller_session_id) == ("", "", "")
+    assert (plain.a2a_task_id, plain.caller_agent, plain.caller_trace_id) == ("", "", "")
     assert not plain.HasField("metadata")
 
     change = tp.Message(

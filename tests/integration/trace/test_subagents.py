@@ -447,7 +447,7 @@ async def test_a_batch_stores_each_subagents_turn_with_its_row(
         def message(role: tp.MessageRole, text: str, status: tp.MessageStatus) -> tp.Message:
             return tp.Message(
                 role=role, content=text, status=status, source=tp.MESSAGE_SOURCE_SUBAGENT,
-                caller_agent="general", caller_session_id=s.id, model="mock-gpt" if text == "" else "",
+                caller_agent="general", caller_trace_id=s.id, model="mock-gpt" if text == "" else "",
             )  # fmt: skip
 
         return ms.TurnMessages(

@@ -27,13 +27,13 @@ async def test_a2a_tasks(trace_stub, trace_engine, unique, task_stub):
                     task=tp.A2ATask(
                         callee_agent="coder",
                         caller_agent="general",
-                        caller_session_id=caller.id,
+                        caller_trace_id=caller.id,
                         caller_context=context,
                     )
                 )
             )
         ).task
-        assert (task.state, task.callee_agent, task.caller_agent, task.caller_session_id, task.owner) == (
+        assert (task.state, task.callee_agent, task.caller_agent, task.caller_trace_id, task.owner) == (
             tp.TASK_STATE_SUBMITTED,
             "coder",
             "general",
@@ -54,7 +54,7 @@ async def test_a2a_tasks(trace_stub, trace_engine, unique, task_stub):
         again = (
             await task_stub.CreateA2ATask(
                 tks.CreateA2ATaskRequest(
-                    task=tp.A2ATask(callee_agent="coder", caller_session_id=caller.id),
+                    task=tp.A2ATask(callee_agent="coder", caller_trace_id=caller.id),
                     continue_trace_id=task.trace_id,
                 )
             )
@@ -62,7 +62,7 @@ async def test_a2a_tasks(trace_stub, trace_engine, unique, task_stub):
         assert again.trace_id == task.trace_id and again.id != task.id
         assert (again.caller_agent, again.state) == ("", tp.TASK_STATE_SUBMITTED)
         traces = await count_rows(
-            trace_engine, "SELECT count(*) FROM sessions WHERE id = :id", id=task.trace_id
+            trace_engine, "SELECT count(*) FROM traces WHERE id = :id", id=task.trace_id
         )
         assert traces == 1
         wrong_agent = tks.CreateA2ATaskRequest(
@@ -74,12 +74,10 @@ async def test_a2a_tasks(trace_stub, trace_engine, unique, task_stub):
             task=tp.A2ATask(callee_agent="general"), continue_trace_id=caller.id
         )
         assert await code_of(task_stub.CreateA2ATask(not_a2a)) == FAILED
-        unknown = tks.CreateA2ATaskRequest(
-            task=tp.A2ATask(callee_agent="nobody", caller_session_id=caller.id)
-        )
+        unknown = tks.CreateA2ATaskRequest(task=tp.A2ATask(callee_agent="nobody", caller_trace_id=caller.id))
         error = await error_of(task_stub.CreateA2ATask(unknown))
         assert (error.code(), error.details()) == (BAD, "unknown agent 'nobody'")
-        no_callee = tks.CreateA2ATaskRequest(task=tp.A2ATask(caller_session_id=caller.id))
+        no_callee = tks.CreateA2ATaskRequest(task=tp.A2ATask(caller_trace_id=caller.id))
         assert await code_of(task_stub.CreateA2ATask(no_callee)) == BAD
 
         working = await task_stub.UpdateA2ATask(
@@ -103,7 +101,7 @@ async def test_a2a_tasks(trace_stub, trace_engine, unique, task_stub):
         got = await task_stub.GetA2ATask(tks.GetA2ATaskRequest(task_id=task.id))
         assert got.task.state == tp.TASK_STATE_COMPLETED
         assert await code_of(task_stub.GetA2ATask(tks.GetA2ATaskRequest())) == BAD
-        listed = await task_stub.ListA2ATasks(tks.ListA2ATasksRequest(caller_session_id=caller.id))
+        listed = await task_stub.ListA2ATasks(tks.ListA2ATasksRequest(caller_trace_id=caller.id))
         assert [t.id for t in listed.tasks] == [task.id, again.id]
 
 
@@ -114,7 +112,7 @@ async def test_visible_task_shows_its_callee_trace(trace_stub, unique, task_stub
     with identity.acting_as(owner):
         hidden = (
             await task_stub.CreateA2ATask(
-                tks.CreateA2ATaskRequest(task=tp.A2ATask(callee_agent="coder", caller_session_id=caller.id))
+                tks.CreateA2ATaskRequest(task=tp.A2ATask(callee_agent="coder", caller_trace_id=caller.id))
             )
         ).task
         shown = (
@@ -125,7 +123,7 @@ async def test_visible_task_shows_its_callee_trace(trace_stub, unique, task_stub
                 )
             )
         ).task
-        assert (shown.trace_id, shown.visible_in_sidebar, shown.caller_session_id) == (
+        assert (shown.trace_id, shown.visible_in_sidebar, shown.caller_trace_id) == (
             hidden.trace_id,
             True,
             "",
@@ -133,5 +131,5 @@ async def test_visible_task_shows_its_callee_trace(trace_stub, unique, task_stub
         callee = (await trace_stub.GetTrace(ts.GetTraceRequest(trace_id=hidden.trace_id))).trace
         assert callee.visible_in_sidebar
         # A task without a caller session is not listed under any session.
-        listed = await task_stub.ListA2ATasks(tks.ListA2ATasksRequest(caller_session_id=caller.id))
+        listed = await task_stub.ListA2ATasks(tks.ListA2ATasksRequest(caller_trace_id=caller.id))
         assert [t.id for t in listed.tasks] == [hidden.id]

@@ -39,14 +39,14 @@ async def test_list_hides_a2a_and_subagent_traces(trace_stub, unique, task_stub)
         task = (
             await task_stub.CreateA2ATask(
                 tks.CreateA2ATaskRequest(
-                    task=tp.A2ATask(callee_agent="coder", caller_agent="general", caller_session_id=chat.id)
+                    task=tp.A2ATask(callee_agent="coder", caller_agent="general", caller_trace_id=chat.id)
                 )
             )
         ).task
         visible_task = (
             await task_stub.CreateA2ATask(
                 tks.CreateA2ATaskRequest(
-                    task=tp.A2ATask(callee_agent="coder", caller_session_id=chat.id, visible_in_sidebar=True)
+                    task=tp.A2ATask(callee_agent="coder", caller_trace_id=chat.id, visible_in_sidebar=True)
                 )
             )
         ).task

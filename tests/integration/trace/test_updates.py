@@ -93,7 +93,7 @@ async def test_concurrent_updates_each_return_their_own_row_in_one_transaction(s
         assert statements.begins == 1, statements.sql
         assert statements.count("UPDATE messages") == 3
         assert statements.count("SELECT") == 1
-        assert statements.count("UPDATE sessions") == 1
+        assert statements.count("UPDATE traces") == 1
     for i, (owner, message, (change, _)) in enumerate(zip(owners, got, changes, strict=True)):
         assert message == await s.messages.get_message(owner, change.id), i
         assert message.id == change.id and message.role == ASSISTANT

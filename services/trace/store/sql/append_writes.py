@@ -31,8 +31,8 @@ from agentmesh.services.trace.store.sql.common import (
     MESSAGES,
     MSG_STATUS,
     ROLE,
-    SESSIONS,
     SOURCE,
+    TRACES,
     USERS,
     driver_fetch,
     name_of,
@@ -40,7 +40,7 @@ from agentmesh.services.trace.store.sql.common import (
 )
 from agentmesh.trace.v1 import trace_pb2 as tp
 
-_M, _S, _A, _U = MESSAGES, SESSIONS, AGENTS, USERS
+_M, _S, _A, _U = MESSAGES, TRACES, AGENTS, USERS
 
 
 def _loop() -> asyncio.AbstractEventLoop:
@@ -134,13 +134,13 @@ checked AS (
   SELECT i.*, ag.id AS agent_id,
          (s.id IS NOT NULL AND u.id IS NOT NULL AND s.user_id IS NOT DISTINCT FROM u.id
           AND (i.parent IS NULL OR i.parent = 0 OR EXISTS (
-                 SELECT 1 FROM messages m WHERE m.session_id = i.sid AND m.sequence = i.parent))) AS ok
+                 SELECT 1 FROM messages m WHERE m.trace_id = i.sid AND m.sequence = i.parent))) AS ok
   FROM items i
   LEFT JOIN users u ON u.name = i.owner
   -- the trace by its id alone, then its owner compared (`OFFSET 0`: never merged into the join, where
   -- the planner could look it up by owner instead and read every trace of that user per item)
   LEFT JOIN LATERAL (
-    SELECT s.id, s.user_id FROM sessions s WHERE s.id = i.sid AND s.deleted_at IS NULL OFFSET 0
+    SELECT s.id, s.user_id FROM traces s WHERE s.id = i.sid AND s.deleted_at IS NULL OFFSET 0
   ) s ON true
   LEFT JOIN LATERAL (
     SELECT g.id FROM agents g
@@ -155,15 +155,15 @@ valid AS (
   WHERE c.group_ok
 ),
 locked AS (
-  -- `= ANY` of the parameter: an index lookup however few rows the planner thinks sessions holds
-  -- (`IN (SELECT sid FROM valid)` alone was planned as a scan of sessions per valid row).
-  SELECT s.id, s.last_sequence, s.head_sequence FROM sessions s
+  -- `= ANY` of the parameter: an index lookup however few rows the planner thinks traces holds
+  -- (`IN (SELECT sid FROM valid)` alone was planned as a scan of traces per valid row).
+  SELECT s.id, s.last_sequence, s.head_sequence FROM traces s
   WHERE s.id = ANY(CAST(:sid AS text[])) AND s.id IN (SELECT sid FROM valid) AND s.deleted_at IS NULL
   ORDER BY s.id
   FOR NO KEY UPDATE
 ),
 bumped AS (
-  UPDATE sessions s
+  UPDATE traces s
   SET last_sequence = l.last_sequence + c.n, head_sequence = l.last_sequence + c.n, updated_at = :now
   FROM locked l JOIN (SELECT DISTINCT sid, n FROM valid) c ON c.sid = l.id
   WHERE s.id = l.id
@@ -177,16 +177,16 @@ placed AS (  -- each valid item's sequence and parent, joined once (not again pe
   FROM valid v JOIN locked l ON l.id = v.sid
 ),
 inserted AS (
-  INSERT INTO messages (session_id, sequence, parent_sequence, role, content, thinking, metadata, model,
+  INSERT INTO messages (trace_id, sequence, parent_sequence, role, content, thinking, metadata, model,
                         input_tokens, output_tokens, sort_order, status, source, a2a_task_id,
-                        caller_agent_id, caller_session_id, created_at)
+                        caller_agent_id, caller_trace_id, created_at)
   SELECT p.sid, p.seq, p.after, p.role, p.content, p.thinking, CAST(p.meta AS json), p.model, p.tin, p.tout,
          0, p.status, p.source, NULLIF(p.task, ''), p.agent_id, NULLIF(p.csid, ''), :now
   FROM placed p
-  RETURNING id, session_id, sequence, parent_sequence, caller_agent_id
+  RETURNING id, trace_id, sequence, parent_sequence, caller_agent_id
 )
 SELECT p.ord, ins.id, ins.sequence, ins.parent_sequence, ins.caller_agent_id
-FROM inserted ins JOIN placed p ON p.sid = ins.session_id AND p.seq = ins.sequence
+FROM inserted ins JOIN placed p ON p.sid = ins.trace_id AND p.seq = ins.sequence
 """
 )
 
@@ -196,22 +196,22 @@ FROM inserted ins JOIN placed p ON p.sid = ins.session_id AND p.seq = ins.sequen
 PG_APPEND_ONE = text(
     """
 WITH locked AS (
-  SELECT s.id, s.user_id, s.last_sequence, s.head_sequence FROM sessions s
+  SELECT s.id, s.user_id, s.last_sequence, s.head_sequence FROM traces s
   WHERE s.id = :sid AND s.deleted_at IS NULL
     AND s.user_id = (SELECT u.id FROM users u WHERE u.name = :owner)
     AND (CAST(:parent AS bigint) IS NULL OR CAST(:parent AS bigint) = 0 OR EXISTS (
-           SELECT 1 FROM messages m WHERE m.session_id = :sid AND m.sequence = CAST(:parent AS bigint)))
+           SELECT 1 FROM messages m WHERE m.trace_id = :sid AND m.sequence = CAST(:parent AS bigint)))
   FOR NO KEY UPDATE
 ),
 bumped AS (
-  UPDATE sessions s
+  UPDATE traces s
   SET last_sequence = l.last_sequence + 1, head_sequence = l.last_sequence + 1, updated_at = :now
   FROM locked l
   WHERE s.id = l.id
 )
-INSERT INTO messages (session_id, sequence, parent_sequence, role, content, thinking, metadata, model,
+INSERT INTO messages (trace_id, sequence, parent_sequence, role, content, thinking, metadata, model,
                       input_tokens, output_tokens, sort_order, status, source, a2a_task_id,
-                      caller_agent_id, caller_session_id, created_at)
+                      caller_agent_id, caller_trace_id, created_at)
 SELECT l.id, l.last_sequence + 1,
        CASE WHEN CAST(:parent AS bigint) IS NULL THEN NULLIF(l.head_sequence, 0)
             ELSE NULLIF(CAST(:parent AS bigint), 0) END,
@@ -258,7 +258,7 @@ def pg_params(items: Sequence[Item], stamp: datetime) -> dict[str, Any]:
             ("source", it.source),
             ("task", m.a2a_task_id),
             ("agent", m.caller_agent),
-            ("csid", m.caller_session_id),
+            ("csid", m.caller_trace_id),
         ):
             cols[name].append(value)
     return {**cols, "now": stamp}
@@ -294,7 +294,7 @@ def message_row(
     """The messages row of an item placed at `sequence` after `parent`."""
     m = it.message
     return {
-        "session_id": it.trace_id,
+        "trace_id": it.trace_id,
         "sequence": sequence,
         "parent_sequence": parent,
         "role": it.role,
@@ -309,7 +309,7 @@ def message_row(
         "source": it.source,
         "a2a_task_id": m.a2a_task_id or None,
         "caller_agent_id": agent,
-        "caller_session_id": m.caller_session_id or None,
+        "caller_trace_id": m.caller_trace_id or None,
         "created_at": stamp,
     }
 
@@ -345,12 +345,12 @@ async def sqlite_write(
     parents: set[tuple[str, int]] = set()
     if asked:
         found = await conn.execute(
-            select(_M.c.session_id, _M.c.sequence).where(
-                _M.c.session_id.in_(sorted({sid for sid, _ in asked})),
+            select(_M.c.trace_id, _M.c.sequence).where(
+                _M.c.trace_id.in_(sorted({sid for sid, _ in asked})),
                 _M.c.sequence.in_(sorted({p for _, p in asked if p is not None})),
             )
         )
-        parents = {(r.session_id, r.sequence) for r in found}
+        parents = {(r.trace_id, r.sequence) for r in found}
 
     def agent_of(it: Item) -> int | None:
         slug, trace = it.message.caller_agent, traces[it.trace_id]

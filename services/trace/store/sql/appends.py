@@ -1,7 +1,7 @@
 """Appending messages: the next sequence, the head and the row in one statement, and the appends that
 arrive while one is being written, written together.
 
-An append takes the trace's next sequence (`sessions.last_sequence + 1`), follows the head (or the
+An append takes the trace's next sequence (`traces.last_sequence + 1`), follows the head (or the
 parent it names; 0: a new root), and moves the head to itself: one statement for a whole batch on
 PostgreSQL, a few in one transaction on SQLite (append_writes.py).
 
@@ -47,7 +47,7 @@ async def explain(db: Database, item: Item) -> MeshError:
             return err
         if item.parent:
             hit = await conn.scalar(
-                select(_M.c.id).where(_M.c.session_id == item.trace_id, _M.c.sequence == item.parent)
+                select(_M.c.id).where(_M.c.trace_id == item.trace_id, _M.c.sequence == item.parent)
             )
             if hit is None:
                 return InvalidArgument(f"parent_sequence {item.parent} is not in the trace")

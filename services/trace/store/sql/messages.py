@@ -27,7 +27,7 @@ from agentmesh.services.trace.store.sql.common import (
     MESSAGES,
     MESSAGES_WITH_AGENT,
     MSG_STATUS,
-    SESSIONS,
+    TRACES,
     Database,
     from_struct,
     message_columns,
@@ -93,9 +93,9 @@ class SqlMessageStore(MessageStore):
             stamp = row.created_at = row.updated_at = now()
             row.user_id = await self.db.user_id(conn, owner)
             row.last_sequence = row.head_sequence = len(items) if first else 0
-            values = {c.key: getattr(row, c.key) for c in SESSIONS.columns if getattr(row, c.key) is not None}
+            values = {c.key: getattr(row, c.key) for c in TRACES.columns if getattr(row, c.key) is not None}
             try:
-                await conn.execute(SESSIONS.insert(), values)  # not .values(): a cache key per call
+                await conn.execute(TRACES.insert(), values)  # not .values(): a cache key per call
             except IntegrityError as exc:
                 raise AlreadyExists("trace already exists") from exc
             written = await write(conn, items, stamp)
@@ -123,13 +123,13 @@ class SqlMessageStore(MessageStore):
         if self.db.sqlite:  # concurrent updates in one transaction (its single writer)
             return await self.updates.update(Update(owner, message.id, values))
         owned = select(_S.c.id).where(self.db.owned(owner))
-        changed = update(_M).where(_M.c.id == message.id, _M.c.session_id.in_(owned)).values(**values)
+        changed = update(_M).where(_M.c.id == message.id, _M.c.trace_id.in_(owned)).values(**values)
         stamp = now()
 
         async def pg(conn: AsyncConnection) -> Any:
             # One statement: the message, its trace's updated_at, and the row read back.
             m = changed.returning(*_M.c).cte("changed")
-            touched = update(_S).where(_S.c.id.in_(select(m.c.session_id))).values(updated_at=stamp)
+            touched = update(_S).where(_S.c.id.in_(select(m.c.trace_id))).values(updated_at=stamp)
             stmt = (
                 select(*message_columns(m))
                 .select_from(m.outerjoin(_A, _A.c.id == m.c.caller_agent_id))
@@ -144,7 +144,7 @@ class SqlMessageStore(MessageStore):
 
     async def get_message(self, owner: str, message_id: int) -> tp.Message:
         owned = select(_S.c.id).where(self.db.owned(owner))
-        stmt = _MESSAGES.where(_M.c.id == message_id, _M.c.session_id.in_(owned))
+        stmt = _MESSAGES.where(_M.c.id == message_id, _M.c.trace_id.in_(owned))
 
         async def work(conn: AsyncConnection) -> Any:
             return (await conn.execute(stmt)).first()
@@ -158,7 +158,7 @@ class SqlMessageStore(MessageStore):
 
         async def has(conn: AsyncConnection, trace_id: str, sequence: int) -> bool:
             found = await conn.scalar(
-                select(_M.c.id).where(_M.c.session_id == trace_id, _M.c.sequence == sequence)
+                select(_M.c.id).where(_M.c.trace_id == trace_id, _M.c.sequence == sequence)
             )
             return found is not None
 
@@ -166,7 +166,7 @@ class SqlMessageStore(MessageStore):
             trace = await self.db.owned_trace(conn, owner, query.trace_id)
             head = query.head_sequence or trace.head_sequence
             where: list[ColumnElement[bool]] = [
-                _M.c.session_id == trace.id,
+                _M.c.trace_id == trace.id,
                 _M.c.sequence > query.since_sequence,
             ]
             params: dict[str, Any] = {}
@@ -203,5 +203,5 @@ class SqlMessageStore(MessageStore):
         return await self.db.run(work)
 
 
-_M, _S, _A = MESSAGES, SESSIONS, AGENTS
+_M, _S, _A = MESSAGES, TRACES, AGENTS
 _MESSAGES = select(*MESSAGE_COLUMNS).select_from(MESSAGES_WITH_AGENT)

@@ -17,12 +17,12 @@ from agentmesh.services.trace.store.sql.append_writes import INSERT_MESSAGES, ma
 from agentmesh.services.trace.store.sql.common import (
     AGENT_AS_READ,
     MESSAGES,
-    SESSIONS,
     SUB_SOURCE,
     SUB_STATUS,
     SUBAGENT_COLUMNS,
     SUBAGENTS,
     SUBAGENTS_WITH_AGENTS,
+    TRACES,
     Database,
     from_struct,
     name_of,
@@ -53,7 +53,7 @@ _CHANGEABLE = (
 )
 # The message `:id` of trace `:trace`.
 _ANCHOR = select(MESSAGES.c.id).where(
-    MESSAGES.c.id == bindparam("id"), MESSAGES.c.session_id == bindparam("trace")
+    MESSAGES.c.id == bindparam("id"), MESSAGES.c.trace_id == bindparam("trace")
 )
 
 
@@ -86,11 +86,11 @@ def _differs(a: tp.SubagentSession, b: tp.SubagentSession, field: str) -> bool:
 
 
 _CREATED = tuple(c for c in _SA.c.keys() if c not in ("id", "lease_until"))  # what a new row is given
-_INSERT_TRACES, _INSERT_ROWS = insert(SESSIONS), insert(_SA)
+_INSERT_TRACES, _INSERT_ROWS = insert(TRACES), insert(_SA)
 # The rows of a change, of the live traces of user `:owner`, locked (one statement: a cache key once).
 _READ = (
     select(*SUBAGENT_COLUMNS)
-    .select_from(SUBAGENTS_WITH_AGENTS.join(SESSIONS, SESSIONS.c.id == _SA.c.session_id))
+    .select_from(SUBAGENTS_WITH_AGENTS.join(TRACES, TRACES.c.id == _SA.c.trace_id))
     .where(_SA.c.public_id.in_(bindparam("ids", expanding=True)), owned_by_param())
     .with_for_update(of=_SA)
 )
@@ -167,7 +167,7 @@ class SqlSubagentStore(SubagentStore):
                 created.append(
                     {
                         "public_id": new_token_id(),
-                        "session_id": trace.id,
+                        "trace_id": trace.id,
                         "parent_message_id": sub.parent_message_id,
                         "parent_tool_call_id": sub.parent_tool_call_id or None,
                         "parent_agent_id": parent_agent.id if parent_agent is not None else None,
@@ -188,7 +188,7 @@ class SqlSubagentStore(SubagentStore):
                         "ended_at": stamp if status == "failed" else None,
                         "created_at": stamp,
                         "updated_at": stamp,
-                        "child_session_id": child,
+                        "child_trace_id": child,
                         "batch_title": sub.batch_title,
                         "parent_agent_slug": parent_agent.slug if parent_agent is not None else None,
                         "preset_agent_slug": preset_agent.slug if preset_agent is not None else None,
@@ -201,7 +201,7 @@ class SqlSubagentStore(SubagentStore):
                 items, values = [], []
                 for row, (user, placeholder) in zip(created, turns, strict=True):
                     for k, message in enumerate((user, placeholder)):
-                        item = make_item(owner, message, None, row["child_session_id"])
+                        item = make_item(owner, message, None, row["child_trace_id"])
                         caller = await agent(message.caller_agent, required=False)
                         caller_id = caller.id if caller is not None else None
                         items.append((item, k + 1, k or None, caller_id))
@@ -260,7 +260,7 @@ class SqlSubagentStore(SubagentStore):
     ) -> list[tp.SubagentSession]:
         async with self.db.read() as db:
             trace = await self.db.trace_row(db, owner, trace_id)
-            stmt = select(SubagentRow).where(SubagentRow.session_id == trace.id)
+            stmt = select(SubagentRow).where(SubagentRow.trace_id == trace.id)
             if parent_message_id:
                 stmt = stmt.where(SubagentRow.parent_message_id == parent_message_id)
             rows = await db.scalars(

@@ -18,7 +18,7 @@ from agentmesh.services.trace.store.sql.common import (
     now,
     task_pb,
 )
-from agentmesh.services.trace.store.sql.models import A2ATaskRow, SessionRow, User
+from agentmesh.services.trace.store.sql.models import A2ATaskRow, TraceRow, User
 from agentmesh.trace.v1 import trace_pb2 as tp
 
 
@@ -28,8 +28,8 @@ class SqlTaskStore(TaskStore):
 
     async def create_task(self, owner: str, task: tp.A2ATask, continue_trace_id: str = "") -> tp.A2ATask:
         async with self.db.tx() as db:
-            if task.caller_session_id:
-                uid: int | None = (await self.db.trace_row(db, owner, task.caller_session_id)).user_id
+            if task.caller_trace_id:
+                uid: int | None = (await self.db.trace_row(db, owner, task.caller_trace_id)).user_id
             else:
                 uid = await self.db.user_id(db, owner)
             remote_callee = task.callee_agent.startswith("@")  # a peer's agent: @alias/slug
@@ -43,7 +43,7 @@ class SqlTaskStore(TaskStore):
                 if task.visible_in_sidebar:
                     trace.visible_in_sidebar = 1
             else:
-                trace = SessionRow(
+                trace = TraceRow(
                     id=str(uuid.uuid4()),
                     user_id=uid,
                     agent=callee_slug,
@@ -56,10 +56,10 @@ class SqlTaskStore(TaskStore):
                 db.add(trace)
             row = A2ATaskRow(
                 id=str(uuid.uuid4()),
-                session=trace,
+                trace=trace,
                 user_id=uid,
                 caller_agent=caller,
-                caller_session_id=task.caller_session_id or None,
+                caller_trace_id=task.caller_trace_id or None,
                 caller_context=from_struct(task, "caller_context"),
                 state=name_of(TASK_STATE, task.state, "state"),
                 visible_in_sidebar=int(task.visible_in_sidebar),
@@ -93,7 +93,7 @@ class SqlTaskStore(TaskStore):
             await self.db.trace_row(db, owner, caller_trace_id)
             rows = await db.scalars(
                 select(A2ATaskRow)
-                .where(A2ATaskRow.caller_session_id == caller_trace_id)
+                .where(A2ATaskRow.caller_trace_id == caller_trace_id)
                 .order_by(A2ATaskRow.created_at, A2ATaskRow.id)
             )
             return [task_pb(r, owner) for r in rows]
@@ -104,12 +104,12 @@ class SqlTaskStore(TaskStore):
         stmt = (
             select(A2ATaskRow)
             .join(User, User.id == A2ATaskRow.user_id)
-            .where(User.name == owner, A2ATaskRow.caller_session_id.is_(None))
+            .where(User.name == owner, A2ATaskRow.caller_trace_id.is_(None))
         )
         if query.callee_agent:
-            stmt = stmt.where(A2ATaskRow.session.has(SessionRow.agent == query.callee_agent))
+            stmt = stmt.where(A2ATaskRow.trace.has(TraceRow.agent == query.callee_agent))
         if query.trace_id:
-            stmt = stmt.where(A2ATaskRow.session_id == query.trace_id)
+            stmt = stmt.where(A2ATaskRow.trace_id == query.trace_id)
         if query.state:
             stmt = stmt.where(A2ATaskRow.state == name_of(TASK_STATE, query.state, "state"))
         if after is not None:

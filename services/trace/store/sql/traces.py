@@ -1,4 +1,4 @@
-"""Traces in SQL: rows of `sessions` with their head, the main path as a recursive CTE, cascade
+"""Traces in SQL: rows of `traces` with their head, the main path as a recursive CTE, cascade
 deletes."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from agentmesh.libs.protojson import enum_to_str
 from agentmesh.services.trace.domain import Cursor
 from agentmesh.services.trace.store.base import Deleted, TraceStore
 from agentmesh.services.trace.store.sql.common import KIND, Database, chunks, now, trace_pb
-from agentmesh.services.trace.store.sql.models import A2ATaskRow, MessageRow, SessionRow, SubagentRow
+from agentmesh.services.trace.store.sql.models import A2ATaskRow, MessageRow, SubagentRow, TraceRow
 from agentmesh.trace.v1 import trace_pb2 as tp
 
 
@@ -26,13 +26,13 @@ def _build_main_path() -> Select[tuple[int]]:
     m = MessageRow.__table__
     path = (
         select(m.c.sequence, m.c.parent_sequence)
-        .where(m.c.session_id == bindparam("sid"), m.c.sequence == bindparam("head"))
+        .where(m.c.trace_id == bindparam("sid"), m.c.sequence == bindparam("head"))
         .cte("path", recursive=True)
     )
     step = m.alias("step")
     path = path.union_all(
         select(step.c.sequence, step.c.parent_sequence).where(
-            step.c.session_id == bindparam("sid"), step.c.sequence == path.c.parent_sequence
+            step.c.trace_id == bindparam("sid"), step.c.sequence == path.c.parent_sequence
         )
     )
     return select(path.c.sequence)
@@ -42,9 +42,9 @@ MAIN_PATH = _build_main_path()
 _PATH_COUNT = select(func.count()).select_from(MAIN_PATH.subquery())
 
 
-def new_trace_row(owner_uid: int, trace: tp.Trace, trace_id: str, stamp: datetime) -> SessionRow:
+def new_trace_row(owner_uid: int, trace: tp.Trace, trace_id: str, stamp: datetime) -> TraceRow:
     """The row of a new trace (an unset kind is a chat, as trace.proto says)."""
-    return SessionRow(
+    return TraceRow(
         id=trace_id or str(uuid.uuid4()),
         user_id=owner_uid,
         agent=trace.agent,
@@ -63,13 +63,13 @@ class SqlTraceStore(TraceStore):
     @staticmethod
     async def _has_sequence(db: AsyncSession, trace_id: str, sequence: int) -> bool:
         found = await db.scalar(
-            select(MessageRow.id).where(MessageRow.session_id == trace_id, MessageRow.sequence == sequence)
+            select(MessageRow.id).where(MessageRow.trace_id == trace_id, MessageRow.sequence == sequence)
         )
         return found is not None
 
     async def create_trace(self, owner: str, trace: tp.Trace, trace_id: str) -> tp.Trace:
         async with self.db.tx() as db:
-            if trace_id and await db.get(SessionRow, trace_id) is not None:
+            if trace_id and await db.get(TraceRow, trace_id) is not None:
                 raise AlreadyExists("trace already exists")
             row = new_trace_row(await self.db.user_id(db, owner), trace, trace_id, now())
             db.add(row)
@@ -87,7 +87,7 @@ class SqlTraceStore(TraceStore):
         async with self.db.read() as db:
             row = await self.db.trace_row(db, owner, trace_id)
             count = await db.scalar(
-                select(func.count()).select_from(MessageRow).where(MessageRow.session_id == row.id)
+                select(func.count()).select_from(MessageRow).where(MessageRow.trace_id == row.id)
             )
             path = 0
             if row.head_sequence:
@@ -95,19 +95,19 @@ class SqlTraceStore(TraceStore):
             return int(count or 0), int(path)
 
     async def list_traces(self, owner: str, limit: int, after: Cursor | None) -> list[tp.Trace]:
-        stmt = select(SessionRow).where(
+        stmt = select(TraceRow).where(
             self.db.owned(owner),
-            or_(SessionRow.kind == "chat", SessionRow.visible_in_sidebar == 1),
-            SessionRow.home.is_(None),  # cached copies of peers' traces are never listed
+            or_(TraceRow.kind == "chat", TraceRow.visible_in_sidebar == 1),
+            TraceRow.home.is_(None),  # cached copies of peers' traces are never listed
         )
         if after is not None:
             stmt = stmt.where(
                 or_(
-                    SessionRow.updated_at < after.time,
-                    and_(SessionRow.updated_at == after.time, SessionRow.id < after.id),
+                    TraceRow.updated_at < after.time,
+                    and_(TraceRow.updated_at == after.time, TraceRow.id < after.id),
                 )
             )
-        stmt = stmt.order_by(SessionRow.updated_at.desc(), SessionRow.id.desc()).limit(limit)
+        stmt = stmt.order_by(TraceRow.updated_at.desc(), TraceRow.id.desc()).limit(limit)
         async with self.db.read() as db:
             return [trace_pb(r, owner) for r in (await db.scalars(stmt)).all()]
 
@@ -124,7 +124,7 @@ class SqlTraceStore(TraceStore):
     async def delete_traces(self, owner: str, trace_ids: Sequence[str] | None) -> Deleted:
         async with self.db.tx() as db:
             if trace_ids is None:
-                roots = set((await db.scalars(select(SessionRow.id).where(self.db.owned(owner)))).all())
+                roots = set((await db.scalars(select(TraceRow.id).where(self.db.owned(owner)))).all())
             else:
                 roots = {(await self.db.trace_row(db, owner, tid)).id for tid in trace_ids}
             return await self._cascade(db, roots)
@@ -139,7 +139,7 @@ class SqlTraceStore(TraceStore):
                 found.update(
                     (
                         await db.scalars(
-                            select(A2ATaskRow.session_id).where(A2ATaskRow.caller_session_id.in_(chunk))
+                            select(A2ATaskRow.trace_id).where(A2ATaskRow.caller_trace_id.in_(chunk))
                         )
                     ).all()
                 )
@@ -147,7 +147,7 @@ class SqlTraceStore(TraceStore):
                     s
                     for s in (
                         await db.scalars(
-                            select(SubagentRow.child_session_id).where(SubagentRow.session_id.in_(chunk))
+                            select(SubagentRow.child_trace_id).where(SubagentRow.trace_id.in_(chunk))
                         )
                     ).all()
                     if s
@@ -156,15 +156,15 @@ class SqlTraceStore(TraceStore):
             everything |= frontier
         out = Deleted(trace_ids=sorted(everything))
         for chunk in chunks(everything):
-            sub_where = or_(SubagentRow.session_id.in_(chunk), SubagentRow.child_session_id.in_(chunk))
-            task_where = or_(A2ATaskRow.session_id.in_(chunk), A2ATaskRow.caller_session_id.in_(chunk))
+            sub_where = or_(SubagentRow.trace_id.in_(chunk), SubagentRow.child_trace_id.in_(chunk))
+            task_where = or_(A2ATaskRow.trace_id.in_(chunk), A2ATaskRow.caller_trace_id.in_(chunk))
             out.subagent_ids += (await db.scalars(select(SubagentRow.public_id).where(sub_where))).all()
             out.task_ids += (await db.scalars(select(A2ATaskRow.id).where(task_where))).all()
             await db.execute(delete(SubagentRow).where(sub_where))
             await db.execute(delete(A2ATaskRow).where(task_where))
-            await db.execute(delete(MessageRow).where(MessageRow.session_id.in_(chunk)))
+            await db.execute(delete(MessageRow).where(MessageRow.trace_id.in_(chunk)))
         for chunk in chunks(everything):
-            await db.execute(delete(SessionRow).where(SessionRow.id.in_(chunk)))
+            await db.execute(delete(TraceRow).where(TraceRow.id.in_(chunk)))
         out.subagent_ids = sorted(set(out.subagent_ids))
         out.task_ids = sorted(set(out.task_ids))
         return out

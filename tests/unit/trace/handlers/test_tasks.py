@@ -87,7 +87,7 @@ async def test_inbound_tasks_page_newest_first(tasks: TaskHandler, traces: Trace
     owner = f"u-{unique}"
     caller = await traces.create(owner, tp.Trace(agent="general"))
     inbound = [await tasks.create(owner, tp.A2ATask(callee_agent="coder")) for _ in range(5)]
-    await tasks.create(owner, tp.A2ATask(callee_agent="coder", caller_session_id=caller.id))  # not inbound
+    await tasks.create(owner, tp.A2ATask(callee_agent="coder", caller_trace_id=caller.id))  # not inbound
     seen, token = [], ""
     while True:
         page, token = await tasks.list_inbound(owner, InboundTaskQuery(), 2, token)
