@@ -194,13 +194,11 @@ async def test_cancel_releases_a_session_whose_turn_died(mesh: Mesh) -> None:
     session = first[0]["sessionId"]
     assert mesh.clients is not None
     pending = tp.Message(role=tp.MESSAGE_ROLE_ASSISTANT, status=tp.MESSAGE_STATUS_PENDING)
-    asked = tp.Message(role=tp.MESSAGE_ROLE_USER, content="the turn that died")
+    died = ms.BeginTurnRequest(trace_id=session, user_message=tp.Message(role=tp.MESSAGE_ROLE_USER))
+    died.assistant_message.CopyFrom(pending)  # a turn begun, then its process died
     with identity.acting_as(mesh.user):
         await mesh.clients.stream.CreateStream(ss.CreateStreamRequest(key=session_key(session)))
-        begun = await mesh.clients.messages.BeginTurn(
-            ms.BeginTurnRequest(trace_id=session, user_message=asked, assistant_message=pending)
-        )
-        orphan = begun.assistant_message
+        orphan = (await mesh.clients.messages.BeginTurn(died)).assistant_message
     async with mesh.http() as http:
         busy = await http.post("/api/chat", json={"agent": "general", "message": "x", "sessionId": session})
         assert busy.status_code == 409

@@ -12,7 +12,7 @@ service SIGKILLed mid-turn: tests/e2e/cli/test_faults.py.)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,6 @@ from agentmesh.libs.errors import (
 )
 from agentmesh.libs.identity import Signer
 from agentmesh.services.agent_runtime.sink import EventSink
-from agentmesh.services.stream import backend as stream_backend
 from agentmesh.services.stream import mux
 from agentmesh.services.stream.backend import StreamBackend
 from agentmesh.services.stream.memory import MemoryBackend
@@ -268,72 +267,6 @@ async def test_a_writer_held_for_its_start_holds_up_no_other_writer(
     assert await writes.end() == grpc.StatusCode.OK
     got = await collect(stream, early, idle_timeout_ms=200)
     assert [events.kind(e) for e in got[:3]] == ["start", "reasoning_delta", "reasoning_delta"]
-
-
-async def test_a_held_writer_waits_for_its_buffer_to_be_created(
-    stream: StreamHarness, unique: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A run started beside its buffer's CreateStream: its first batch finds no buffer yet; the service
-    waits for the buffer to be created, then for the turn's `start`, and appends the batch after it."""
-    looked = asyncio.Event()
-    waits = stream_backend._create_waits
-
-    def counted() -> Iterator[float | None]:
-        for i, pause in enumerate(waits()):
-            if i == 1:
-                looked.set()  # one look found no buffer
-            yield pause
-
-    monkeypatch.setattr(stream_backend, "_create_waits", counted)
-    key = f"session:{unique}"
-    writes = Writes(stream)
-    writes.send(batch(1, "before", key=key, await_start=True))
-    await asyncio.wait_for(looked.wait(), 10)
-    await create(stream, key)
-    await append(stream, key, [_start(unique)])
-    held = await writes.answer(1)
-    assert held.answer.start.assistant_message_id == 7 and len(held.answer.offsets) == 1
-    # Once started, await_start on an empty batch answers at once (nothing appended).
-    writes.send(batch(1, await_start=True))
-    again = await writes.answer(1, 2)
-    assert again.answer.start.assistant_message_id == 7 and list(again.answer.offsets) == []
-    assert await writes.end() == grpc.StatusCode.OK
-    await close(stream, key)
-    assert [events.kind(e) for e in await collect(stream, key)] == ["start", "reasoning_delta", "done"]
-
-
-async def test_a_held_writer_of_a_buffer_never_created_fails_not_found(
-    stream: StreamHarness, unique: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """No buffer comes within CREATE_WAIT_S: NOT_FOUND, nothing stored, the call goes on."""
-    monkeypatch.setattr(stream_backend, "CREATE_WAIT_S", 0.2)
-    key = f"session:{unique}"
-    writes = Writes(stream)
-    writes.send(batch(1, "x", key=key, await_start=True))
-    assert (await writes.answer(1)).error_reason == "NOT_FOUND"
-    assert await writes.end() == grpc.StatusCode.OK
-    assert not (await info(stream, key)).exists
-
-
-@pytest.mark.parametrize(("first", "reason"), [("closed", "CANCELLED"), ("other", "FAILED_PRECONDITION")])
-async def test_a_held_writer_is_refused_when_its_buffer_shows_anything_else_first(
-    stream: StreamHarness, unique: str, first: str, reason: str
-) -> None:
-    """The turn failed to begin (its buffer closed) or someone else wrote first: the held batch is
-    never appended and its writer fails with a clear reason."""
-    key = f"session:{unique}"
-    await create(stream, key)
-    writes = Writes(stream)
-    writes.send(batch(1, "never", key=key, await_start=True))
-    await wait_until(lambda: stream.backend.subscribers == 1, what="the service holds the batch")
-    assert (await info(stream, key)).length == 0  # held: nothing appended yet
-    if first == "closed":
-        await close(stream, key)
-    else:
-        await append(stream, key, [events.reasoning_delta("someone else")])
-    assert (await writes.answer(1)).error_reason == reason
-    assert await writes.end() == grpc.StatusCode.OK
-    assert "never" not in texts(await collect(stream, key, idle_timeout_ms=200))
 
 
 async def test_a_stop_answers_what_it_took_then_shutdown(stream_factory: StreamFactory, unique: str) -> None:
