@@ -17,12 +17,12 @@ $TEST_DATABASE_URL) and for the trace service also on SQLite:
   `AppendMessageStream`s opened as the mesh, each append carrying its writer's user token, the
   appends that queue while a request is answered sent together in the next): the path for writers
   of many messages, and the one issue 17's goals are read on;
-- `trace`: the same process and writers, one unary `AppendMessage` per append;
+- `trace`: the same process and writers, one unary `AppendMessages` of one message per append;
 - `grpc_floor`: grpc.health.v1 Check on that same trace process with the same writers: a unary
   call that does nothing, the most any RPC can reach here (not for `one_session`: no session);
 - `store`: the same store in this process (no gRPC), which shows what the transport costs;
 - `raw_tx`: asyncpg straight, one connection per writer, the transaction the store ran before
-  issue 17 (BEGIN, SELECT ... FOR UPDATE, UPDATE sessions, INSERT ... RETURNING, COMMIT);
+  issue 17 (BEGIN, SELECT ... FOR UPDATE, UPDATE traces, INSERT ... RETURNING, COMMIT);
 - `raw_stmt`: asyncpg straight, the one statement an append is now (sequence, head and row in one
   round trip, no explicit transaction), one append per statement;
 - `raw_insert`: asyncpg straight, single INSERTs of rows whose sequence the writer counts itself
@@ -222,12 +222,12 @@ class CpuMeter:
 
 CHECK_SQL = """
 SELECT s.id, s.last_sequence, s.head_sequence,
-       (SELECT count(*) FROM messages m WHERE m.session_id = s.id) AS n,
-       (SELECT count(DISTINCT m.sequence) FROM messages m WHERE m.session_id = s.id) AS distinct_n,
-       (SELECT coalesce(max(m.sequence), 0) FROM messages m WHERE m.session_id = s.id) AS max_seq,
-       (SELECT count(*) FROM messages m WHERE m.session_id = s.id AND m.sequence > 1
+       (SELECT count(*) FROM messages m WHERE m.trace_id = s.id) AS n,
+       (SELECT count(DISTINCT m.sequence) FROM messages m WHERE m.trace_id = s.id) AS distinct_n,
+       (SELECT coalesce(max(m.sequence), 0) FROM messages m WHERE m.trace_id = s.id) AS max_seq,
+       (SELECT count(*) FROM messages m WHERE m.trace_id = s.id AND m.sequence > 1
           AND m.parent_sequence IS DISTINCT FROM m.sequence - 1) AS off_chain
-FROM sessions s WHERE s.id = ANY($1::text[])
+FROM traces s WHERE s.id = ANY($1::text[])
 """
 
 
@@ -298,7 +298,7 @@ class TraceProcess:
     async def __aenter__(self) -> TraceProcess:
         from agentmesh.libs.identity import Signer
         from agentmesh.libs.rpc import channel, wait_serving
-        from agentmesh.trace.v1 import trace_service_pb2_grpc
+        from agentmesh.trace.v1 import message_service_pb2_grpc, trace_service_pb2_grpc
         from bench import procs
 
         data = self.work / ("trace-pg" if self.database_url else "trace-sqlite")
@@ -322,6 +322,7 @@ class TraceProcess:
             raise RuntimeError(f"the trace service did not start:\n{self.proc.tail()}") from None
         self.channel = channel(self.target, Signer(self.secret.encode()), unary_timeout_s=60)
         self.stub = trace_service_pb2_grpc.TraceServiceStub(self.channel)
+        self.messages = message_service_pb2_grpc.MessageServiceStub(self.channel)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -347,11 +348,12 @@ class TraceProcess:
 
     def append(self, content: str) -> Append:
         from agentmesh.libs import identity
-        from agentmesh.trace.v1 import trace_service_pb2 as ts
+        from agentmesh.trace.v1 import message_service_pb2 as ms
 
         async def one(_: int, owner: str, sid: str) -> Any:
+            request = ms.AppendMessagesRequest(trace_id=sid, messages=[_message(sid, content)])
             with identity.acting_as(owner):
-                return await self.stub.AppendMessage(ts.AppendMessageRequest(message=_message(sid, content)))
+                return (await self.messages.AppendMessages(request)).messages[0]
 
         return one
 
@@ -380,7 +382,7 @@ class TraceStream:
         async def one(i: int, owner: str, sid: str) -> Any:
             if self.appender is None:
                 signer = Signer(self.trace.secret.encode())
-                self.appender = MessageAppender(self.trace.stub, timeout_s=60, signer=signer)
+                self.appender = MessageAppender(self.trace.messages, timeout_s=60, signer=signer)
             with identity.acting_as(owner):
                 return await self.appender.append(_message(sid, content))
 
@@ -416,27 +418,27 @@ class InProcessStore:
     async def new_session(self, owner: str) -> str:
         from agentmesh.trace.v1 import trace_pb2 as tp
 
-        return str((await self.stores.traces.create_trace(owner, tp.Trace(agent="general"))).id)
+        return str((await self.stores.traces.create_trace(owner, tp.Trace(agent="general"), "")).id)
 
     def append(self, content: str) -> Append:
         async def one(_: int, owner: str, sid: str) -> Any:
-            return await self.stores.traces.append_message(owner, _message(sid, content))
+            return await self.stores.messages.append_message(owner, _message(sid, content))
 
         return one
 
 
 # The transaction an append ran before issue 17, statement for statement (what SQLAlchemy sent).
 RAW_TX = (
-    "SELECT id, last_sequence, head_sequence FROM sessions WHERE id = $1 AND user_id = "
+    "SELECT id, last_sequence, head_sequence FROM traces WHERE id = $1 AND user_id = "
     "(SELECT id FROM users WHERE name = $2) AND deleted_at IS NULL FOR UPDATE",
-    "UPDATE sessions SET head_sequence = $1, last_sequence = $2, updated_at = $3 WHERE id = $4",
-    "INSERT INTO messages (session_id, sequence, parent_sequence, role, content, thinking, metadata, "
+    "UPDATE traces SET head_sequence = $1, last_sequence = $2, updated_at = $3 WHERE id = $4",
+    "INSERT INTO messages (trace_id, sequence, parent_sequence, role, content, thinking, metadata, "
     "model, input_tokens, output_tokens, sort_order, status, source, a2a_task_id, caller_agent_id, "
-    "caller_session_id, created_at) VALUES ($1, $2, $3, 'user', $4, '', NULL, '', 0, 0, 0, "
+    "caller_trace_id, created_at) VALUES ($1, $2, $3, 'user', $4, '', NULL, '', 0, 0, 0, "
     "'completed', 'user', NULL, NULL, NULL, $5) RETURNING id, created_at",
 )
 RAW_INSERT = (
-    "INSERT INTO messages (session_id, sequence, parent_sequence, role, content, thinking, metadata, "
+    "INSERT INTO messages (trace_id, sequence, parent_sequence, role, content, thinking, metadata, "
     "model, input_tokens, output_tokens, sort_order, status, source, created_at) VALUES "
     "($1, $2, $3, 'user', $4, '', NULL, '', 0, 0, 0, 'completed', 'user', $5) RETURNING id"
 )
@@ -463,7 +465,7 @@ ONE_DEFAULTS: dict[str, Any] = {
 def one_statement() -> tuple[str, list[str]]:
     from sqlalchemy.dialects.postgresql import asyncpg as dialect
 
-    from agentmesh.services.trace.store.sql.appends import PG_APPEND_ONE
+    from agentmesh.services.trace.store.sql.append_writes import PG_APPEND_ONE
 
     compiled = PG_APPEND_ONE.compile(dialect=dialect.dialect())
     return str(compiled), list(compiled.positiontup or [])
@@ -519,7 +521,7 @@ class RawPg:
         )
         sid = str(uuid.uuid4())
         await conn.execute(
-            "INSERT INTO sessions (id, user_id, agent, kind, visible_in_sidebar, head_sequence, "
+            "INSERT INTO traces (id, user_id, agent, kind, visible_in_sidebar, head_sequence, "
             "last_sequence, title, created_at, updated_at) VALUES ($1, $2, 'general', 'chat', 0, 0, 0, "
             "'', now(), now())",
             sid,
@@ -723,7 +725,7 @@ def goals(table: dict[str, Any], cases: list[dict[str, Any]]) -> dict[str, Any]:
 
 TARGET_NAMES = {
     "trace_stream": "trace service, AppendMessageStream (one appender, two streams, shared by the writers)",
-    "trace": "trace service, unary AppendMessage",
+    "trace": "trace service, unary AppendMessages (one message)",
     "grpc_floor": "gRPC floor: health Check, same process",
     "store": "the store in-process, no gRPC",
     "raw_tx": "raw asyncpg, the old transaction",
@@ -792,7 +794,7 @@ def markdown(s: dict[str, Any]) -> list[str]:
         f"(goal {g.get('sessions_of_raw_insert_goal')}); "
         f"one session x writers: {num(g.get('one_session_per_s'), 0)}/s (goal {g.get('one_session_goal')}), "
         f"p99 {num(g.get('one_session_p99_ms'), 1)} ms (goal {g.get('one_session_p99_goal_ms')}); "
-        f"unary AppendMessage: {num(g.get('unary_sessions_per_s'), 0)}/s and "
+        f"unary AppendMessages: {num(g.get('unary_sessions_per_s'), 0)}/s and "
         f"{num(g.get('unary_one_session_per_s'), 0)}/s.",
         "",
     ]

@@ -26,9 +26,14 @@ from agentmesh.libs.streams import Follower, Writer
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2_grpc
 from agentmesh.runtime.v1 import runtime_service_pb2_grpc
 from agentmesh.stream.v1 import stream_service_pb2_grpc
+from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import (
+    message_service_pb2_grpc,
+    subagent_service_pb2_grpc,
+    task_service_pb2_grpc,
+    trace_service_pb2_grpc,
+)
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
-from agentmesh.trace.v1 import trace_service_pb2_grpc
 
 T = TypeVar("T")
 
@@ -56,7 +61,20 @@ class Clients:
 
     @cached_property
     def trace(self) -> trace_service_pb2_grpc.TraceServiceStub:
+        """Traces (the trace process serves traces, messages, tasks, subagents, agents, keys, leases)."""
         return trace_service_pb2_grpc.TraceServiceStub(self.channel(self.settings.addresses.trace))
+
+    @cached_property
+    def messages(self) -> message_service_pb2_grpc.MessageServiceStub:
+        return message_service_pb2_grpc.MessageServiceStub(self.channel(self.settings.addresses.trace))
+
+    @cached_property
+    def tasks(self) -> task_service_pb2_grpc.TaskServiceStub:
+        return task_service_pb2_grpc.TaskServiceStub(self.channel(self.settings.addresses.trace))
+
+    @cached_property
+    def subagents(self) -> subagent_service_pb2_grpc.SubagentServiceStub:
+        return subagent_service_pb2_grpc.SubagentServiceStub(self.channel(self.settings.addresses.trace))
 
     @cached_property
     def agents(self) -> agent_service_pb2_grpc.AgentServiceStub:
@@ -170,7 +188,7 @@ class _Lane:
 
 class MessageAppender:
     """Appends messages on `AppendMessageStream`s, for any number of concurrent writers of a process:
-    a fraction of a unary `AppendMessage` each. Each of its `lanes` (streams) has one request in flight
+    a fraction of a unary call each. Each of its `lanes` (streams) has one request in flight
     at a time, carrying every append that queued meanwhile (at most 500): an append that finds a lane
     idle goes at once, and a crowd of writers costs one message each way per round trip. Two lanes let
     one request's answer be written and read while the other's appends are stored (the writers'
@@ -188,7 +206,7 @@ class MessageAppender:
 
     def __init__(
         self,
-        stub: trace_service_pb2_grpc.TraceServiceStub,
+        stub: message_service_pb2_grpc.MessageServiceStub,
         timeout_s: float = 10.0,
         signer: Signer | None = None,
         lanes: int = 2,
@@ -237,7 +255,7 @@ class MessageAppender:
             lane.sender = None
 
     async def _ask(self, lane: _Lane, batch: list[_Queued]) -> None:
-        request = ts.AppendMessageStreamRequest()
+        request = ms.AppendMessageStreamRequest()
         for q in batch:
             item = request.appends.add(identity=q.identity)
             item.append.message.CopyFrom(q.message)

@@ -1,17 +1,17 @@
 """Many buffers on one call: following them (StreamService.FollowStreams: what the gateway's readers and
-the orchestrator's turns use instead of a SubscribeStream call each) and writing them (WriteStreams:
-what an agent runtime's EventSinks write through, instead of a WriteStream call each).
+the orchestrator's turns use, one call for all of a process's follows) and writing them (WriteStreams:
+what an agent runtime's EventSinks write through).
 
-`Follower.follow(key, ...)` is what a SubscribeStream call was, as an async iterator of events: replay
-after the offset, then live, up to the terminal event. All the follows of a process share one call:
+`Follower.follow(key, ...)` follows one buffer, as an async iterator of events: replay after the
+offset, then live, up to the terminal event. All the follows of a process share one call:
 what becomes ready for any of them in one pass of the stream service's loop comes in one message, and
 a new follow is a request on the open call, not a new call. Each follow carries a token of the user
 acting when it was made (the call itself is the mesh's), so the stream service checks the reader of
 each buffer as it checks a call's caller.
 
-A follow that fails raises its MeshError (as `from_rpc_error` would have made of SubscribeStream's
-status); one whose call failed raises Unavailable (follow again from the last offset); one cancelled
-with `cancel()` raises `FollowCancelled`. The reader grants the service more events as it consumes
+A follow that fails raises its MeshError (by the reason its delivery carries); one whose call failed
+raises Unavailable (follow again from the last offset); one cancelled with `cancel()` raises
+`FollowCancelled`. The reader grants the service more events as it consumes
 them (half a window at a time), so one that stops reading holds its place in the buffer, not a queue.
 """
 

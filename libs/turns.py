@@ -31,7 +31,7 @@ def turn_messages(
             source=source or tp.MESSAGE_SOURCE_USER,  # type: ignore[arg-type]
             a2a_task_id=a2a_task_id,
             caller_agent=caller_agent,
-            caller_session_id=caller_trace_id,
+            caller_trace_id=caller_trace_id,
             model=model if role == tp.MESSAGE_ROLE_ASSISTANT else "",
         )
 

@@ -33,7 +33,6 @@ from agentmesh.services.agent_runtime import server as runtime_server
 from agentmesh.services.orchestrator import server as orchestrator_server
 from agentmesh.services.stream import server as stream_server
 from agentmesh.services.trace import server as trace_server
-from agentmesh.stream.v1 import stream_service_pb2 as ss
 
 ANY_PORT = "127.0.0.1:0"
 TEST_CATALOG = Path(__file__).parent / "catalogs" / "mesh.yaml"  # agents whose prompts the test rules match
@@ -384,11 +383,12 @@ async def read_buffer(mesh: Mesh, key: str) -> list[Any]:
     """Every event of buffer `key` (as the mesh's user) from its start to its terminal one."""
     assert mesh.clients is not None
     out: list[Any] = []
-    request = ss.SubscribeStreamRequest(key=key, idle_timeout_ms=5000)
     with identity.acting_as(mesh.user):
-        async for resp in mesh.clients.stream.SubscribeStream(request, timeout=10):
-            out.append(resp.event)
-            if events.is_terminal(resp.event):
+        follow = mesh.clients.follows.follow(key, idle_timeout_ms=5000)
+    async with asyncio.timeout(10):
+        async for event in follow:
+            out.append(event)
+            if events.is_terminal(event):
                 break
     return out
 
@@ -609,18 +609,26 @@ class Tree:
 
 async def read_tree(mesh: ProcessMesh, session: str) -> Tree | None:
     """The session's tree as the trace service has it, or None while the trace service is away."""
-    from agentmesh.trace.v1 import trace_service_pb2 as ts
+    from agentmesh.trace.v1 import message_service_pb2 as ms
+    from agentmesh.trace.v1 import subagent_service_pb2 as sbs
+    from agentmesh.trace.v1 import task_service_pb2 as tks
 
     assert mesh.clients is not None
     try:
         with identity.acting_as(mesh.user):
-            t = mesh.clients.trace
-            every = ts.PATH_MODE_ALL
-            msgs = list((await t.ListMessages(ts.ListMessagesRequest(trace_id=session, mode=every))).messages)
-            tasks = (await t.ListA2ATasks(ts.ListA2ATasksRequest(caller_session_id=session))).tasks
-            subs = (await t.ListSubagentSessions(ts.ListSubagentSessionsRequest(trace_id=session))).subagents
+            c = mesh.clients
+            every = ms.PATH_MODE_ALL
+            msgs = list(
+                (await c.messages.ListMessages(ms.ListMessagesRequest(trace_id=session, mode=every))).messages
+            )
+            tasks = (await c.tasks.ListA2ATasks(tks.ListA2ATasksRequest(caller_trace_id=session))).tasks
+            subs = (
+                await c.subagents.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=session))
+            ).subagents
             for child in [task.trace_id for task in tasks] + [s.child_trace_id for s in subs]:
-                msgs += (await t.ListMessages(ts.ListMessagesRequest(trace_id=child, mode=every))).messages
+                msgs += (
+                    await c.messages.ListMessages(ms.ListMessagesRequest(trace_id=child, mode=every))
+                ).messages
     except Exception:  # the trace service is coming back
         return None
     return Tree(msgs, list(tasks), list(subs))

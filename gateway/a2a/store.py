@@ -14,8 +14,9 @@ from agentmesh.gateway.a2a.events import agent_text
 from agentmesh.libs.a2a import RESPONSE_ARTIFACT, from_a2a_state, to_a2a_state
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.errors import InvalidArgument, NotFound, rpc
+from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 
 class MeshTaskStore(TaskStore):
@@ -25,11 +26,11 @@ class MeshTaskStore(TaskStore):
     async def row(self, task_id: str, context: ServerCallContext | None) -> tp.A2ATask | None:
         """Our task row, or None when it is missing, another user's, not inbound or another agent's."""
         try:
-            task = (await rpc(self.clients.trace.GetA2ATask(ts.GetA2ATaskRequest(task_id=task_id)))).task
+            task = (await rpc(self.clients.tasks.GetA2ATask(tks.GetA2ATaskRequest(task_id=task_id)))).task
         except (NotFound, InvalidArgument):
             return None
         slug = addressed_agent(context)
-        if task.caller_session_id or (slug and task.callee_agent != slug):
+        if task.caller_trace_id or (slug and task.callee_agent != slug):
             return None
         return task
 
@@ -44,8 +45,8 @@ class MeshTaskStore(TaskStore):
 
     async def list(self, params: a2a.ListTasksRequest, context: ServerCallContext) -> a2a.ListTasksResponse:
         resp = await rpc(
-            self.clients.trace.ListA2ATasks(
-                ts.ListA2ATasksRequest(
+            self.clients.tasks.ListA2ATasks(
+                tks.ListA2ATasksRequest(
                     callee_agent=addressed_agent(context),
                     trace_id=params.context_id,
                     state=from_a2a_state(params.status),
@@ -76,8 +77,8 @@ class MeshTaskStore(TaskStore):
         if not with_messages:
             return task
         resp = await rpc(
-            self.clients.trace.ListMessages(
-                ts.ListMessagesRequest(trace_id=row.trace_id, mode=ts.PATH_MODE_ALL, limit=1000)
+            self.clients.messages.ListMessages(
+                ms.ListMessagesRequest(trace_id=row.trace_id, mode=ms.PATH_MODE_ALL, limit=1000)
             )
         )
         for message in resp.messages:

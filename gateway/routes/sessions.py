@@ -16,13 +16,14 @@ from agentmesh.libs.clients import Clients
 from agentmesh.libs.errors import rpc
 from agentmesh.libs.protojson import to_json
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 router = APIRouter(prefix="/api/sessions", tags=["sessions"])
 
 User = Annotated[str, Depends(current_user)]
-MODES = {"main_path": ts.PATH_MODE_MAIN_PATH, "all": ts.PATH_MODE_ALL}
+MODES = {"main_path": ms.PATH_MODE_MAIN_PATH, "all": ms.PATH_MODE_ALL}
 
 
 class SessionPatch(BaseModel):
@@ -142,19 +143,19 @@ async def messages_page(
     since_sequence: int,
     limit: int,
     offset: int,
-) -> tuple[ts.ListMessagesResponse, dict[str, Any]]:
+) -> tuple[ms.ListMessagesResponse, dict[str, Any]]:
     """One page of a trace's messages (the trace service's answer, and its JSON: messages,
     headSequence, total): the sessions API and the trace API read messages alike."""
     resp = await rpc(
-        clients.trace.ListMessages(
-            ts.ListMessagesRequest(
+        clients.messages.ListMessages(
+            ms.ListMessagesRequest(
                 trace_id=trace_id,
                 mode=MODES[mode],
                 head_sequence=head_sequence,
                 since_sequence=since_sequence,
                 limit=limit,
                 offset=offset,
-                view=ts.MESSAGE_VIEW_FULL,
+                view=ms.MESSAGE_VIEW_FULL,
             )
         )
     )

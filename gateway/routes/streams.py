@@ -15,6 +15,8 @@ from agentmesh.gateway.sse import stream_response
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.config import MeshSettings
 from agentmesh.libs.ids import a2a_key, subagent_key, trace_key
+from agentmesh.trace.v1 import subagent_service_pb2 as sbs
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 router = APIRouter(tags=["streams"])
@@ -59,7 +61,7 @@ async def a2a_stream(
     """The callee's live reply of an agent-invoke call, readable by the caller session's owner."""
 
     async def owns() -> bool:
-        return await _found(clients.trace.GetA2ATask(ts.GetA2ATaskRequest(task_id=task_id)))
+        return await _found(clients.tasks.GetA2ATask(tks.GetA2ATaskRequest(task_id=task_id)))
 
     return await stream_response(request, clients, settings, a2a_key(task_id), owns)
 
@@ -75,8 +77,8 @@ async def subagent_stream(
     """The live text of one subagent card (`no-buffer` while it is still queued)."""
 
     async def owns() -> bool:
-        request_ = ts.GetSubagentSessionRequest(subagent_id=subagent_id)
-        return await _found(clients.trace.GetSubagentSession(request_))
+        request_ = sbs.GetSubagentSessionRequest(subagent_id=subagent_id)
+        return await _found(clients.subagents.GetSubagentSession(request_))
 
     return await stream_response(request, clients, settings, subagent_key(subagent_id), owns)
 

@@ -31,6 +31,7 @@ from agentmesh.libs.errors import InvalidArgument, rpc
 from agentmesh.libs.ids import MAX_REF, TraceRef
 from agentmesh.libs.protojson import from_json, to_json
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 
@@ -153,10 +154,10 @@ async def append_messages(
     """Appends finished messages after the head (or parentSequence), all or none:
     {"messages": [{"role": "user", "content": "..."}, ...]} -> {"messages": [stored, with ids]}. A
     peer's trace is appended to at its home, or not at all (503 when the peer does not answer)."""
-    req = ts.AppendMessagesRequest(trace_id=_ref(trace_id), messages=[_message(m) for m in body.messages])
+    req = ms.AppendMessagesRequest(trace_id=_ref(trace_id), messages=[_message(m) for m in body.messages])
     if body.parent_sequence is not None:
         req.parent_sequence = body.parent_sequence
-    resp = await rpc(clients(request).trace.AppendMessages(req))
+    resp = await rpc(clients(request).messages.AppendMessages(req))
     return {"messages": [to_json(m) for m in resp.messages]}
 
 

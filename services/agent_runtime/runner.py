@@ -24,8 +24,8 @@ from agentmesh.services.agent_runtime.llm import LLM, ToolCall
 from agentmesh.services.agent_runtime.remotes import RemoteRuns
 from agentmesh.services.agent_runtime.sink import EventSink
 from agentmesh.services.agent_runtime.tools import RunState, ToolContext, ToolOutcome, ToolRegistry
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 log = logging.getLogger(__name__)
 HISTORY_LIMIT = 1000
@@ -108,16 +108,16 @@ class AgentRunner:
         messages: list[tp.Message] = []
         if req.trace_id and req.history_head_sequence and HISTORY_LIMIT > 1:
             limit = HISTORY_LIMIT - 1
-            request = ts.ListMessagesRequest(
+            request = ms.ListMessagesRequest(
                 trace_id=req.trace_id,
-                mode=ts.PATH_MODE_MAIN_PATH,
+                mode=ms.PATH_MODE_MAIN_PATH,
                 head_sequence=req.history_head_sequence,
                 limit=limit,
             )
-            resp = await rpc(self.clients.trace.ListMessages(request))
+            resp = await rpc(self.clients.messages.ListMessages(request))
             if resp.total > len(resp.messages):  # a long trace: the model gets its newest messages
                 request.offset = resp.total - limit
-                resp = await rpc(self.clients.trace.ListMessages(request))
+                resp = await rpc(self.clients.messages.ListMessages(request))
             messages = list(resp.messages)
         messages.append(tp.Message(role=tp.MESSAGE_ROLE_USER, content=req.input))
         return history_to_openai(messages)

@@ -26,6 +26,7 @@ from agentmesh.libs.ids import SLUG_PATTERN, TraceRef, a2a_key, is_local_id, new
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.services.orchestrator.turns import Turn
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 
@@ -158,7 +159,7 @@ class Kinds:
         row = tp.A2ATask(
             callee_agent=agent.slug,
             caller_agent=caller.agent,
-            caller_session_id=caller.trace_id,
+            caller_trace_id=caller.trace_id,
             caller_context=events.struct(context),
         )
         task = await self._create_task(row, continue_local)
@@ -203,8 +204,8 @@ class Kinds:
         return Resolved(self._task_turn(req, task, agent, req.a2a.depth), task)
 
     async def _create_task(self, row: tp.A2ATask, continue_trace_id: str) -> tp.A2ATask:
-        request = ts.CreateA2ATaskRequest(task=row, continue_trace_id=continue_trace_id)
-        return (await rpc(self.clients.trace.CreateA2ATask(request))).task
+        request = tks.CreateA2ATaskRequest(task=row, continue_trace_id=continue_trace_id)
+        return (await rpc(self.clients.tasks.CreateA2ATask(request))).task
 
     def _task_turn(self, req: orc.RunTurnRequest, task: tp.A2ATask, agent: ap.Agent, depth: int) -> Turn:
         metadata = {"agent": agent.slug, "kind": "a2a", "taskId": task.id}

@@ -26,6 +26,8 @@ from agentmesh.services.orchestrator.kinds import Kinds, Resolved
 from agentmesh.services.orchestrator.subagents import SubagentBatch
 from agentmesh.services.orchestrator.turns import Begun, TurnEngine, ended_error
 from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 
@@ -126,9 +128,9 @@ class Orchestrator:
         await self._task_state(task_id, state)
 
     async def _task_state(self, task_id: str, state: int) -> None:
-        request = ts.UpdateA2ATaskRequest(task_id=task_id, state=state)  # type: ignore[arg-type]
+        request = tks.UpdateA2ATaskRequest(task_id=task_id, state=state)  # type: ignore[arg-type]
         try:
-            await self.clients.trace.UpdateA2ATask(request, timeout=self.engine.grace_s)
+            await self.clients.tasks.UpdateA2ATask(request, timeout=self.engine.grace_s)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 return  # final already: a cancel settled it first
@@ -148,7 +150,7 @@ class Orchestrator:
         the buffer). Always settles: what a turn that died with its process left pending (the trace's
         placeholder, the task's state) is marked cancelled too."""
         if req.WhichOneof("target") == "task_id":
-            task = (await rpc(self.clients.trace.GetA2ATask(ts.GetA2ATaskRequest(task_id=req.task_id)))).task
+            task = (await rpc(self.clients.tasks.GetA2ATask(tks.GetA2ATaskRequest(task_id=req.task_id)))).task
             closed = await self._cancel_buffer(a2a_key(task.id))
             # Its buffer ended `cancelled` (or is gone with a dead turn): so did the task, at once.
             if closed or task.state not in FINAL_TASK_STATES:
@@ -179,16 +181,16 @@ class Orchestrator:
         A live turn marks it the same way, so the two cannot disagree."""
         if not trace.head_sequence:
             return False
-        head = await self.clients.trace.ListMessages(
-            ts.ListMessagesRequest(
+        head = await self.clients.messages.ListMessages(
+            ms.ListMessagesRequest(
                 trace_id=trace.id, head_sequence=trace.head_sequence, since_sequence=trace.head_sequence - 1
             )
         )
         settled = False
         for message in head.messages:
             if message.role == tp.MESSAGE_ROLE_ASSISTANT and message.status == tp.MESSAGE_STATUS_PENDING:
-                await self.clients.trace.UpdateMessage(
-                    ts.UpdateMessageRequest(
+                await self.clients.messages.UpdateMessage(
+                    ms.UpdateMessageRequest(
                         message=tp.Message(id=message.id, status=tp.MESSAGE_STATUS_CANCELLED),
                         update_mask=field_mask_pb2.FieldMask(paths=["status"]),
                     )

@@ -31,10 +31,11 @@ from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.services.orchestrator.kinds import Kinds
 from agentmesh.services.orchestrator.turns import Begun, Turn, TurnEngine, ended_error
 from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import subagent_service_pb2 as sbs
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
-_Queued = tuple[ts.UpdateSubagentSessionRequest, "asyncio.Future[tp.SubagentSession]"]
+_Queued = tuple[sbs.UpdateSubagentSessionRequest, "asyncio.Future[tp.SubagentSession]"]
 _UNSET = (ev.SUBAGENT_STATUS_QUEUED, ev.SUBAGENT_STATUS_RUNNING)
 
 
@@ -49,7 +50,7 @@ class RowWriter:
         self._queue: list[_Queued] = []
         self._writer: asyncio.Task[None] | None = None
 
-    async def update(self, request: ts.UpdateSubagentSessionRequest) -> tp.SubagentSession:
+    async def update(self, request: sbs.UpdateSubagentSessionRequest) -> tp.SubagentSession:
         """The changed row (or the change's error); a caller cancelled meanwhile stops waiting, and the
         change is still written."""
         fut: asyncio.Future[tp.SubagentSession] = asyncio.get_running_loop().create_future()
@@ -77,17 +78,17 @@ class RowWriter:
             raise
 
     async def _send(
-        self, requests: list[ts.UpdateSubagentSessionRequest]
+        self, requests: list[sbs.UpdateSubagentSessionRequest]
     ) -> list[tp.SubagentSession | MeshError]:
-        trace = self.clients.trace
+        trace = self.clients.subagents
         if len(requests) > 1:
             try:
-                batch = ts.UpdateSubagentSessionsRequest(updates=requests)
+                batch = sbs.UpdateSubagentSessionsRequest(updates=requests)
                 return list((await rpc(trace.UpdateSubagentSessions(batch))).subagents)
             except MeshError:
                 pass  # all or none: each on its own, so that only the failing row fails
 
-        async def one(request: ts.UpdateSubagentSessionRequest) -> tp.SubagentSession | MeshError:
+        async def one(request: sbs.UpdateSubagentSessionRequest) -> tp.SubagentSession | MeshError:
             try:
                 return (await rpc(trace.UpdateSubagentSession(request))).subagent
             except MeshError as err:
@@ -164,7 +165,7 @@ class SubagentBatch:
                 turn.overrides.model = agent.model
             self.turns.append(turn)
             user, placeholder = turn.messages()
-            messages.append(ts.TurnMessages(user_message=user, assistant_message=placeholder))
+            messages.append(ms.TurnMessages(user_message=user, assistant_message=placeholder))
             rows.append(
                 tp.SubagentSession(
                     trace_id=req.trace_id,
@@ -183,8 +184,8 @@ class SubagentBatch:
                 )
             )
         created = await rpc(
-            self.clients.trace.CreateSubagentSessions(
-                ts.CreateSubagentSessionsRequest(subagents=rows, turns=messages)
+            self.clients.subagents.CreateSubagentSessions(
+                sbs.CreateSubagentSessionsRequest(subagents=rows, turns=messages)
             )
         )
         self.rows = list(created.subagents)
@@ -290,7 +291,7 @@ class SubagentBatch:
                 row.result_payload.CopyFrom(events.struct(value))
             else:
                 setattr(row, key, value)
-        request = ts.UpdateSubagentSessionRequest(
+        request = sbs.UpdateSubagentSessionRequest(
             subagent=row, update_mask=field_mask_pb2.FieldMask(paths=paths)
         )
         self.rows[i] = await self.writer.update(request)
@@ -321,8 +322,8 @@ class SubagentBatch:
         if message.id:
             with contextlib.suppress(MeshError):
                 await rpc(
-                    self.clients.trace.UpdateMessage(
-                        ts.UpdateMessageRequest(
+                    self.clients.messages.UpdateMessage(
+                        ms.UpdateMessageRequest(
                             message=message,
                             update_mask=field_mask_pb2.FieldMask(paths=["status", "metadata"]),
                         )

@@ -46,8 +46,8 @@ from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.services.orchestrator.partial import Partial, ended_by, read_back
 from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 log = logging.getLogger(__name__)
 RESULT_FIELDS = ["content", "thinking", "model", "usage", "metadata", "status"]
@@ -136,19 +136,19 @@ class TurnEngine:
         user, placeholder = turn.messages(new_message_id(), new_message_id())
         start = turn_start(turn.trace_id, user.id, placeholder.id, turn.agent.slug)
         create = ss.CreateStreamRequest(key=turn.stream_key, metadata=turn.stream_metadata, events=[start])
-        store = ts.BeginTurnRequest(trace_id=turn.trace_id, user_message=user, assistant_message=placeholder)
+        store = ms.BeginTurnRequest(trace_id=turn.trace_id, user_message=user, assistant_message=placeholder)
         if turn.parent_sequence is not None:
             store.parent_sequence = turn.parent_sequence
         if turn.new_trace is not None:
             store.new_trace.CopyFrom(turn.new_trace)
         creating = rpc(self.clients.stream.CreateStream(create, timeout=self.write_timeout_s))
         if turn.fresh_key:  # nothing to lock out: both at once
-            storing = rpc(self.clients.trace.BeginTurn(store, timeout=self.write_timeout_s))
+            storing = rpc(self.clients.messages.BeginTurn(store, timeout=self.write_timeout_s))
             created, stored = await asyncio.gather(creating, storing, return_exceptions=True)
         else:  # the buffer first: it is the trace's lock against a second turn
             created = await creating
             try:
-                stored = await rpc(self.clients.trace.BeginTurn(store, timeout=self.write_timeout_s))
+                stored = await rpc(self.clients.messages.BeginTurn(store, timeout=self.write_timeout_s))
             except (MeshError, asyncio.CancelledError) as exc:
                 stored = exc
         failure = next((r for r in (created, stored) if isinstance(r, BaseException)), None)
@@ -160,10 +160,10 @@ class TurnEngine:
             )
             if not isinstance(created, BaseException):
                 await to_the_end(self._close(turn.stream_key, events.error(err), created.offsets[0]))
-            if isinstance(stored, ts.BeginTurnResponse):
+            if isinstance(stored, ms.BeginTurnResponse):
                 await to_the_end(self._settle(stored.assistant_message.id, Partial(), err))
             raise failure
-        assert isinstance(created, ss.CreateStreamResponse) and isinstance(stored, ts.BeginTurnResponse)
+        assert isinstance(created, ss.CreateStreamResponse) and isinstance(stored, ms.BeginTurnResponse)
         start.offset = created.offsets[0]
         return Begun(stored.user_message, stored.assistant_message, start)
 
@@ -287,10 +287,10 @@ class TurnEngine:
             status=tp.MESSAGE_STATUS_COMPLETED,
         )
         msg.metadata.CopyFrom(r.metadata)
-        request = ts.UpdateMessageRequest(
+        request = ms.UpdateMessageRequest(
             message=msg, update_mask=field_mask_pb2.FieldMask(paths=RESULT_FIELDS)
         )
-        return (await rpc(self.clients.trace.UpdateMessage(request, timeout=self.write_timeout_s))).message
+        return (await rpc(self.clients.messages.UpdateMessage(request, timeout=self.write_timeout_s))).message
 
     async def _finish(self, turn: Turn, begun: Begun, r: rt.RunResult) -> ev.Event:
         """`finish`, then `done`: one CloseStream to the turn's buffer. Raises as an append does (a
@@ -325,12 +325,12 @@ class TurnEngine:
 
     async def _settle(self, placeholder_id: int, partial: Partial, err: MeshError) -> tp.Message | None:
         status = tp.MESSAGE_STATUS_CANCELLED if isinstance(err, Cancelled) else tp.MESSAGE_STATUS_FAILED
-        request = ts.UpdateMessageRequest(
+        request = ms.UpdateMessageRequest(
             message=partial.message(placeholder_id, status, err),
             update_mask=field_mask_pb2.FieldMask(paths=SETTLE_FIELDS),
         )
         try:
-            return (await self.clients.trace.UpdateMessage(request, timeout=self.grace_s)).message
+            return (await self.clients.messages.UpdateMessage(request, timeout=self.grace_s)).message
         except grpc.aio.AioRpcError as exc:
             log.warning(
                 "could not settle the placeholder of a failed turn: %s",

@@ -132,7 +132,7 @@ class StreamBackend(abc.ABC):
         self.settings = settings or StreamSettings()
         self.metrics = metrics or StreamMetrics()  # the stream server gives its registry's
         self._stopping = asyncio.Event()
-        self._idle_writers: set[asyncio.Task[Any]] = set()  # WriteStream calls waiting for a batch
+        self._idle_writers: set[asyncio.Task[Any]] = set()  # calls waiting for their next request
         self._subscribers = 0
         self._max_batch = 0
 

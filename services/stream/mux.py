@@ -5,10 +5,9 @@ sends and receives one gRPC message per burst this way, not one per buffer: each
 several threads of both processes, and at a realistic model pace that, not the events, was most of
 what a token cost.
 
-A follow is a backend subscription (`StreamBackend.subscribe`, what SubscribeStream serves) run in a
-task of its own; a writer is what one WriteStream call is, its batches appended in order by a task
-of its own. What they produce waits in the call's `Outbox`: everything that becomes ready in one pass
-of the event loop goes out in one response.
+A follow is a backend subscription (`StreamBackend.subscribe`) run in a task of its own; a writer
+writes one key, its batches appended in order by a task of its own. What they produce waits in the
+call's `Outbox`: everything that becomes ready in one pass of the event loop goes out in one response.
 """
 
 from __future__ import annotations

@@ -8,10 +8,9 @@ import grpc
 
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs import identity
-from agentmesh.libs.errors import InvalidArgument, PermissionDenied, Shutdown, grpc_errors
+from agentmesh.libs.errors import InvalidArgument, PermissionDenied, grpc_errors
 from agentmesh.libs.events import is_terminal
 from agentmesh.libs.identity import Signer
-from agentmesh.libs.ids import shown
 from agentmesh.services.stream.backend import StreamBackend
 from agentmesh.services.stream.mux import FollowCall, UserOf, WriteCall
 from agentmesh.stream.v1 import stream_service_pb2 as pb
@@ -71,42 +70,6 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
         )
 
     @grpc_errors
-    async def StreamAppendEvents(
-        self, request: AsyncIterator[pb.StreamAppendEventsRequest], context: grpc.aio.ServicerContext
-    ) -> pb.StreamAppendEventsResponse:
-        count, last = 0, ""
-        async for message in request:
-            offsets = await self.backend.append(message.key, message.events, _reader())
-            count += len(offsets)
-            last = offsets[-1] if offsets else last
-        return pb.StreamAppendEventsResponse(count=count, last_offset=last)
-
-    @grpc_errors
-    async def WriteStream(
-        self, request: AsyncIterator[pb.WriteStreamRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.WriteStreamResponse]:
-        writer, key, since = _reader(), "", ""
-        deferred: list[str] = []  # the offsets of the batches taken since the last answer
-        try:
-            async for message in self.backend.until_shutdown(request):
-                key = key or message.key
-                if message.key != key:
-                    raise InvalidArgument(
-                        f"one WriteStream call writes one key: {key}, not {shown(message.key, 80)}"
-                    )
-                since = message.since or since
-                offsets = await self.backend.append(key, message.events, writer, since)
-                if message.defer_answer:
-                    deferred += offsets
-                    continue
-                yield pb.WriteStreamResponse(offsets=deferred + offsets)
-                deferred = []
-        except Shutdown:
-            if deferred:  # what was taken is answered: the writer sends again only what was not
-                yield pb.WriteStreamResponse(offsets=deferred)
-            raise
-
-    @grpc_errors
     async def WriteStreams(
         self, request: AsyncIterator[pb.WriteStreamsRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WriteStreamsResponse]:
@@ -134,19 +97,6 @@ class StreamServicer(stream_service_pb2_grpc.StreamServiceServicer):
             request.key, request.events, terminal, _reader(), request.since
         )
         return pb.CloseStreamResponse(offset=offset, closed=closed, offsets=offsets)
-
-    @grpc_errors
-    async def SubscribeStream(
-        self, request: pb.SubscribeStreamRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.SubscribeStreamResponse]:
-        events = self.backend.subscribe(
-            request.key, request.from_offset, _reader(), request.idle_timeout_ms, request.terminal_only
-        )
-        try:
-            async for event in events:
-                yield pb.SubscribeStreamResponse(event=event)
-        finally:
-            await events.aclose()
 
     @grpc_errors
     async def FollowStreams(

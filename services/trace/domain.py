@@ -1,5 +1,6 @@
 """The trace domain's rules, independent of storage: limits, update masks, page tokens and the
-allowed status moves."""
+allowed status moves. The handlers (services/trace/handlers/) apply them; the stores never do
+(docs/design/trace-service.md)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,27 @@ import base64
 import binascii
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+
+from google.protobuf.descriptor import EnumDescriptor
 
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs.errors import InvalidArgument
-from agentmesh.libs.ids import is_local_id
+from agentmesh.libs.ids import check_local_id, is_local_id
 from agentmesh.trace.v1 import trace_pb2 as tp
 
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 50, 200
 DEFAULT_LIMIT, MAX_LIMIT = 100, 1000
 MAX_PAGE_TOKEN = 512
+MAX_TITLE = 500  # characters of a trace's title
+MAX_APPENDS = 100  # messages per AppendMessages
+MAX_STREAM_APPENDS = 500  # appends per AppendMessageStream request (the append batcher's statement takes 500)
+MAX_SUBAGENT_UPDATES = 100  # changes per UpdateSubagentSessions (a delegate batch has at most 10 rows)
 
+FINAL_MESSAGE_STATES = frozenset(
+    {tp.MESSAGE_STATUS_COMPLETED, tp.MESSAGE_STATUS_FAILED, tp.MESSAGE_STATUS_CANCELLED}
+)
 FINAL_TASK_STATES = frozenset(
     {tp.TASK_STATE_COMPLETED, tp.TASK_STATE_CANCELED, tp.TASK_STATE_FAILED, tp.TASK_STATE_REJECTED}
 )
@@ -42,9 +53,57 @@ SUBAGENT_FIELDS = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class Cursor:
+    """Where the previous page ended: the ordering time and the id of its last row (a page token,
+    decoded). Stores list the rows after it."""
+
+    time: datetime
+    id: str
+
+
 def need_owner(owner: str) -> None:
     if not owner:
         raise InvalidArgument("an acting user is required")
+
+
+def need(value: object, name: str) -> None:
+    """InvalidArgument `<name> is required` for an empty id."""
+    if not value:
+        raise InvalidArgument(f"{name} is required")
+
+
+def need_enum(enum: EnumDescriptor, number: int, name: str) -> None:
+    """InvalidArgument `<name> is required` for an enum value that is unset or unknown."""
+    if not number or number not in enum.values_by_number:
+        raise InvalidArgument(f"{name} is required")
+
+
+def known(enum: EnumDescriptor, number: int, default: int) -> int:
+    """`number`, or `default` when it is unset or unknown (an enum whose unset value means `default`)."""
+    return number if number and number in enum.values_by_number else default
+
+
+def check_message(message: tp.Message) -> None:
+    """What a message to append needs: who wrote it (source and status default to user and completed)."""
+    need_enum(tp.MessageRole.DESCRIPTOR, message.role, "message role")
+
+
+def check_messages(trace_id: str, messages: Sequence[tp.Message], *, new_trace: bool = False) -> None:
+    """Messages to append to `trace_id` together: at least one, each of that trace (or of none). A new
+    trace may have no id yet (one is made for it); then its messages name none."""
+    if not messages:
+        raise InvalidArgument("no messages to append")
+    for m in messages:
+        if m.trace_id and m.trace_id != trace_id:
+            raise InvalidArgument("every message must belong to the trace")
+    if new_trace:
+        if trace_id:
+            check_local_id(trace_id, "trace_id")
+    else:
+        need(trace_id, "trace_id")
+    for m in messages:
+        check_message(m)
 
 
 def check_mask(paths: Sequence[str], allowed: frozenset[str]) -> set[str]:
@@ -82,6 +141,15 @@ def aware(dt: datetime) -> datetime:
 def encode_page_token(updated_at: datetime, trace_id: str) -> str:
     raw = json.dumps([aware(updated_at).isoformat(), trace_id]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def cursor(token: str) -> Cursor | None:
+    """Where a page token says to go on from (None: the first page); InvalidArgument for a token this
+    service did not issue."""
+    if not token:
+        return None
+    time, row_id = decode_page_token(token)
+    return Cursor(time, row_id)
 
 
 def decode_page_token(token: str) -> tuple[datetime, str]:

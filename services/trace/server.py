@@ -1,4 +1,6 @@
-"""The trace process: engine, migrations, the built-in agents, and the Trace, Agent and Auth services."""
+"""The trace process: engine, migrations, the built-in agents, and its services: TraceService,
+MessageService, TaskService and SubagentService (the trace domain), AgentService, AuthService and
+LeaseService."""
 
 from __future__ import annotations
 
@@ -13,14 +15,30 @@ from agentmesh.libs.metrics import PeerMetrics, TraceStoreMetrics
 from agentmesh.libs.peer_http import PeerClients
 from agentmesh.libs.peers import PeerRegistry
 from agentmesh.libs.rpc import Registration, ServiceServer, server_settings
-from agentmesh.services.trace.agent_handler import AgentHandler
 from agentmesh.services.trace.agents import load_catalog
-from agentmesh.services.trace.handler import TraceHandler
-from agentmesh.services.trace.servicer import AgentServicer, AuthServicer, LeaseServicer, TraceServicer
+from agentmesh.services.trace.handlers.agents import AgentHandler
+from agentmesh.services.trace.handlers.messages import MessageHandler
+from agentmesh.services.trace.handlers.subagents import SubagentHandler
+from agentmesh.services.trace.handlers.tasks import TaskHandler
+from agentmesh.services.trace.handlers.traces import TraceHandler
+from agentmesh.services.trace.servicers.agents import AgentServicer, AuthServicer, LeaseServicer
+from agentmesh.services.trace.servicers.messages import MessageServicer
+from agentmesh.services.trace.servicers.subagents import SubagentServicer
+from agentmesh.services.trace.servicers.tasks import TaskServicer
+from agentmesh.services.trace.servicers.traces import TraceServicer
 from agentmesh.services.trace.store.hybrid import HybridTraceStore
 from agentmesh.services.trace.store.sql import SqlStores
 from agentmesh.services.trace.store.sql.db import create_engine, migrate, time_queries
-from agentmesh.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from agentmesh.trace.v1 import (
+    message_service_pb2,
+    message_service_pb2_grpc,
+    subagent_service_pb2,
+    subagent_service_pb2_grpc,
+    task_service_pb2,
+    task_service_pb2_grpc,
+    trace_service_pb2,
+    trace_service_pb2_grpc,
+)
 
 
 async def build(
@@ -43,18 +61,42 @@ async def build(
         stores = SqlStores.open(engine, settings.subagent, settings.lease_s)
         await stores.agents.import_builtins(load_catalog(settings.catalog))
         peers = PeerClients(settings.federation, metrics=PeerMetrics(registry))
-        traces = HybridTraceStore(
-            stores.traces, stores.copies, peer_registry, peers, page_size=settings.federation.page_size
+        # Traces and messages: this mesh's, or a peer's through a cached copy (one store for both).
+        federated = HybridTraceStore(
+            stores.traces,
+            stores.messages,
+            stores.copies,
+            peer_registry,
+            peers,
+            page_size=settings.federation.page_size,
         )
         signer = signer or signer_for(settings)
-        handler = TraceHandler(traces, stores.tasks, stores.subagents, stores.agents)
+        messages = MessageHandler(federated, stores.subagents)
         server = ServiceServer(
             [
                 Registration.of(
                     trace_service_pb2,
                     "TraceService",
                     trace_service_pb2_grpc.add_TraceServiceServicer_to_server,
-                    TraceServicer(handler, signer),
+                    TraceServicer(TraceHandler(federated)),
+                ),
+                Registration.of(
+                    message_service_pb2,
+                    "MessageService",
+                    message_service_pb2_grpc.add_MessageServiceServicer_to_server,
+                    MessageServicer(messages, signer),
+                ),
+                Registration.of(
+                    task_service_pb2,
+                    "TaskService",
+                    task_service_pb2_grpc.add_TaskServiceServicer_to_server,
+                    TaskServicer(TaskHandler(stores.tasks, federated)),
+                ),
+                Registration.of(
+                    subagent_service_pb2,
+                    "SubagentService",
+                    subagent_service_pb2_grpc.add_SubagentServiceServicer_to_server,
+                    SubagentServicer(SubagentHandler(stores.subagents)),
                 ),
                 Registration.of(
                     agent_service_pb2,

@@ -1,25 +1,34 @@
 """The trace service's storage interfaces, one per resource, and the value types they share.
 
-Every method takes the acting user (`owner`, from the call's verified identity) first; another
-user's row is answered exactly like a missing one (NotFound, same message, same work). Arguments and
-results are the resource messages of agentmesh.trace.v1 / agentmesh.agents.v1.
+A store persists; it holds no rule of the domain (masks, status moves, limits, windows, page sizes,
+required fields: services/trace/domain.py, applied by the handlers before a store is called). What a
+store does check is what only the stored rows can tell, inside the unit of work that writes: every
+method takes the acting user (`owner`, from the call's verified identity) first and is scoped to that
+user, so another user's row is answered exactly like a missing one (NotFound, same message, same
+work); and a row a write refers to must exist (a parent or head sequence, an anchor message, an agent:
+InvalidArgument otherwise). A rule that needs the stored row (a status that moves only forward) is
+the handler's function, run by the store on the row inside that unit of work.
+Arguments and results are the resource messages of agentmesh.trace.v1 / agentmesh.agents.v1.
 
-`TraceStore` (traces and their messages) is what a federation store implements too: the SQL store
-here, a remote store that reads a peer's trace API, a hybrid store that routes by trace reference.
+`TraceStore` and `MessageStore` are what a federation store implements too: the SQL stores here, a
+remote store that reads a peer's trace API, a hybrid store that routes by trace reference. What only
+some stores can do is a method with a default on the interface (`TraceStore.copy_for_turn`), never a
+check of the store's class.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
 
 from agentmesh.agents.v1 import agent_pb2
 from agentmesh.libs.errors import MeshError
+from agentmesh.services.trace.domain import Cursor
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 
 @dataclass
@@ -27,7 +36,7 @@ class MessageQuery:
     """Which messages of a trace to list (docs/requirements.md#trace-api)."""
 
     trace_id: str
-    mode: int = ts.PATH_MODE_MAIN_PATH
+    mode: int = ms.PATH_MODE_MAIN_PATH
     head_sequence: int = 0
     since_sequence: int = 0
     limit: int = 0
@@ -54,6 +63,14 @@ class CopyState:
     outbox: int = 0  # messages appended here, not yet at home (a turn running on the copy)
     outbox_pending: int = 0  # of those, still pending (0 with an outbox: its turn died unsent)
     pending_from: int = 0  # the lowest sequence of a message still pending at home (0: none)
+
+
+@dataclass(frozen=True)
+class TraceCopy:
+    """The local copy of a peer's trace that a turn runs on (`TraceStore.copy_for_turn`)."""
+
+    trace_id: str  # the copy's local id
+    home: str  # the trace's id at its home, @alias/id
 
 
 @dataclass
@@ -97,11 +114,14 @@ async def each_apart(
 
 
 class TraceStore(abc.ABC):
-    """Traces (sessions) and their messages."""
+    """Traces: what persists them. The handlers have checked the arguments (docs/design/trace-service.md);
+    a store scopes every read and write to `owner` and raises NotFound for a trace the owner does not
+    have, missing or not theirs alike."""
 
     @abc.abstractmethod
-    async def create_trace(self, owner: str, trace: tp.Trace, trace_id: str = "") -> tp.Trace:
-        """A new trace of `owner` (the user is created when new); AlreadyExists for a taken id."""
+    async def create_trace(self, owner: str, trace: tp.Trace, trace_id: str) -> tp.Trace:
+        """Stores a new trace of `owner` (the user is created when new) with its agent, kind, title and
+        visible_in_sidebar, under `trace_id` (empty: a new random id); AlreadyExists for a taken id."""
 
     @abc.abstractmethod
     async def get_trace(self, owner: str, trace_id: str) -> tp.Trace:
@@ -112,27 +132,42 @@ class TraceStore(abc.ABC):
         """(messages in every branch, messages on the main path)."""
 
     @abc.abstractmethod
-    async def list_traces(self, owner: str, page_size: int, page_token: str) -> tuple[list[tp.Trace], str]:
-        """The owner's sessions, most recently active first, and the next page's token."""
+    async def list_traces(self, owner: str, limit: int, after: Cursor | None) -> list[tp.Trace]:
+        """At most `limit` of the owner's listed traces (chat ones, and hidden ones that are
+        visible_in_sidebar; never a cached copy of a peer's), most recently active first (by update
+        time, then id), after `after`."""
 
     @abc.abstractmethod
-    async def update_trace(self, owner: str, trace: tp.Trace, paths: Sequence[str]) -> tp.Trace:
-        """Changes title and/or visible_in_sidebar."""
+    async def update_trace(self, owner: str, trace: tp.Trace, fields: Collection[str]) -> tp.Trace:
+        """Sets the `fields` (title, visible_in_sidebar) of trace `trace.id` from `trace`."""
 
     @abc.abstractmethod
     async def delete_traces(self, owner: str, trace_ids: Sequence[str] | None) -> Deleted:
-        """Deletes the traces (None: every trace of the owner) and everything under them."""
+        """Deletes the traces (None: every trace of the owner) and everything under them: their
+        messages, their A2A tasks and the callees' traces, their subagents and the subagents' traces,
+        recursively, in one unit of work."""
 
     @abc.abstractmethod
     async def set_head(self, owner: str, trace_id: str, head_sequence: int) -> tp.Trace:
-        """Moves the head to an existing message."""
+        """Moves the head to the message of `head_sequence`."""
+
+    async def copy_for_turn(self, owner: str, trace_id: str) -> TraceCopy | None:
+        """For a turn on `trace_id` that runs here (agent-invoke continueFrom): the local copy of a
+        peer's trace, brought up to date now (the peer must answer); None when the trace is ours. A
+        store that holds only this mesh's traces has no copies: None."""
+        return None
+
+
+class MessageStore(abc.ABC):
+    """Messages of traces: what persists them, under the same terms as TraceStore's."""
 
     @abc.abstractmethod
     async def append_message(
         self, owner: str, message: tp.Message, parent_sequence: int | None = None
     ) -> tp.Message:
-        """Stores the next message (sequence = last + 1) after the head (or parent_sequence; 0: a root)
-        and moves the head to it."""
+        """Stores the next message of `message.trace_id` (sequence = last + 1) after the head (or
+        parent_sequence; 0: a root) and moves the head to it; InvalidArgument when the trace has no
+        message of parent_sequence."""
 
     async def append_each(self, appends: Sequence[Append]) -> list[tp.Message | MeshError]:
         """Each append as append_message does it, on its own (one that fails fails only itself), in
@@ -161,11 +196,13 @@ class TraceStore(abc.ABC):
     async def create_trace_with_messages(
         self, owner: str, trace: tp.Trace, trace_id: str, messages: Sequence[tp.Message]
     ) -> tuple[tp.Trace, list[tp.Message]]:
-        """A new trace (as create_trace) holding `messages` (as append_messages), all or nothing."""
+        """A new trace (as TraceStore.create_trace) holding `messages` (as append_messages), all or
+        nothing."""
 
     @abc.abstractmethod
-    async def update_message(self, owner: str, message: tp.Message, paths: Sequence[str]) -> tp.Message:
-        """Changes content, thinking, metadata, model, usage and/or status."""
+    async def update_message(self, owner: str, message: tp.Message, fields: Collection[str]) -> tp.Message:
+        """Sets the `fields` (content, thinking, metadata, model, usage, status) of message `message.id`
+        from `message`, and moves its trace's update time."""
 
     @abc.abstractmethod
     async def get_message(self, owner: str, message_id: int) -> tp.Message:
@@ -173,7 +210,8 @@ class TraceStore(abc.ABC):
 
     @abc.abstractmethod
     async def list_messages(self, owner: str, query: MessageQuery) -> MessagePage:
-        """The main path (or every branch), by sequence, paged."""
+        """The main path (or every branch), by sequence, after since_sequence, paged by offset and limit
+        (the effective one: never 0); InvalidArgument when head_sequence is not a message of the trace."""
 
 
 class CopyStore(abc.ABC):
@@ -209,41 +247,50 @@ class CopyStore(abc.ABC):
 
 @dataclass(frozen=True)
 class InboundTaskQuery:
-    """Which inbound tasks to list: filters (empty: any) and the page."""
+    """Which inbound tasks to list: filters (empty: any)."""
 
     callee_agent: str = ""
     trace_id: str = ""
     state: int = 0
-    page_size: int = 0
-    page_token: str = ""
 
 
 class TaskStore(abc.ABC):
-    """Agent-invoke tasks (docs/requirements.md#invoke-task-rows)."""
+    """Agent-invoke tasks (docs/requirements.md#invoke-task-rows), under the same terms as TraceStore's."""
 
     @abc.abstractmethod
     async def create_task(self, owner: str, task: tp.A2ATask, continue_trace_id: str = "") -> tp.A2ATask:
-        """A task (submitted) with the callee's hidden trace, new or continued."""
+        """A task (in the state given) with the callee's hidden trace: a new one, or `continue_trace_id`
+        (its update time moves; it becomes visible_in_sidebar with the task). InvalidArgument for a
+        callee that is no agent of the owner's (a peer's agent, @alias/slug, is not looked up)."""
 
     @abc.abstractmethod
-    async def update_task_state(self, owner: str, task_id: str, state: int) -> tp.A2ATask:
-        """Moves the state; a final state stays (FailedPrecondition)."""
+    async def update_task(
+        self, owner: str, task_id: str, change: Callable[[tp.A2ATask], tp.A2ATask]
+    ) -> tp.A2ATask:
+        """In one unit of work: the task as stored, given to `change` (which may raise: nothing is
+        written), and its new state stored (with its update time, when it changed)."""
 
     @abc.abstractmethod
     async def get_task(self, owner: str, task_id: str) -> tp.A2ATask: ...
 
     @abc.abstractmethod
-    async def list_tasks(self, owner: str, caller_session_id: str) -> list[tp.A2ATask]:
-        """The tasks a caller session started, oldest first."""
+    async def list_tasks(self, owner: str, caller_trace_id: str) -> list[tp.A2ATask]:
+        """The tasks a caller trace started, oldest first."""
 
     @abc.abstractmethod
-    async def list_inbound_tasks(self, owner: str, query: InboundTaskQuery) -> tuple[list[tp.A2ATask], str]:
-        """The owner's inbound tasks (no session of the mesh started them: A2A clients' calls), newest
-        first, one page; with the next page's token ("" on the last)."""
+    async def list_inbound_tasks(
+        self, owner: str, query: InboundTaskQuery, limit: int, after: Cursor | None
+    ) -> list[tp.A2ATask]:
+        """At most `limit` of the owner's inbound tasks (no trace of the mesh started them: A2A
+        clients' calls) that match `query`, newest first (by create time, then id), after `after`."""
+
+
+# A change of one subagent, given its row as stored and the time of the change: the row as it is to be.
+SubagentChange = Callable[[tp.SubagentSession, datetime], tp.SubagentSession]
 
 
 class SubagentStore(abc.ABC):
-    """Subagent rows (docs/requirements.md#subagent-rows)."""
+    """Subagent rows (docs/requirements.md#subagent-rows), under the same terms as TraceStore's."""
 
     @abc.abstractmethod
     async def create_subagents(
@@ -252,21 +299,20 @@ class SubagentStore(abc.ABC):
         rows: Sequence[tp.SubagentSession],
         turns: Sequence[tuple[tp.Message, tp.Message]] = (),
     ) -> tuple[list[tp.SubagentSession], list[tuple[tp.Message, tp.Message]]]:
-        """The rows of one batch, each with its hidden trace, in one transaction; with `turns` (one per
-        row: a user message and a placeholder), each hidden trace begins with its turn's two messages
-        (returned as stored)."""
-
-    @abc.abstractmethod
-    async def update_subagent(
-        self, owner: str, row: tp.SubagentSession, paths: Sequence[str]
-    ) -> tp.SubagentSession:
-        """Changes the fields in `paths`; the status moves only forward."""
+        """The rows of one batch (their source type and status given), each with its hidden trace, in
+        one transaction; with `turns` (one per row: a user message and a placeholder), each hidden
+        trace begins with its turn's two messages (returned as stored). InvalidArgument when a row's
+        anchor is no message of its trace, or it names an agent that is none of the owner's, or none
+        runs it (no preset agent, and neither the row nor its trace names one)."""
 
     @abc.abstractmethod
     async def update_subagents(
-        self, owner: str, updates: Sequence[tuple[tp.SubagentSession, Sequence[str]]]
+        self, owner: str, changes: Sequence[tuple[str, SubagentChange]]
     ) -> list[tp.SubagentSession]:
-        """Several rows' changes (row, paths), each as `update_subagent`, in one transaction, all or none."""
+        """In one transaction, all or none: each (subagent id, change) in order, the row as stored (as
+        an earlier change of the same call left it) given to the change, and the row it returns stored
+        (status, model, tool_names, summary, result_payload, error, token_usage, start and end times;
+        the update time moves). A change may raise: nothing is written."""
 
     @abc.abstractmethod
     async def get_subagent(self, owner: str, subagent_id: str) -> tp.SubagentSession: ...

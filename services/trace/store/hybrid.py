@@ -1,8 +1,7 @@
-"""HybridTraceStore (docs/requirements.md#hybrid-trace-store, #remote-trace-cache): one TraceStore
-that routes by trace
-reference. A local id goes to the local store; `@alias/id` or `agent://host[:port]/id` goes to the
-registered peer it names (libs.peers refuses anything else before any connection), read through a
-cached copy in our own database:
+"""HybridTraceStore (docs/requirements.md#hybrid-trace-store, #remote-trace-cache): one TraceStore and
+MessageStore that routes by trace reference. A local id goes to the local stores; `@alias/id` or
+`agent://host[:port]/id` goes to the registered peer it names (libs.peers refuses anything else
+before any connection), read through a cached copy in our own database:
 
 - a read brings the copy up to date first (the first read fetches everything; later ones only what is
   after the last sequence held, plus any message still pending there), then answers from the copy, with
@@ -16,15 +15,15 @@ cached copy in our own database:
   dropped (the next sync brings them back under the peer's sequences); a turn that fails or cannot be
   sent home leaves nothing behind: never a silent local fork.
 
-The runtime and the orchestrator see one TraceStore behind TraceService and never know where a trace
-lives.
+The handlers, and behind them the runtime and the orchestrator, see one store and never know where a
+trace lives. It holds no rule of the domain: the handlers have applied them before it is called.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from agentmesh.libs.errors import (
@@ -38,6 +37,7 @@ from agentmesh.libs.errors import (
 from agentmesh.libs.ids import TraceRef
 from agentmesh.libs.peer_http import NotSent, PeerClients
 from agentmesh.libs.peers import Peer, PeerRegistry
+from agentmesh.services.trace.domain import FINAL_MESSAGE_STATES, Cursor
 from agentmesh.services.trace.store.base import (
     Append,
     CopyState,
@@ -45,16 +45,17 @@ from agentmesh.services.trace.store.base import (
     Deleted,
     MessagePage,
     MessageQuery,
+    MessageStore,
+    TraceCopy,
     TraceStore,
     each_apart,
 )
 from agentmesh.services.trace.store.remote import RemoteTraceStore
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 log = logging.getLogger(__name__)
 UNREACHABLE = (Unavailable, DeadlineExceeded, ResourceExhausted)
-FINAL = {tp.MESSAGE_STATUS_COMPLETED, tp.MESSAGE_STATUS_FAILED, tp.MESSAGE_STATUS_CANCELLED}
 
 
 def unconfirmed(r: Remote, err: MeshError, what: str = "") -> Unavailable:
@@ -80,16 +81,18 @@ class Remote:
         return str(self.ref)
 
 
-class HybridTraceStore(TraceStore):
+class HybridTraceStore(TraceStore, MessageStore):
     def __init__(
         self,
         local: TraceStore,
+        local_messages: MessageStore,
         copies: CopyStore,
         registry: PeerRegistry | None = None,
         peers: PeerClients | None = None,
         page_size: int = 1000,
     ) -> None:
         self.local = local
+        self.messages = local_messages
         self.copies = copies
         self.registry = registry or PeerRegistry()
         self.peers = peers
@@ -129,7 +132,7 @@ class HybridTraceStore(TraceStore):
             while True:
                 page = await r.store.list_messages(
                     owner,
-                    MessageQuery(r.ref.id, mode=ts.PATH_MODE_ALL, since_sequence=since, limit=self.page_size),
+                    MessageQuery(r.ref.id, mode=ms.PATH_MODE_ALL, since_sequence=since, limit=self.page_size),
                 )
                 done = len(page.messages) < self.page_size
                 state = await self.copies.save(owner, r.home, trace, page.messages, final=done)
@@ -172,14 +175,14 @@ class HybridTraceStore(TraceStore):
     async def list_messages(self, owner: str, query: MessageQuery) -> MessagePage:
         r = self.remote(query.trace_id, owner)
         if r is None:
-            return await self.local.list_messages(owner, query)
+            return await self.messages.list_messages(owner, query)
         state, stale = await self.sync(owner, r, allow_stale=True)
         if self.peers is not None:
             self.peers.metrics.trace_reads.labels(r.peer.alias, "stale" if stale else "fresh").inc()
         local = MessageQuery(
             state.trace_id, query.mode, query.head_sequence, query.since_sequence, query.limit, query.offset
         )
-        page = await self.local.list_messages(owner, local)
+        page = await self.messages.list_messages(owner, local)
         for m in page.messages:
             self._out(m, r)
         fresh = await self.copies.find(owner, r.home)
@@ -187,27 +190,27 @@ class HybridTraceStore(TraceStore):
         page.sync_time = fresh.synced_at if fresh else None
         return page
 
-    async def list_traces(self, owner: str, page_size: int, page_token: str) -> tuple[list[tp.Trace], str]:
-        return await self.local.list_traces(owner, page_size, page_token)
+    async def list_traces(self, owner: str, limit: int, after: Cursor | None) -> list[tp.Trace]:
+        return await self.local.list_traces(owner, limit, after)
 
     async def get_message(self, owner: str, message_id: int) -> tp.Message:
-        return await self.local.get_message(owner, message_id)
+        return await self.messages.get_message(owner, message_id)
 
     # ---- writes -----------------------------------------------------------------------------------
 
-    async def create_trace(self, owner: str, trace: tp.Trace, trace_id: str = "") -> tp.Trace:
+    async def create_trace(self, owner: str, trace: tp.Trace, trace_id: str) -> tp.Trace:
         return await self.local.create_trace(owner, trace, trace_id)
 
     async def create_trace_with_messages(
         self, owner: str, trace: tp.Trace, trace_id: str, messages: Sequence[tp.Message]
     ) -> tuple[tp.Trace, list[tp.Message]]:
-        return await self.local.create_trace_with_messages(owner, trace, trace_id, messages)
+        return await self.messages.create_trace_with_messages(owner, trace, trace_id, messages)
 
     async def append_message(
         self, owner: str, message: tp.Message, parent_sequence: int | None = None
     ) -> tp.Message:
         if self.remote(message.trace_id, owner) is None:
-            return await self.local.append_message(owner, message, parent_sequence)
+            return await self.messages.append_message(owner, message, parent_sequence)
         (out,) = await self.append_messages(owner, message.trace_id, [message], parent_sequence)
         return out
 
@@ -220,8 +223,8 @@ class HybridTraceStore(TraceStore):
 
         async def both(found: list[tuple[Append, bool]]) -> list[tp.Message | MeshError]:
             local, peers = await asyncio.gather(
-                self.local.append_each([a for a, here in found if here]),
-                super(HybridTraceStore, self).append_each([a for a, here in found if not here]),
+                self.messages.append_each([a for a, here in found if here]),
+                MessageStore.append_each(self, [a for a, here in found if not here]),
             )
             mine, theirs = iter(local), iter(peers)
             return [next(mine) if here else next(theirs) for _, here in found]
@@ -233,7 +236,7 @@ class HybridTraceStore(TraceStore):
     ) -> list[tp.Message]:
         r = self.remote(trace_id, owner)
         if r is None:
-            return await self.local.append_messages(owner, trace_id, messages, parent_sequence)
+            return await self.messages.append_messages(owner, trace_id, messages, parent_sequence)
         if any(m.status == tp.MESSAGE_STATUS_PENDING for m in messages):
             # A turn of a local agent: into the copy's outbox, sent home when it completes.
             state, _ = await self.sync(owner, r, allow_stale=False)
@@ -243,7 +246,7 @@ class HybridTraceStore(TraceStore):
                 c.CopyFrom(m)
                 c.trace_id = state.trace_id
                 copied.append(c)
-            stored = await self.local.append_messages(owner, state.trace_id, copied, parent_sequence)
+            stored = await self.messages.append_messages(owner, state.trace_id, copied, parent_sequence)
             return [self._out(m, r) for m in stored]
         try:
             sent = await r.store.append_messages(owner, r.ref.id, messages, parent_sequence)
@@ -255,9 +258,9 @@ class HybridTraceStore(TraceStore):
             log.info("could not refresh the copy of %s after an append: %s", r.home, err.message)
         return [self._out(m, r) for m in sent]
 
-    async def update_message(self, owner: str, message: tp.Message, paths: Sequence[str]) -> tp.Message:
-        out = await self.local.update_message(owner, message, paths)
-        if "status" not in paths or out.status not in FINAL:
+    async def update_message(self, owner: str, message: tp.Message, fields: Collection[str]) -> tp.Message:
+        out = await self.messages.update_message(owner, message, fields)
+        if "status" not in fields or out.status not in FINAL_MESSAGE_STATES:
             return out
         state = await self.copies.of_trace(owner, out.trace_id)
         if state is None or out.sequence <= state.home_sequence:
@@ -285,10 +288,10 @@ class HybridTraceStore(TraceStore):
             log.info("could not refresh the copy of %s after sending a turn: %s", r.home, err.message)
         return self._out(sent[-1], r)
 
-    async def update_trace(self, owner: str, trace: tp.Trace, paths: Sequence[str]) -> tp.Trace:
+    async def update_trace(self, owner: str, trace: tp.Trace, fields: Collection[str]) -> tp.Trace:
         if self.remote(trace.id, owner) is not None:
             raise FailedPrecondition("a peer's trace is renamed at its home")
-        return await self.local.update_trace(owner, trace, paths)
+        return await self.local.update_trace(owner, trace, fields)
 
     async def set_head(self, owner: str, trace_id: str, head_sequence: int) -> tp.Trace:
         if self.remote(trace_id, owner) is not None:
@@ -311,11 +314,11 @@ class HybridTraceStore(TraceStore):
             local_ids.append(state.trace_id)
         return await self.local.delete_traces(owner, local_ids)
 
-    async def copy_for_turn(self, owner: str, trace_id: str) -> tuple[str, str] | None:
-        """For agent-invoke continueFrom: (the copy's local id, the home id) of a peer's trace, synced
-        now (the peer must answer: a turn appends to it); None for a local id."""
+    async def copy_for_turn(self, owner: str, trace_id: str) -> TraceCopy | None:
+        """For agent-invoke continueFrom: the copy of a peer's trace, synced now (the peer must answer:
+        a turn appends to it); None for a local id."""
         r = self.remote(trace_id, owner)
         if r is None:
             return None
         state, _ = await self.sync(owner, r, allow_stale=False)
-        return state.trace_id, r.home
+        return TraceCopy(state.trace_id, r.home)

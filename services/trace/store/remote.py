@@ -6,17 +6,18 @@ size bound, TLS verified). The peer decides who we are from the credential of it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from agentmesh.libs.errors import FailedPrecondition, Unavailable
 from agentmesh.libs.peer_http import PeerClient
 from agentmesh.libs.protojson import from_json, to_json
-from agentmesh.services.trace.store.base import Deleted, MessagePage, MessageQuery, TraceStore
+from agentmesh.services.trace.domain import Cursor
+from agentmesh.services.trace.store.base import Deleted, MessagePage, MessageQuery, MessageStore, TraceStore
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 
-MODES: dict[int, str] = {ts.PATH_MODE_ALL: "all"}  # anything else: the main path
+MODES: dict[int, str] = {ms.PATH_MODE_ALL: "all"}  # anything else: the main path
 # What a message sent home carries (ids, sequences and times are the peer's to give).
 SENT_FIELDS = ("role", "content", "thinking", "metadata", "model", "usage", "status", "source")
 
@@ -34,7 +35,7 @@ def outgoing(message: tp.Message) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k in SENT_FIELDS}
 
 
-class RemoteTraceStore(TraceStore):
+class RemoteTraceStore(TraceStore, MessageStore):
     def __init__(self, client: PeerClient) -> None:
         self.client = client
 
@@ -86,13 +87,13 @@ class RemoteTraceStore(TraceStore):
 
     # ---- what a peer's trace does not do from here ------------------------------------------------
 
-    async def create_trace(self, owner: str, trace: tp.Trace, trace_id: str = "") -> tp.Trace:
+    async def create_trace(self, owner: str, trace: tp.Trace, trace_id: str) -> tp.Trace:
         raise self._refused("creating")
 
-    async def list_traces(self, owner: str, page_size: int, page_token: str) -> tuple[list[tp.Trace], str]:
+    async def list_traces(self, owner: str, limit: int, after: Cursor | None) -> list[tp.Trace]:
         raise self._refused("listing")
 
-    async def update_trace(self, owner: str, trace: tp.Trace, paths: Sequence[str]) -> tp.Trace:
+    async def update_trace(self, owner: str, trace: tp.Trace, fields: Collection[str]) -> tp.Trace:
         raise self._refused("changing")
 
     async def delete_traces(self, owner: str, trace_ids: Sequence[str] | None) -> Deleted:
@@ -106,7 +107,7 @@ class RemoteTraceStore(TraceStore):
     ) -> tuple[tp.Trace, list[tp.Message]]:
         raise self._refused("creating")
 
-    async def update_message(self, owner: str, message: tp.Message, paths: Sequence[str]) -> tp.Message:
+    async def update_message(self, owner: str, message: tp.Message, fields: Collection[str]) -> tp.Message:
         raise self._refused("changing a message of")
 
     async def get_message(self, owner: str, message_id: int) -> tp.Message:

@@ -18,6 +18,8 @@ import yaml
 
 from agentmesh.libs import identity
 from agentmesh.libs.ids import TraceRef
+from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.e2e.a2a.remote_server import KEY, Remote, start_remote
@@ -118,14 +120,14 @@ def tool_result(events: list[dict[str, Any]]) -> dict[str, Any]:
 async def messages_of(mesh: Mesh, trace_id: str) -> list[tp.Message]:
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
-        resp = await mesh.clients.trace.ListMessages(ts.ListMessagesRequest(trace_id=trace_id))
+        resp = await mesh.clients.messages.ListMessages(ms.ListMessagesRequest(trace_id=trace_id))
     return list(resp.messages)
 
 
 async def task_row(mesh: Mesh, task_id: str) -> tp.A2ATask:
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
-        return (await mesh.clients.trace.GetA2ATask(ts.GetA2ATaskRequest(task_id=task_id))).task
+        return (await mesh.clients.tasks.GetA2ATask(tks.GetA2ATaskRequest(task_id=task_id))).task
 
 
 async def test_remote_agent_streams_and_persists(mesh: Mesh, remote: Remote) -> None:
@@ -209,7 +211,7 @@ async def _start_chat(mesh: Mesh, message: str) -> tuple[asyncio.Task[list[dict[
             traces = (await mesh.clients.trace.ListTraces(ts.ListTracesRequest())).traces
             for trace in traces:
                 tasks = (
-                    await mesh.clients.trace.ListA2ATasks(ts.ListA2ATasksRequest(caller_session_id=trace.id))
+                    await mesh.clients.tasks.ListA2ATasks(tks.ListA2ATasksRequest(caller_trace_id=trace.id))
                 ).tasks
                 for task in tasks:
                     if task.state == tp.TASK_STATE_WORKING:

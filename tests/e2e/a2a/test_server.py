@@ -20,8 +20,9 @@ from a2a.types import a2a_pb2 as a2a
 from a2a.utils.constants import TransportProtocol
 
 from agentmesh.libs import identity
+from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.e2e.a2a.clients import Key, sdk_client, state_of, text_message, text_of
 from tests.mesh import BACKENDS, Mesh, mesh_on, wait_until
 
@@ -58,13 +59,13 @@ async def mesh(
 async def task_row(mesh: Mesh, task_id: str) -> tp.A2ATask:
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
-        return (await mesh.clients.trace.GetA2ATask(ts.GetA2ATaskRequest(task_id=task_id))).task
+        return (await mesh.clients.tasks.GetA2ATask(tks.GetA2ATaskRequest(task_id=task_id))).task
 
 
 async def messages_of(mesh: Mesh, trace_id: str) -> list[tp.Message]:
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
-        resp = await mesh.clients.trace.ListMessages(ts.ListMessagesRequest(trace_id=trace_id))
+        resp = await mesh.clients.messages.ListMessages(ms.ListMessagesRequest(trace_id=trace_id))
     return list(resp.messages)
 
 
@@ -96,7 +97,7 @@ async def test_stream_persists_a_hidden_a2a_trace(mesh: Mesh, binding: str) -> N
     first = responses[0].task
     task = await task_row(mesh, first.id)
     assert task.trace_id == first.context_id and task.state == tp.TASK_STATE_COMPLETED
-    assert task.callee_agent == "echo" and not task.caller_session_id
+    assert task.callee_agent == "echo" and not task.caller_trace_id
     messages = await messages_of(mesh, task.trace_id)
     assert [(m.role, m.source, m.a2a_task_id) for m in messages] == [
         (tp.MESSAGE_ROLE_USER, tp.MESSAGE_SOURCE_A2A, first.id),
@@ -260,8 +261,8 @@ async def test_cancel_cancels_the_whole_tree(mesh: Mesh) -> None:
     async def nested() -> list[tp.A2ATask]:
         assert mesh.clients is not None
         with identity.acting_as(mesh.user):
-            resp = await mesh.clients.trace.ListA2ATasks(
-                ts.ListA2ATasksRequest(caller_session_id=task.context_id)
+            resp = await mesh.clients.tasks.ListA2ATasks(
+                tks.ListA2ATasksRequest(caller_trace_id=task.context_id)
             )
         return [t for t in resp.tasks if t.state == tp.TASK_STATE_WORKING]
 

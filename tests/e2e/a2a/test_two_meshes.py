@@ -18,8 +18,8 @@ import yaml
 from agentmesh.libs import identity
 from agentmesh.libs.ids import TraceRef
 from agentmesh.services.agent_runtime.a2a_client import call_remote_agent
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.e2e.a2a.test_client import RULES, _panel_until, _start_chat, tool_result
 from tests.mesh import Mesh, Ports, chat, start_mesh
 
@@ -93,7 +93,7 @@ async def _task_at(callee: Mesh, user: str, trace_id: str) -> list[tp.Message]:
     assert callee.clients is not None
     with identity.acting_as(user):
         return list(
-            (await callee.clients.trace.ListMessages(ts.ListMessagesRequest(trace_id=trace_id))).messages
+            (await callee.clients.messages.ListMessages(ms.ListMessagesRequest(trace_id=trace_id))).messages
         )
 
 
@@ -113,7 +113,9 @@ async def test_meshes_call_each_other(meshes: tuple[Mesh, Mesh], direction: str)
     assert caller.clients is not None
     with identity.acting_as(caller.user):  # our copy of the exchange, with the usage the callee reported
         copy = (
-            await caller.clients.trace.ListMessages(ts.ListMessagesRequest(trace_id=result["localTraceId"]))
+            await caller.clients.messages.ListMessages(
+                ms.ListMessagesRequest(trace_id=result["localTraceId"])
+            )
         ).messages
     assert copy[-1].content == "echo: ping" and copy[-1].usage.output_tokens > 0
     assert copy[-1].metadata["remoteContextId"] == ref.id

@@ -18,7 +18,6 @@ import pytest
 
 from agentmesh.libs import events as evlib
 from agentmesh.libs import identity
-from agentmesh.stream.v1 import stream_service_pb2 as ss
 from tests.mesh import (
     BACKENDS,
     TREE_RULE,
@@ -122,12 +121,9 @@ async def test_a_service_killed_mid_turn_leaves_no_stream_open_and_nothing_pendi
             readers, (f"trace:{session}", f"a2a:{task_id}", f"subagent:{sub_id}"), strict=True
         ):
             with identity.acting_as(mesh.user):
-                stored = [
-                    evlib.to_dict(r.event, with_offset=True)
-                    async for r in mesh.clients.stream.SubscribeStream(
-                        ss.SubscribeStreamRequest(key=key), timeout=10
-                    )
-                ]
+                buffer = mesh.clients.follows.follow(key)
+            async with asyncio.timeout(10):
+                stored = [evlib.to_dict(e, with_offset=True) async for e in buffer]
             by_offset = {e["offset"]: e for e in stored}
             for seen in reader.events:  # every stored event seen (text deltas merge differently per read)
                 if seen.get("_id") and seen["type"] != "text-delta":

@@ -29,6 +29,12 @@ SERVICES = {
     "agent-runtime": "agentmesh.runtime.v1.AgentRuntimeService",
     "orchestrator": "agentmesh.orchestrator.v1.OrchestratorService",
 }
+# The other services of the trace process (each has its own health status too).
+TRACE_SERVICES = [f"agentmesh.trace.v1.{s}Service" for s in ("Message", "Task", "Subagent")] + [
+    "agentmesh.agents.v1.AgentService",
+    "agentmesh.auth.v1.AuthService",
+    "agentmesh.leases.v1.LeaseService",
+]
 
 
 @pytest.fixture
@@ -53,6 +59,8 @@ async def test_every_service_reports_serving(mesh: Mesh) -> None:
         server = mesh.servers[name]
         assert await health(server.target, service) == health_pb2.HealthCheckResponse.SERVING
         assert await health(server.target, "") == health_pb2.HealthCheckResponse.SERVING
+    for service in TRACE_SERVICES:
+        assert await health(mesh.servers["trace"].target, service) == health_pb2.HealthCheckResponse.SERVING
     async with mesh.http() as http:
         assert (await http.get("/healthz")).json() == {"status": "ok"}
 

@@ -54,6 +54,9 @@ def test_the_wheel_holds_one_import_root_the_generated_code_and_the_vendor_files
     for needed in (
         "agentmesh/trace/v1/trace_service_pb2.py",
         "agentmesh/trace/v1/trace_service_pb2_grpc.py",
+        "agentmesh/trace/v1/message_service_pb2_grpc.py",
+        "agentmesh/trace/v1/task_service_pb2_grpc.py",
+        "agentmesh/trace/v1/subagent_service_pb2_grpc.py",
         "agentmesh/services/trace/migrations/env.py",
         "agentmesh/services/trace/alembic.ini",
         "agentmesh/gateway/static/index.html",

@@ -21,9 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentmesh.libs import events as evlib
 from agentmesh.libs import identity
-from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.mesh import (
     TREE_RULE,
     ProcessMesh,
@@ -150,7 +149,7 @@ async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(mesh:
         text = "".join(e["textDelta"] for e in head + rest if e["type"] == "text-delta")
         assert len(text) < len("long " * WORDS)  # stopped before the model's reply was over
         with identity.acting_as(mesh.user):
-            msgs = await mesh.clients.trace.ListMessages(ts.ListMessagesRequest(trace_id=session))
+            msgs = await mesh.clients.messages.ListMessages(ms.ListMessagesRequest(trace_id=session))
         assert msgs.messages[-1].status == tp.MESSAGE_STATUS_CANCELLED
         took = [o for o in mesh.names("orchestrator") if await handled(mesh, o, "CancelTurn") > before[o]]
         if running and took and running != took:
@@ -230,12 +229,9 @@ async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(mesh:
     # Nothing a reader saw is missing from its buffer (Redis kept every acknowledged event).
     for reader, key in readers:
         with identity.acting_as(mesh.user):
-            stored = [
-                evlib.to_dict(r.event, with_offset=True)
-                async for r in mesh.clients.stream.SubscribeStream(
-                    ss.SubscribeStreamRequest(key=key), timeout=10
-                )
-            ]
+            follow = mesh.clients.follows.follow(key)
+        async with asyncio.timeout(10):
+            stored = [evlib.to_dict(e, with_offset=True) async for e in follow]
         by_offset = {e["offset"]: e for e in stored}
         for seen in reader.events:
             if seen.get("_id") and seen["type"] != "text-delta":

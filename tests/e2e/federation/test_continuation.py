@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from agentmesh.libs import identity
-from agentmesh.trace.v1 import trace_service_pb2 as ts
+from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from tests.e2e.federation.conftest import RULES, Fed
 from tests.mesh import Mesh, chat, sse_events, wait_request
 
@@ -104,8 +105,8 @@ async def test_a_local_turn_on_a_peers_trace_fails_cleanly_when_the_peer_is_down
     assert "during" not in home
     assert fed.cloud.clients is not None
     with identity.acting_as(fed.cloud.user):  # no turn left running on the copy: no pending row
-        page = await fed.cloud.clients.trace.ListMessages(
-            ts.ListMessagesRequest(trace_id=ref, mode=ts.PATH_MODE_ALL, limit=1000)
+        page = await fed.cloud.clients.messages.ListMessages(
+            ms.ListMessagesRequest(trace_id=ref, mode=ms.PATH_MODE_ALL, limit=1000)
         )
     assert all(m.content != "during" for m in page.messages)
 
@@ -188,8 +189,8 @@ async def test_a_turn_that_died_on_a_copy_leaves_nothing_behind(fed: Fed) -> Non
     )
     pending = tp.Message(role=tp.MESSAGE_ROLE_ASSISTANT, status=tp.MESSAGE_STATUS_PENDING)
     with identity.acting_as(fed.cloud.user):
-        begun = await fed.cloud.clients.trace.BeginTurn(
-            ts.BeginTurnRequest(trace_id=ref, user_message=user, assistant_message=pending)
+        begun = await fed.cloud.clients.messages.BeginTurn(
+            ms.BeginTurnRequest(trace_id=ref, user_message=user, assistant_message=pending)
         )
     assert begun.assistant_message.trace_id == ref
     assert "a turn that dies" in await messages(fed.cloud, ref)  # the run's history: the copy, with it
@@ -230,7 +231,7 @@ async def test_a_peer_dying_while_its_agent_streams(fed: Fed) -> None:
     assert fed.cloud.clients is not None
     with identity.acting_as(fed.cloud.user):
         task = (
-            await fed.cloud.clients.trace.GetA2ATask(ts.GetA2ATaskRequest(task_id=started["taskId"]))
+            await fed.cloud.clients.tasks.GetA2ATask(tks.GetA2ATaskRequest(task_id=started["taskId"]))
         ).task
     from agentmesh.trace.v1 import trace_pb2 as tp
 

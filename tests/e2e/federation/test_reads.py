@@ -205,8 +205,7 @@ async def test_deleting_the_owners_data_deletes_the_cached_copies(fed: Fed) -> N
     from sqlalchemy.ext.asyncio import create_async_engine
 
     from agentmesh.libs import identity
-    from agentmesh.services.trace.store.sql.common import Database  # noqa: F401  (the copy is a row of sessions)
-    from agentmesh.trace.v1 import trace_service_pb2 as ts
+    from agentmesh.services.trace.store.sql.common import Database  # noqa: F401  (the copy is a row of traces)
 
     engine = create_async_engine(
         fed.cloud.settings.model_copy(update={"database_url": _pg(fed)}).sqlalchemy_url
@@ -215,16 +214,14 @@ async def test_deleting_the_owners_data_deletes_the_cached_copies(fed: Fed) -> N
         async with engine.connect() as conn:
             rows = (
                 await conn.execute(
-                    sa.text(
-                        "SELECT u.name FROM sessions s JOIN users u ON u.id = s.user_id WHERE s.home = :h"
-                    ),
+                    sa.text("SELECT u.name FROM traces s JOIN users u ON u.id = s.user_id WHERE s.home = :h"),
                     {"h": f"@orgb/{tid}"},
                 )
             ).all()
     finally:
         await engine.dispose()
     assert [r[0] for r in rows] == ["dave-fed"]
-    del identity, ts
+    del identity
 
 
 def _pg(fed: Fed) -> str:
@@ -266,7 +263,7 @@ async def test_a_cached_copy_takes_no_turn_by_its_local_id(fed: Fed) -> None:
             async with engine.connect() as conn:
                 copy_id = (
                     await conn.execute(
-                        sa.text("SELECT id FROM sessions WHERE home = :h"), {"h": f"@orgb/{tid}"}
+                        sa.text("SELECT id FROM traces WHERE home = :h"), {"h": f"@orgb/{tid}"}
                     )
                 ).scalar_one()
         finally:

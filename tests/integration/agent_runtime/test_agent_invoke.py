@@ -14,7 +14,8 @@ from google.protobuf import field_mask_pb2
 from agentmesh.libs import events as evlib
 from agentmesh.libs import identity
 from agentmesh.libs.ids import a2a_key
-from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.mesh import (
@@ -97,15 +98,15 @@ def rules(mesh: Mesh) -> None:
 async def tasks_of(mesh: Mesh, session_id: str) -> list[tp.A2ATask]:
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
-        resp = await mesh.clients.trace.ListA2ATasks(ts.ListA2ATasksRequest(caller_session_id=session_id))
+        resp = await mesh.clients.tasks.ListA2ATasks(tks.ListA2ATasksRequest(caller_trace_id=session_id))
     return list(resp.tasks)
 
 
 async def messages_of(mesh: Mesh, trace_id: str) -> list[tp.Message]:
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
-        resp = await mesh.clients.trace.ListMessages(
-            ts.ListMessagesRequest(trace_id=trace_id, mode=ts.PATH_MODE_ALL)
+        resp = await mesh.clients.messages.ListMessages(
+            ms.ListMessagesRequest(trace_id=trace_id, mode=ms.PATH_MODE_ALL)
         )
     return list(resp.messages)
 
@@ -115,8 +116,10 @@ async def buffer(mesh: Mesh, key: str) -> list[dict[str, Any]]:
     assert mesh.clients is not None
     out = []
     with identity.acting_as(mesh.user):
-        async for resp in mesh.clients.stream.SubscribeStream(ss.SubscribeStreamRequest(key=key), timeout=10):
-            out.append(evlib.to_dict(resp.event))
+        follow = mesh.clients.follows.follow(key)
+    async with asyncio.timeout(10):
+        async for event in follow:
+            out.append(evlib.to_dict(event))
     return out
 
 
@@ -171,7 +174,7 @@ async def test_general_invokes_coder_live_and_persisted(mesh: Mesh) -> None:
     assert [m.role for m in msgs] == [tp.MESSAGE_ROLE_USER, tp.MESSAGE_ROLE_ASSISTANT]
     for m in msgs:
         assert m.source == tp.MESSAGE_SOURCE_A2A and m.a2a_task_id == task_id
-        assert m.caller_agent == "general" and m.caller_session_id == session_id
+        assert m.caller_agent == "general" and m.caller_trace_id == session_id
     assert msgs[0].content == "write add"
     assert msgs[1].content == callee_text and msgs[1].model == "mock-gpt"
     assert msgs[1].usage.input_tokens > 0 and msgs[1].usage.output_tokens > 0
@@ -202,11 +205,9 @@ async def test_stream_routes_without_a_buffer(mesh: Mesh) -> None:
         trace = tp.Trace(agent="general")
         session = (await mesh.clients.trace.CreateTrace(ts.CreateTraceRequest(trace=trace))).trace
         task = (
-            await mesh.clients.trace.CreateA2ATask(
-                ts.CreateA2ATaskRequest(
-                    task=tp.A2ATask(
-                        callee_agent="coder", caller_agent="general", caller_session_id=session.id
-                    )
+            await mesh.clients.tasks.CreateA2ATask(
+                tks.CreateA2ATaskRequest(
+                    task=tp.A2ATask(callee_agent="coder", caller_agent="general", caller_trace_id=session.id)
                 )
             )
         ).task

@@ -20,9 +20,10 @@ from agentmesh.libs import identity
 from agentmesh.libs.config import SubagentDefaults
 from agentmesh.libs.ids import subagent_key
 from agentmesh.services.trace.store.sql.db import create_engine
-from agentmesh.services.trace.store.sql.traces import SqlTraceStore
+from agentmesh.services.trace.store.sql.messages import SqlMessageStore
+from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import subagent_service_pb2 as sbs
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.mesh import (
     BACKENDS,
     TEST_CATALOG,
@@ -146,7 +147,9 @@ async def test_parallel_batch_respects_max_concurrent(mesh: Mesh) -> None:
     assert mesh.clients is not None
     some_id = next(iter(status))
     with identity.acting_as(mesh.user):
-        row = await mesh.clients.trace.GetSubagentSession(ts.GetSubagentSessionRequest(subagent_id=some_id))
+        row = await mesh.clients.subagents.GetSubagentSession(
+            sbs.GetSubagentSessionRequest(subagent_id=some_id)
+        )
     assert row.subagent.status == ev_pb.SUBAGENT_STATUS_COMPLETED and row.subagent.parent_message_id == anchor
     stranger = await mesh.new_user(f"stranger-{some_id}")
     async with mesh.http(api_key=stranger) as http:
@@ -198,12 +201,12 @@ async def test_each_turn_anchors_its_own_batch_and_restore_matches_rows(mesh: Me
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
         for anchor in anchors.values():
-            await mesh.clients.trace.UpdateMessage(
-                ts.UpdateMessageRequest(
+            await mesh.clients.messages.UpdateMessage(
+                ms.UpdateMessageRequest(
                     message=tp.Message(id=anchor), update_mask=field_mask_pb2.FieldMask(paths=["metadata"])
                 )
             )
-        raw = await mesh.clients.trace.ListMessages(ts.ListMessagesRequest(trace_id=session))
+        raw = await mesh.clients.messages.ListMessages(ms.ListMessagesRequest(trace_id=session))
     assert not any("subagents" in m.metadata for m in raw.messages), "metadata really deleted"
     restored = {
         m["id"]: m["metadata"]["subagents"]
@@ -291,8 +294,8 @@ async def test_a_batch_that_cannot_run_fails_fast_and_creates_nothing(
     assert out["output"]["error"].startswith("task 2: ") and needle in out["output"]["error"]
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
-        rows = await mesh.clients.trace.ListSubagentSessions(
-            ts.ListSubagentSessionsRequest(trace_id=events[0]["traceId"])
+        rows = await mesh.clients.subagents.ListSubagentSessions(
+            sbs.ListSubagentSessionsRequest(trace_id=events[0]["traceId"])
         )
     assert list(rows.subagents) == [], "no row, no hidden trace"
 
@@ -411,8 +414,8 @@ async def test_cancel_mid_batch_cancels_every_subagent(mesh: Mesh) -> None:
 
     async def all_cancelled() -> bool:
         with identity.acting_as(mesh.user):
-            rows = await mesh.clients.trace.ListSubagentSessions(  # type: ignore[union-attr]
-                ts.ListSubagentSessionsRequest(trace_id=got[0]["traceId"])
+            rows = await mesh.clients.subagents.ListSubagentSessions(  # type: ignore[union-attr]
+                sbs.ListSubagentSessionsRequest(trace_id=got[0]["traceId"])
             )
         return len(rows.subagents) == 3 and all(
             r.status == ev_pb.SUBAGENT_STATUS_CANCELLED for r in rows.subagents
@@ -421,14 +424,14 @@ async def test_cancel_mid_batch_cancels_every_subagent(mesh: Mesh) -> None:
     await wait_until(all_cancelled, 10, "every subagent cancelled")
     await mesh.mock.wait_idle(timeout=10)
     with identity.acting_as(mesh.user):
-        rows = await mesh.clients.trace.ListSubagentSessions(
-            ts.ListSubagentSessionsRequest(trace_id=got[0]["traceId"])
+        rows = await mesh.clients.subagents.ListSubagentSessions(
+            sbs.ListSubagentSessionsRequest(trace_id=got[0]["traceId"])
         )
 
     async def settled(row: Any) -> bool:
         with identity.acting_as(mesh.user):
-            child = await mesh.clients.trace.ListMessages(  # type: ignore[union-attr]
-                ts.ListMessagesRequest(trace_id=row.child_trace_id, mode=ts.PATH_MODE_ALL)
+            child = await mesh.clients.messages.ListMessages(  # type: ignore[union-attr]
+                ms.ListMessagesRequest(trace_id=row.child_trace_id, mode=ms.PATH_MODE_ALL)
             )
         want = [tp.MESSAGE_STATUS_COMPLETED, tp.MESSAGE_STATUS_CANCELLED]
         return [m.status for m in child.messages] == want
@@ -457,8 +460,8 @@ async def only_row(mesh: Mesh, trace_id: str) -> Any:
     """The one subagent row of a turn's trace."""
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
-        request = ts.ListSubagentSessionsRequest(trace_id=trace_id)
-        (row,) = (await mesh.clients.trace.ListSubagentSessions(request)).subagents
+        request = sbs.ListSubagentSessionsRequest(trace_id=trace_id)
+        (row,) = (await mesh.clients.subagents.ListSubagentSessions(request)).subagents
     return row
 
 
@@ -474,20 +477,20 @@ async def test_a_subagent_turn_is_stored_with_its_row_and_runs_at_once(
     BeginTurn), its reply lands on that placeholder, and `start` names both messages."""
     mesh.mock.set_rules(rules(*fan_out([{"goal": "early part", "agentSlug": "helper"}], "early child")))
     begun: list[Any] = []
-    stored, created = SqlTraceStore.append_messages, SqlTraceStore.create_trace_with_messages
+    stored, created = SqlMessageStore.append_messages, SqlMessageStore.create_trace_with_messages
 
-    async def appending(self: SqlTraceStore, owner: str, trace_id: str, msgs: Any, parent: Any) -> Any:
+    async def appending(self: SqlMessageStore, owner: str, trace_id: str, msgs: Any, parent: Any) -> Any:
         if is_subagent_turn(msgs):
             begun.append(trace_id)
         return await stored(self, owner, trace_id, msgs, parent)
 
-    async def creating(self: SqlTraceStore, owner: str, trace: Any, trace_id: str, msgs: Any) -> Any:
+    async def creating(self: SqlMessageStore, owner: str, trace: Any, trace_id: str, msgs: Any) -> Any:
         if is_subagent_turn(msgs):
             begun.append(trace_id)
         return await created(self, owner, trace, trace_id, msgs)
 
-    monkeypatch.setattr(SqlTraceStore, "append_messages", appending)
-    monkeypatch.setattr(SqlTraceStore, "create_trace_with_messages", creating)
+    monkeypatch.setattr(SqlMessageStore, "append_messages", appending)
+    monkeypatch.setattr(SqlMessageStore, "create_trace_with_messages", creating)
     events = await chat(mesh, "general", "early child", timeout=30)
     monkeypatch.undo()
     assert begun == [], "the child's turn was stored with its row"
@@ -498,8 +501,8 @@ async def test_a_subagent_turn_is_stored_with_its_row_and_runs_at_once(
     row = await only_row(mesh, events[0]["traceId"])
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
-        child = await mesh.clients.trace.ListMessages(
-            ts.ListMessagesRequest(trace_id=row.child_trace_id, mode=ts.PATH_MODE_MAIN_PATH)
+        child = await mesh.clients.messages.ListMessages(
+            ms.ListMessagesRequest(trace_id=row.child_trace_id, mode=ms.PATH_MODE_MAIN_PATH)
         )
     assert [(m.role, m.status, m.content, m.source, m.caller_agent) for m in child.messages] == [
         (

@@ -30,6 +30,7 @@ trace_backend = trace_fixtures.trace_backend
 trace_server = trace_fixtures.trace_server
 trace_channel = trace_fixtures.trace_channel
 trace_stub = trace_fixtures.trace_stub
+message_stub = trace_fixtures.message_stub
 auth_stub = trace_fixtures.auth_stub
 
 
@@ -71,15 +72,15 @@ def _error(status, reason, message):
 NOT_FOUND = _error(404, "NOT_FOUND", "trace not found")
 
 
-async def test_session_routes(gateway_http, trace_stub, auth_stub, unique):
+async def test_session_routes(gateway_http, trace_stub, auth_stub, unique, message_stub):
     owner = f"u-{unique}"
     h = await _auth(auth_stub, owner)
     first = await new_trace(trace_stub, owner, title="first")
     second = await new_trace(trace_stub, owner, title="second")
     await new_trace(trace_stub, owner, kind=tp.TRACE_KIND_A2A)  # hidden
-    m1 = await append(trace_stub, owner, second.id, "q")
-    m2 = await append(trace_stub, owner, second.id, "a", tp.MESSAGE_ROLE_ASSISTANT)
-    m3 = await append(trace_stub, owner, second.id, "a'", tp.MESSAGE_ROLE_ASSISTANT, parent=m1.sequence)
+    m1 = await append(message_stub, owner, second.id, "q")
+    m2 = await append(message_stub, owner, second.id, "a", tp.MESSAGE_ROLE_ASSISTANT)
+    m3 = await append(message_stub, owner, second.id, "a'", tp.MESSAGE_ROLE_ASSISTANT, parent=m1.sequence)
     first_json = to_json(await _trace(trace_stub, owner, first.id))
     second_json = to_json(await _trace(trace_stub, owner, second.id))
     assert (second_json["kind"], second_json["headSequence"], second_json["owner"]) == ("chat", 3, owner)
@@ -171,11 +172,13 @@ async def test_session_routes(gateway_http, trace_stub, auth_stub, unique):
     assert empty.status_code == 200 and empty.json() == {"sessions": [], "nextPageToken": ""}
 
 
-async def test_routes_need_auth_and_hide_other_owners(gateway_http, trace_stub, auth_stub, unique):
+async def test_routes_need_auth_and_hide_other_owners(
+    gateway_http, trace_stub, auth_stub, unique, message_stub
+):
     a, b = f"a-{unique}", f"b-{unique}"
     ha, hb = await _auth(auth_stub, a), await _auth(auth_stub, b)
     trace = await new_trace(trace_stub, a, title="private")
-    await append(trace_stub, a, trace.id, "secret")
+    await append(message_stub, a, trace.id, "secret")
 
     for headers, message in (
         ({}, "missing bearer token: send Authorization: Bearer KEY"),

@@ -37,16 +37,17 @@ async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
 
 
 async def test_every_outgoing_rpc_gets_a_deadline(mesh: Mesh) -> None:
-    """A subscription on an idle open buffer, made without a timeout, ends at the channel's default."""
+    """A follow of an idle open buffer, its call made without a timeout, ends at the channel's default."""
     assert mesh.clients is not None
     key = "trace:deadline-probe"
     with identity.acting_as(mesh.user):
         await mesh.clients.stream.CreateStream(ss.CreateStreamRequest(key=key))
         async with channel(mesh.settings.addresses.stream, mesh.signer, 0.3, 0.3) as ch:
             stub = stream_service_pb2_grpc.StreamServiceStub(ch)
+            follow = ss.StreamFollow(id=1, subscription=ss.SubscribeStreamRequest(key=key))
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 async with asyncio.timeout(5):
-                    async for _ in stub.SubscribeStream(ss.SubscribeStreamRequest(key=key)):
+                    async for _ in stub.FollowStreams(iter([ss.FollowStreamsRequest(follows=[follow])])):
                         pass
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
@@ -95,8 +96,8 @@ async def test_a_call_without_a_valid_identity_is_unauthenticated(mesh: Mesh, se
 
 async def test_a_stream_outlives_its_connections_age(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Servers send GOAWAY to connections older than max_connection_age_s (so round robin clients
-    re-resolve and reach new replicas): a subscription open across several ages keeps every event,
-    and the unary calls made meanwhile, on fresh connections, all succeed."""
+    re-resolve and reach new replicas): a follow open across several ages keeps every event, and the
+    unary calls made meanwhile, on fresh connections, all succeed."""
     mesh = await start_mesh(
         tmp_path_factory.mktemp("age"), catalog=TEST_CATALOG, rules={"rules": []}, max_connection_age_s=0.3
     )
@@ -106,7 +107,7 @@ async def test_a_stream_outlives_its_connections_age(tmp_path_factory: pytest.Te
         with identity.acting_as(mesh.user):
             stream = mesh.clients.stream
             await stream.CreateStream(ss.CreateStreamRequest(key=key))
-            call = stream.SubscribeStream(ss.SubscribeStreamRequest(key=key))
+            follow = mesh.clients.follows.follow(key)
             loop = asyncio.get_running_loop()
             started, appended = loop.time(), 0
             while loop.time() - started < 2.0:  # more than six connection ages
@@ -116,7 +117,7 @@ async def test_a_stream_outlives_its_connections_age(tmp_path_factory: pytest.Te
                 appended += 1
                 await asyncio.sleep(0.1)  # the pace of a slow model
             await stream.CloseStream(ss.CloseStreamRequest(key=key, done=ev.StreamDone()))
-            received = [r.event async for r in call]
+            received = [e async for e in follow]
     finally:
         await mesh.stop()
     text = "".join(e.text_delta.text_delta for e in received)

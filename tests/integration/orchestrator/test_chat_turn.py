@@ -15,8 +15,8 @@ import websockets
 from agentmesh.libs import identity
 from agentmesh.libs.ids import parse_stream_key, trace_key
 from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.mesh import BACKENDS, Mesh, chat, mesh_on, sse_events
 
 # Paced (20 ms a token): a new session's run calls the model while its turn is stored, and what the
@@ -195,10 +195,12 @@ async def test_cancel_releases_a_session_whose_turn_died(mesh: Mesh) -> None:
     first = await chat(mesh, "general", "before the crash")
     session = first[0]["traceId"]
     assert mesh.clients is not None
-    pending = tp.Message(trace_id=session, role=tp.MESSAGE_ROLE_ASSISTANT, status=tp.MESSAGE_STATUS_PENDING)
+    pending = tp.Message(role=tp.MESSAGE_ROLE_ASSISTANT, status=tp.MESSAGE_STATUS_PENDING)
+    died = ms.BeginTurnRequest(trace_id=session, user_message=tp.Message(role=tp.MESSAGE_ROLE_USER))
+    died.assistant_message.CopyFrom(pending)  # a turn begun, then its process died
     with identity.acting_as(mesh.user):
         await mesh.clients.stream.CreateStream(ss.CreateStreamRequest(key=trace_key(session)))
-        orphan = (await mesh.clients.trace.AppendMessage(ts.AppendMessageRequest(message=pending))).message
+        orphan = (await mesh.clients.messages.BeginTurn(died)).assistant_message
     async with mesh.http() as http:
         busy = await http.post("/api/chat", json={"agent": "general", "message": "x", "sessionId": session})
         assert busy.status_code == 409
@@ -364,8 +366,8 @@ async def test_a_buffer_ended_between_the_write_back_and_the_close(
     assert buffered[-1].error.message == "ended elsewhere"
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
-        reply = await mesh.clients.trace.GetMessage(
-            ts.GetMessageRequest(message_id=buffered[0].start.assistant_message_id)
+        reply = await mesh.clients.messages.GetMessage(
+            ms.GetMessageRequest(message_id=buffered[0].start.assistant_message_id)
         )
     assert (reply.message.status, reply.message.content) == (tp.MESSAGE_STATUS_COMPLETED, "ended " * 10)
 
@@ -402,8 +404,8 @@ async def test_a_turn_whose_buffer_was_replaced_leaves_the_new_one_alone(
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
         newer = await mesh.clients.stream.GetStreamInfo(ss.GetStreamInfoRequest(key=replaced[0]))
-        placeholder = await mesh.clients.trace.GetMessage(
-            ts.GetMessageRequest(message_id=got[0]["assistantMessageId"])
+        placeholder = await mesh.clients.messages.GetMessage(
+            ms.GetMessageRequest(message_id=got[0]["assistantMessageId"])
         )
     assert newer.exists and not newer.closed and newer.length == 0, newer  # no finish, no done, no error
     reply = (placeholder.message.status, placeholder.message.content)
@@ -453,7 +455,7 @@ async def test_a_turn_cancelled_before_its_run_ends_cancelled(
     trace_id = parse_stream_key(cut[0]).id
     assert mesh.clients is not None
     with identity.acting_as(mesh.user):
-        listed = await mesh.clients.trace.ListMessages(ts.ListMessagesRequest(trace_id=trace_id))
+        listed = await mesh.clients.messages.ListMessages(ms.ListMessagesRequest(trace_id=trace_id))
     placeholder = [m for m in listed.messages if m.role == tp.MESSAGE_ROLE_ASSISTANT]
     assert [m.status for m in placeholder] == [tp.MESSAGE_STATUS_CANCELLED], listed.messages
     assert placeholder[0].metadata["error"]["code"] == "cancelled", placeholder[0].metadata
@@ -493,8 +495,8 @@ async def test_a_turn_closed_elsewhere_mid_reply_at_a_model_pace_ends_cancelled(
     text = "".join(e["textDelta"] for e in got if e["type"] == "text-delta")
     assert 0 < len(text) < len("step " * 40), text  # the end came long before the reply's
     with identity.acting_as(mesh.user):
-        reply = await mesh.clients.trace.GetMessage(
-            ts.GetMessageRequest(message_id=got[0]["assistantMessageId"])
+        reply = await mesh.clients.messages.GetMessage(
+            ms.GetMessageRequest(message_id=got[0]["assistantMessageId"])
         )
     assert reply.message.status == tp.MESSAGE_STATUS_CANCELLED, reply.message
     assert reply.message.content == text, (reply.message.content, text)

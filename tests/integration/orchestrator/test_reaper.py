@@ -13,6 +13,7 @@ from agentmesh.libs import identity
 from agentmesh.libs.ids import trace_key
 from agentmesh.services.orchestrator.reaper import Reaper
 from agentmesh.stream.v1 import stream_service_pb2 as ss
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.mesh import BACKENDS, Mesh, mesh_on, wait_until
@@ -38,18 +39,19 @@ async def test_reaping_a_dead_turn_leaves_the_sessions_new_turn_streaming(mesh: 
         trace = (
             await t.CreateTrace(ts.CreateTraceRequest(trace=tp.Trace(agent="general", title="reaped")))
         ).trace
-        dead = tp.Message(
-            trace_id=trace.id,
-            role=tp.MESSAGE_ROLE_ASSISTANT,
-            status=tp.MESSAGE_STATUS_PENDING,
+        dead = tp.Message(role=tp.MESSAGE_ROLE_ASSISTANT, status=tp.MESSAGE_STATUS_PENDING)
+        asked = tp.Message(role=tp.MESSAGE_ROLE_USER, content="never answered")
+        begun = await mesh.clients.messages.BeginTurn(
+            ms.BeginTurnRequest(trace_id=trace.id, user_message=asked, assistant_message=dead)
         )
-        orphan = (await t.AppendMessage(ts.AppendMessageRequest(message=dead))).message
+        orphan = begun.assistant_message
         # The new turn's buffer, under the same key, with a live lease.
         await s.CreateStream(ss.CreateStreamRequest(key=trace_key(trace.id)))
 
     async def reaped() -> bool:
+        assert mesh.clients is not None
         with identity.acting_as(mesh.user):
-            got = await t.GetMessage(ts.GetMessageRequest(message_id=orphan.id))
+            got = await mesh.clients.messages.GetMessage(ms.GetMessageRequest(message_id=orphan.id))
         return got.message.status != tp.MESSAGE_STATUS_PENDING
 
     await wait_until(reaped, 10, "the orphaned placeholder to be settled by the reaper")

@@ -31,6 +31,7 @@ from agentmesh.libs.clients import Clients
 from agentmesh.libs.config import MeshSettings, StreamSettings
 from agentmesh.libs.identity import Signer
 from agentmesh.libs.rpc import ServiceServer, channel
+from agentmesh.libs.streams import Follow, Follower
 from agentmesh.services.stream.backend import StreamBackend
 from agentmesh.services.stream.memory import MemoryBackend
 from agentmesh.services.stream.redis_backend import RedisBackend
@@ -66,6 +67,7 @@ class StreamHarness:
     stub: stream_service_pb2_grpc.StreamServiceStub
     settings: MeshSettings
     clock: ManualClock | None  # the memory backend's expiry clock (None on Redis: real time)
+    follows: Follower  # follows on FollowStreams calls, as the readers of the mesh follow
 
     @property
     def redis(self) -> aioredis.Redis | None:
@@ -77,6 +79,7 @@ class StreamHarness:
         return [f"{self.backend.prefix}meta:{key}", f"{self.backend.prefix}stream:{key}"]
 
     async def stop(self) -> None:
+        await self.follows.aclose()
         await self.channel.close()
         await self.server.stop(1.0)
         await self.backend.aclose()
@@ -120,7 +123,8 @@ async def stream_factory(
         settings.addresses.stream = server.target
         ch = channel(server.target, signer, unary_timeout_s=5.0, stream_timeout_s=30.0)
         stub = stream_service_pb2_grpc.StreamServiceStub(ch)
-        harness = StreamHarness(backend, server, ch, stub, settings, clock)
+        follows = Follower(lambda: stub, signer, settings.stream_rpc_timeout_s / 2)
+        harness = StreamHarness(backend, server, ch, stub, settings, clock, follows)
         started.append(harness)
         return harness
 
@@ -213,11 +217,16 @@ async def info(h: StreamHarness, key: str, reader: str = "") -> pb.GetStreamInfo
         return await h.stub.GetStreamInfo(pb.GetStreamInfoRequest(key=key))
 
 
-async def collect(h: StreamHarness, key: str, reader: str = "", **kw: Any) -> list[ev.Event]:
-    """Every event of a SubscribeStream as `reader` ("" : the mesh), up to its end."""
+def follow(h: StreamHarness, key: str, reader: str = "", **kw: Any) -> Follow:
+    """A follow of `key` (on the harness's FollowStreams call) as `reader` ("" : the mesh)."""
     with identity.acting_as(reader):
-        call = h.stub.SubscribeStream(pb.SubscribeStreamRequest(key=key, **kw))
-    return [r.event async for r in call]
+        return h.follows.follow(key, **kw)
+
+
+async def collect(h: StreamHarness, key: str, reader: str = "", **kw: Any) -> list[ev.Event]:
+    """Every event of a follow as `reader` ("" : the mesh), up to its end; a follow that fails raises
+    its MeshError."""
+    return [e async for e in follow(h, key, reader, **kw)]
 
 
 def as_int(offset: str) -> tuple[int, ...]:

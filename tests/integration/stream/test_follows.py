@@ -3,7 +3,7 @@ follow replays then follows live to its terminal event, reading as the user of i
 fails alone; what becomes ready for several follows at once travels in one response; a follow is sent
 no more than its window beyond what its reader granted back; releases, the caller's half-close and the
 service's stop end what they should. Then the process's Follower (libs/streams.py) over it: what the
-gateway's readers and the orchestrator's turns use instead of a SubscribeStream call each."""
+gateway's readers and the orchestrator's turns use, one call for all of a process's follows."""
 
 from __future__ import annotations
 

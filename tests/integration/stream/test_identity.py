@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs import identity
+from agentmesh.libs.errors import MeshError
 from agentmesh.libs.identity import Signer
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from agentmesh.stream.v1 import stream_service_pb2_grpc
@@ -39,18 +40,16 @@ async def _sent(call: Any, request: Any) -> Any:
     return call
 
 
-async def _append_stream(stub: stream_service_pb2_grpc.StreamServiceStub, key: str, metadata: Any) -> Any:
-    request = pb.StreamAppendEventsRequest(key=key, events=deltas("x"))
-    return await (await _sent(stub.StreamAppendEvents(metadata=metadata), request))
+async def _write_streams(stub: stream_service_pb2_grpc.StreamServiceStub, key: str, metadata: Any) -> Any:
+    batch = pb.StreamBatch(writer=1, batch=pb.WriteStreamRequest(key=key, events=deltas("x")), last=True)
+    request = pb.WriteStreamsRequest(batches=[batch])
+    return [r async for r in await _sent(stub.WriteStreams(metadata=metadata), request)]
 
 
-async def _write(stub: stream_service_pb2_grpc.StreamServiceStub, key: str, metadata: Any) -> Any:
-    request = pb.WriteStreamRequest(key=key, events=deltas("x"))
-    return [r async for r in await _sent(stub.WriteStream(metadata=metadata), request)]
-
-
-async def _subscribe(stub: stream_service_pb2_grpc.StreamServiceStub, key: str, metadata: Any) -> Any:
-    return [r async for r in stub.SubscribeStream(pb.SubscribeStreamRequest(key=key), metadata=metadata)]
+async def _follow_streams(stub: stream_service_pb2_grpc.StreamServiceStub, key: str, metadata: Any) -> Any:
+    subscription = pb.SubscribeStreamRequest(key=key, idle_timeout_ms=200)
+    request = pb.FollowStreamsRequest(follows=[pb.StreamFollow(id=1, subscription=subscription)])
+    return [r async for r in await _sent(stub.FollowStreams(metadata=metadata), request)]
 
 
 RPCS: dict[str, Call] = {
@@ -58,12 +57,11 @@ RPCS: dict[str, Call] = {
     "AppendEvents": lambda s, k, m: s.AppendEvents(
         pb.AppendEventsRequest(key=k, events=deltas("x")), metadata=m
     ),
-    "StreamAppendEvents": _append_stream,
-    "WriteStream": _write,
+    "WriteStreams": _write_streams,
     "CloseStream": lambda s, k, m: s.CloseStream(
         pb.CloseStreamRequest(key=k, done=ev.StreamDone()), metadata=m
     ),
-    "SubscribeStream": _subscribe,
+    "FollowStreams": _follow_streams,
     "GetStreamInfo": lambda s, k, m: s.GetStreamInfo(pb.GetStreamInfoRequest(key=k), metadata=m),
 }
 
@@ -182,10 +180,10 @@ async def test_a_user_cannot_read_another_users_buffer(
         foreign == missing == pb.GetStreamInfoResponse()
     )  # exists=false and nothing else: like a missing key
     for kw in ({}, {"from_offset": offsets[0]}, {"terminal_only": True}):
-        with pytest.raises(grpc.aio.AioRpcError) as err:
+        with pytest.raises(MeshError) as err:
             await collect(stream, key, reader="bob", idle_timeout_ms=100, **kw)
-        assert err.value.code() == grpc.StatusCode.NOT_FOUND
-        assert err.value.details() == f"no stream buffer {key}"  # the same answer as for a missing key
+        assert err.value.grpc_code == grpc.StatusCode.NOT_FOUND
+        assert err.value.message == f"no stream buffer {key}"  # the same answer as for a missing key
     assert stream.backend.subscribers == 0
 
     own = await info(stream, key, reader="alice")

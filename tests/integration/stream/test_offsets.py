@@ -11,6 +11,7 @@ import pytest
 
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs import events
+from agentmesh.libs.errors import MeshError
 from agentmesh.services.stream.memory import MemoryBackend
 from tests.integration.stream.conftest import StreamHarness, append, close, collect, create, deltas
 
@@ -45,11 +46,11 @@ async def test_hostile_offset_is_invalid_argument(
     if closed:
         await close(stream, key)
     for kw in ({}, {"terminal_only": True}):
-        with pytest.raises(grpc.aio.AioRpcError) as err:
+        with pytest.raises(MeshError) as err:
             await collect(stream, key, reader="alice", from_offset=offset, idle_timeout_ms=100, **kw)
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
-        assert "invalid offset" in (err.value.details() or "")
-        assert len(err.value.details() or "") < 200  # the offset is not echoed whole
+        assert err.value.grpc_code == grpc.StatusCode.INVALID_ARGUMENT, err.value.message
+        assert "invalid offset" in err.value.message
+        assert len(err.value.message) < 200  # the offset is not echoed whole
     assert stream.backend.subscribers == 0
 
 
@@ -93,12 +94,12 @@ async def test_edge_offset_is_never_internal(
     earlier = not memory and valid and (0, 0) < _position(offset) < _position(buffered[0].offset)
     try:
         got = await collect(stream, key, reader="alice", from_offset=offset, idle_timeout_ms=100)
-    except grpc.aio.AioRpcError as exc:
+    except MeshError as exc:
         if earlier:
-            assert exc.code() == grpc.StatusCode.NOT_FOUND, exc.details()
+            assert exc.grpc_code == grpc.StatusCode.NOT_FOUND, exc.message
             return
-        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc.details()
-        assert not valid, f"{offset!r} refused: {exc.details()}"
+        assert exc.grpc_code == grpc.StatusCode.INVALID_ARGUMENT, exc.message
+        assert not valid, f"{offset!r} refused: {exc.message}"
         return
     assert valid and not earlier, f"{offset!r} accepted"
     expected = [e.offset for e in buffered if e.offset and _position(e.offset) > _position(offset)]
@@ -121,10 +122,10 @@ async def test_an_offset_of_an_earlier_buffer_of_the_key_is_not_found(
     await close(stream, key)
     await create(stream, key)  # the next turn's buffer replaces the closed one
     new = await append(stream, key, deltas("new 1", "new 2"))
-    with pytest.raises(grpc.aio.AioRpcError) as err:
+    with pytest.raises(MeshError) as err:
         await collect(stream, key, reader="alice", from_offset=old, idle_timeout_ms=100)
-    assert err.value.code() == grpc.StatusCode.NOT_FOUND, err.value.details()
-    assert "earlier buffer" in (err.value.details() or "")
+    assert err.value.grpc_code == grpc.StatusCode.NOT_FOUND, err.value.message
+    assert "earlier buffer" in err.value.message
     got = await collect(stream, key, reader="alice", from_offset=new[0], idle_timeout_ms=100)
     assert [e.offset for e in got if e.offset] == new[1:]  # its own offsets resume as before
     assert stream.backend.subscribers == 0

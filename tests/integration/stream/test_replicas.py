@@ -19,6 +19,7 @@ from agentmesh.libs.clients import Clients
 from agentmesh.libs.errors import Unavailable
 from agentmesh.libs.identity import Signer
 from agentmesh.libs.rpc import channel, wait_serving
+from agentmesh.libs.streams import Follower
 from agentmesh.services.agent_runtime.sink import EventSink
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from agentmesh.stream.v1 import stream_service_pb2_grpc
@@ -103,11 +104,13 @@ async def test_two_replicas_survive_a_killed_writer(
         resp = await stub.AppendEvents(pb.AppendEventsRequest(key=key, events=batch), wait_for_ready=True)
         return list(resp.offsets)
 
+    follows = Follower(lambda: b, signer, 30.0)
+
     async def subscriber() -> None:
         with identity.acting_as("alice"):  # the owner follows through the other replica
-            call = b.SubscribeStream(pb.SubscribeStreamRequest(key=key))
-        async for response in call:
-            got.append(response.event)
+            follow = follows.follow(key)
+        async for event in follow:
+            got.append(event)
             if len(got) in seen:
                 seen[len(got)].set()
 
@@ -142,6 +145,7 @@ async def test_two_replicas_survive_a_killed_writer(
             await b.AppendEvents(pb.AppendEventsRequest(key=key, events=[events.text_delta("x")]))
         assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     finally:
+        await follows.aclose()
         await ch_a.close()
         await ch_b.close()
 
@@ -149,7 +153,7 @@ async def test_two_replicas_survive_a_killed_writer(
 async def test_a_writer_whose_stream_service_is_killed_fails_at_once(
     spawn: Spawn, ports: Ports, signer: Signer, unique: str
 ) -> None:
-    """The runtime's EventSink writing through WriteStream when its stream service is SIGKILLed: the next
+    """The runtime's EventSink writing through WriteStreams when its stream service is SIGKILLed: the next
     batch fails the sink with `unavailable` (its run then ends with that terminal event, see
     tests/e2e/cli/test_faults.py), and nothing waits for a deadline."""
     port = ports.take()

@@ -1,4 +1,6 @@
-"""StreamService over real gRPC, parametrised over the memory and Redis backends.
+"""StreamService over real gRPC, parametrised over the memory and Redis backends. Buffers are read as
+the mesh reads them, by follows on a FollowStreams call (libs.streams.Follower; many follows on one
+call: test_follows.py).
 
 No test sleeps against a TTL: on memory the backend's ManualClock is moved; on Redis the keys' PTTL is
 read (and shortened by the test where an append must be seen to refresh it), and where Redis must really
@@ -17,6 +19,8 @@ import pytest
 
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs import events, identity
+from agentmesh.libs.errors import MeshError, from_rpc_error
+from agentmesh.libs.streams import Follow
 from agentmesh.services.stream.backend import BATCH
 from agentmesh.services.stream.memory import MemoryBackend
 from agentmesh.stream.v1 import stream_service_pb2 as pb
@@ -30,17 +34,15 @@ from tests.integration.stream.conftest import (
     collect,
     create,
     deltas,
+    follow,
     info,
 )
 from tests.mesh import wait_until
 
 
-async def _rest(call: grpc.aio.UnaryStreamCall) -> list[ev.Event]:  # type: ignore[type-arg]
-    """The rest of a subscription read with `call.read()` (the two reading styles do not mix)."""
-    out = []
-    while (response := await call.read()) is not grpc.aio.EOF:
-        out.append(response.event)
-    return out
+async def _rest(call: Follow) -> list[ev.Event]:
+    """The rest of a follow's events."""
+    return [e async for e in call]
 
 
 async def test_lifecycle_offsets_and_errors(stream: StreamHarness, unique: str) -> None:
@@ -148,10 +150,8 @@ async def test_replay_then_live(stream: StreamHarness, unique: str) -> None:
     caught_up = asyncio.Event()
 
     async def subscriber() -> None:
-        with identity.acting_as("alice"):  # the owner reads
-            call = stream.stub.SubscribeStream(pb.SubscribeStreamRequest(key=key))
-        async for response in call:
-            got.append(response.event)
+        async for event in follow(stream, key, reader="alice"):  # the owner reads
+            got.append(event)
             if len(got) >= 2:  # "012" coalesced + the reasoning delta
                 caught_up.set()
 
@@ -186,25 +186,12 @@ async def test_terminal_only(stream: StreamHarness, unique: str) -> None:
     assert [(events.kind(e), e.offset) for e in only] == [("done", closed.offset)]
 
 
-async def test_client_streaming_append(stream: StreamHarness, unique: str) -> None:
-    key = f"subagent:{unique}"
-    await create(stream, key)
-
-    async def batches():  # type: ignore[no-untyped-def]
-        for i in range(4):
-            yield pb.StreamAppendEventsRequest(key=key, events=deltas(f"{i}a", f"{i}b"))
-
-    resp = await stream.stub.StreamAppendEvents(batches())
-    found = await info(stream, key)
-    assert (resp.count, resp.last_offset, found.length) == (8, found.last_offset, 8)
-
-
 async def test_unknown_key_and_foreign_reader_not_found(stream: StreamHarness, unique: str) -> None:
     await create(stream, f"trace:{unique}", owner="alice")
     for key, reader in ((f"trace:{unique}-x", ""), (f"trace:{unique}", "mallory")):
-        with pytest.raises(grpc.aio.AioRpcError) as err:
+        with pytest.raises(MeshError) as err:
             await collect(stream, key, reader=reader)
-        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert err.value.grpc_code == grpc.StatusCode.NOT_FOUND
     await append(stream, f"trace:{unique}", deltas("ok"))
     await close(stream, f"trace:{unique}")
     assert len(await collect(stream, f"trace:{unique}", reader="alice")) == 2
@@ -214,9 +201,9 @@ async def test_unknown_key_and_foreign_reader_not_found(stream: StreamHarness, u
 async def test_invalid_subscribe_arguments(stream: StreamHarness, unique: str) -> None:
     await create(stream, f"trace:{unique}")
     for kw in ({"from_offset": "abc"}, {"idle_timeout_ms": -1}):
-        with pytest.raises(grpc.aio.AioRpcError) as err:
+        with pytest.raises(MeshError) as err:
             await collect(stream, f"trace:{unique}", **kw)
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.grpc_code == grpc.StatusCode.INVALID_ARGUMENT
 
 
 async def test_size_cap(stream_factory: StreamFactory, unique: str) -> None:
@@ -262,9 +249,9 @@ async def test_expiry_after_ttl(stream_factory: StreamFactory, backend_kind: str
 
     await wait_until(gone, 5, "expiry")
     assert not (await info(h, key)).exists
-    with pytest.raises(grpc.aio.AioRpcError) as err:
+    with pytest.raises(MeshError) as err:
         await collect(h, key)
-    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert err.value.grpc_code == grpc.StatusCode.NOT_FOUND
 
 
 async def test_an_open_buffer_outlives_the_closed_ttl(stream_factory: StreamFactory, unique: str) -> None:
@@ -307,9 +294,8 @@ async def test_an_abandoned_open_buffer_is_ended_for_its_readers(
     key = f"trace:{unique}"
     await create(h, key)
     old = await append(h, key, deltas("a", "b"))  # ...and its writer dies without closing
-    with identity.acting_as("alice"):
-        call = h.stub.SubscribeStream(pb.SubscribeStreamRequest(key=key, idle_timeout_ms=10_000))
-    followed = [(await call.read()).event]  # following before the buffer is abandoned
+    call = follow(h, key, reader="alice", idle_timeout_ms=10_000)
+    followed = [await anext(call)]  # following before the buffer is abandoned
     follower = asyncio.create_task(_rest(call))
     await _lease_runs_out(h, lease_s)
     followed += await asyncio.wait_for(follower, 5)  # ended by the lease, long before its idle timeout
@@ -393,8 +379,8 @@ async def test_slow_consumer_bounded_memory(stream: StreamHarness, unique: str) 
     received: list[ev.Event] = []
 
     async def slow() -> None:
-        async for response in stream.stub.SubscribeStream(pb.SubscribeStreamRequest(key=key)):
-            received.append(response.event)
+        async for event in follow(stream, key):
+            received.append(event)
             first.set()
             await resume.wait()
 
@@ -425,9 +411,9 @@ async def test_slow_consumer_bounded_memory(stream: StreamHarness, unique: str) 
 async def test_cancelled_subscription_releases(stream: StreamHarness, unique: str) -> None:
     key = f"trace:{unique}"
     await create(stream, key)
-    call = stream.stub.SubscribeStream(pb.SubscribeStreamRequest(key=key))
+    call = follow(stream, key)
     await append(stream, key, deltas("a"))
-    assert (await call.read()).event.text_delta.text_delta == "a"
+    assert (await anext(call)).text_delta.text_delta == "a"
     assert stream.backend.subscribers == 1
     call.cancel()
     await wait_until(lambda: stream.backend.subscribers == 0, 5, "subscription released")
@@ -437,15 +423,15 @@ async def test_stop_ends_subscriptions_promptly(stream_factory: StreamFactory, u
     h = await stream_factory()
     key = f"trace:{unique}"
     await create(h, key)
-    call = h.stub.SubscribeStream(pb.SubscribeStreamRequest(key=key))
+    call = follow(h, key)
     await append(h, key, deltas("a"))
-    await call.read()
+    await anext(call)
     started = time.monotonic()
     await asyncio.wait_for(h.server.stop(30.0), 5)  # far below the 30 s grace
     assert time.monotonic() - started < 5
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await call.read()
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(MeshError) as err:
+        await anext(call)
+    assert err.value.grpc_code == grpc.StatusCode.UNAVAILABLE
     assert h.backend.subscribers == 0
 
 
@@ -511,7 +497,8 @@ async def test_calls_of_a_service_that_lost_redis_fail_unavailable(
         "subscribe": lambda: collect(h, key),
     }
     for what, call in calls.items():
-        with pytest.raises(grpc.aio.AioRpcError) as err:
+        with pytest.raises((grpc.aio.AioRpcError, MeshError)) as err:
             await asyncio.wait_for(call(), 30)
-        assert err.value.code() == grpc.StatusCode.UNAVAILABLE, what
-        assert "Redis" in (err.value.details() or ""), what
+        failed = err.value if isinstance(err.value, MeshError) else from_rpc_error(err.value)
+        assert failed.grpc_code == grpc.StatusCode.UNAVAILABLE, what
+        assert "Redis" in failed.message, what

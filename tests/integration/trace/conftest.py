@@ -1,6 +1,7 @@
-"""Trace service fixtures: one real trace process (TraceService, AgentService, AuthService) per backend
-(SQLite file, PostgreSQL), started once per run on 127.0.0.1 port 0; tests isolate themselves with
-unique users. Calls carry the acting user: `with identity.acting_as(user): await stub.GetTrace(...)`.
+"""Trace service fixtures: one real trace process (TraceService, MessageService, TaskService,
+SubagentService, AgentService, AuthService, LeaseService) per backend (SQLite file, PostgreSQL), started
+once per run on 127.0.0.1 port 0; tests isolate themselves with unique users. Calls carry the acting
+user: `with identity.acting_as(user): await trace_stub.GetTrace(...)`.
 
 Reuse from another suite: `from tests.integration.trace.conftest import *` (every fixture below, with
 the ones they need), or call `services.trace.server.build(settings, "127.0.0.1:0")` directly."""
@@ -27,20 +28,32 @@ from agentmesh.auth.v1 import auth_service_pb2_grpc
 from agentmesh.libs import identity
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.errors import from_reason
 from agentmesh.libs.identity import Signer
 from agentmesh.libs.rpc import ServiceServer, channel
 from agentmesh.services.trace.server import build
 from agentmesh.services.trace.store.sql.db import create_engine
+from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import (
+    message_service_pb2_grpc,
+    subagent_service_pb2_grpc,
+    task_service_pb2_grpc,
+    trace_service_pb2_grpc,
+)
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from agentmesh.trace.v1 import trace_service_pb2_grpc
 from tests.conftest import service_settings
 
 __all__ = [
     "TraceBackend",
+    "TraceStubs",
     "agent_stub",
     "auth_stub",
     "empty_database",
+    "message_stub",
+    "stubs",
+    "subagent_stub",
+    "task_stub",
     "trace_backend",
     "trace_channel",
     "trace_clients",
@@ -115,6 +128,41 @@ def trace_stub(trace_channel: Any) -> trace_service_pb2_grpc.TraceServiceStub:
 
 
 @pytest.fixture(scope="session")
+def message_stub(trace_channel: Any) -> message_service_pb2_grpc.MessageServiceStub:
+    return message_service_pb2_grpc.MessageServiceStub(trace_channel)
+
+
+@pytest.fixture(scope="session")
+def task_stub(trace_channel: Any) -> task_service_pb2_grpc.TaskServiceStub:
+    return task_service_pb2_grpc.TaskServiceStub(trace_channel)
+
+
+@pytest.fixture(scope="session")
+def subagent_stub(trace_channel: Any) -> subagent_service_pb2_grpc.SubagentServiceStub:
+    return subagent_service_pb2_grpc.SubagentServiceStub(trace_channel)
+
+
+@dataclass(frozen=True)
+class TraceStubs:
+    """The trace domain's four services, for helpers that use several."""
+
+    traces: trace_service_pb2_grpc.TraceServiceStub
+    messages: message_service_pb2_grpc.MessageServiceStub
+    tasks: task_service_pb2_grpc.TaskServiceStub
+    subagents: subagent_service_pb2_grpc.SubagentServiceStub
+
+
+@pytest.fixture(scope="session")
+def stubs(
+    trace_stub: trace_service_pb2_grpc.TraceServiceStub,
+    message_stub: message_service_pb2_grpc.MessageServiceStub,
+    task_stub: task_service_pb2_grpc.TaskServiceStub,
+    subagent_stub: subagent_service_pb2_grpc.SubagentServiceStub,
+) -> TraceStubs:
+    return TraceStubs(trace_stub, message_stub, task_stub, subagent_stub)
+
+
+@pytest.fixture(scope="session")
 def agent_stub(trace_channel: Any) -> agent_service_pb2_grpc.AgentServiceStub:
     return agent_service_pb2_grpc.AgentServiceStub(trace_channel)
 
@@ -138,7 +186,7 @@ async def trace_engine(
 async def trace_clients(
     trace_backend: TraceBackend, trace_server: ServiceServer, signer: Signer
 ) -> AsyncIterator[Clients]:
-    """Clients whose every address is the trace server (only trace, agents and auth answer)."""
+    """Clients whose every address is the trace server (only the trace process's services answer)."""
     settings = trace_backend.settings
     a = settings.addresses
     a.trace = a.stream = a.orchestrator = a.agent_runtime = trace_server.target
@@ -187,7 +235,7 @@ async def new_trace(stub: trace_service_pb2_grpc.TraceServiceStub, owner: str, *
 
 
 async def append(
-    stub: trace_service_pb2_grpc.TraceServiceStub,
+    stub: message_service_pb2_grpc.MessageServiceStub,
     owner: str,
     trace_id: str,
     content: str,
@@ -195,12 +243,19 @@ async def append(
     parent: int | None = None,
     **kw: Any,
 ) -> tp.Message:
+    """One message appended after the head (or `parent`) as `owner`, by an AppendMessageStream of one
+    append; a refused append raises the AioRpcError a failed call with its error would."""
     message = tp.Message(trace_id=trace_id, role=role, content=content, **kw)
-    request = ts.AppendMessageRequest(message=message)
+    request = ms.AppendMessageStreamRequest(append=ms.MessageAppend(message=message))
     if parent is not None:
-        request.parent_sequence = parent
+        request.append.parent_sequence = parent
     with identity.acting_as(owner):
-        return (await stub.AppendMessage(request)).message
+        call = stub.AppendMessageStream(iter([request]))
+    (resp,) = [r async for r in call]
+    if resp.error_reason:
+        err = from_reason(resp.error_reason, resp.error_message)
+        raise grpc.aio.AioRpcError(err.grpc_code, grpc.aio.Metadata(), grpc.aio.Metadata(), err.message)
+    return resp.message
 
 
 def recent(stamp: Any, within_s: float = 120.0) -> bool:

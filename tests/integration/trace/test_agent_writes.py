@@ -16,6 +16,8 @@ from agentmesh.libs.config import SubagentDefaults
 from agentmesh.libs.errors import from_rpc_error
 from agentmesh.libs.protojson import given_paths
 from agentmesh.services.trace import agents as rules
+from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.integration.trace.conftest import append, error_of, new_trace, recent
@@ -307,32 +309,34 @@ async def test_options_come_from_the_tool_catalog(agent_stub, unique):
     assert options.defaults.effective_subagent_config.timeout_ms == mesh.timeout_ms
 
 
-async def test_deleting_an_agent_keeps_the_rows_that_name_it(agent_stub, trace_stub, unique):
+async def test_deleting_an_agent_keeps_the_rows_that_name_it(
+    agent_stub, trace_stub, unique, message_stub, task_stub
+):
     """Messages and tasks keep their rows; their reference to the agent is cleared (ON DELETE SET NULL),
     and a run that still names it (its turn was running) can go on writing."""
     owner = f"u-{unique}"
     await create(agent_stub, owner, slug="caller", name="Caller")
     session = await new_trace(trace_stub, owner, agent="caller")
     sent = await append(
-        trace_stub, owner, session.id, "hi", source=tp.MESSAGE_SOURCE_A2A, caller_agent="caller"
+        message_stub, owner, session.id, "hi", source=tp.MESSAGE_SOURCE_A2A, caller_agent="caller"
     )
     assert sent.caller_agent == "caller"
     with identity.acting_as(owner):
         task = (
-            await trace_stub.CreateA2ATask(
-                ts.CreateA2ATaskRequest(
-                    task=tp.A2ATask(callee_agent="coder", caller_agent="caller", caller_session_id=session.id)
+            await task_stub.CreateA2ATask(
+                tks.CreateA2ATaskRequest(
+                    task=tp.A2ATask(callee_agent="coder", caller_agent="caller", caller_trace_id=session.id)
                 )
             )
         ).task
         assert task.caller_agent == "caller"
         await agent_stub.DeleteAgent(ag.DeleteAgentRequest(slug="caller"))
-        kept = (await trace_stub.GetMessage(ts.GetMessageRequest(message_id=sent.id))).message
+        kept = (await message_stub.GetMessage(ms.GetMessageRequest(message_id=sent.id))).message
         assert (kept.content, kept.caller_agent) == ("hi", "")
-        assert (await trace_stub.GetA2ATask(ts.GetA2ATaskRequest(task_id=task.id))).task.caller_agent == ""
+        assert (await task_stub.GetA2ATask(tks.GetA2ATaskRequest(task_id=task.id))).task.caller_agent == ""
         assert (await trace_stub.GetTrace(ts.GetTraceRequest(trace_id=session.id))).trace.agent == "caller"
     # The running turn's next writes still name its (now deleted) agent: they are stored, unlinked.
     late = await append(
-        trace_stub, owner, session.id, "late", source=tp.MESSAGE_SOURCE_A2A, caller_agent="caller"
+        message_stub, owner, session.id, "late", source=tp.MESSAGE_SOURCE_A2A, caller_agent="caller"
     )
     assert late.caller_agent == ""

@@ -18,8 +18,8 @@ from agentmesh.libs.errors import DeadlineExceeded, InvalidArgument, NotFound, U
 from agentmesh.libs.identity import Signer
 from agentmesh.libs.rpc import channel
 from agentmesh.services.trace.server import build
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.conftest import TEST_SECRET
 from tests.integration.trace.conftest import new_trace
 
@@ -33,30 +33,30 @@ def _msg(trace_id: str, content: str, **kw) -> tp.Message:
 async def _main_path(stub, owner: str, trace_id: str) -> list[tp.Message]:
     with identity.acting_as(owner):
         resp = await stub.ListMessages(
-            ts.ListMessagesRequest(trace_id=trace_id, mode=ts.PATH_MODE_MAIN_PATH, limit=1000)
+            ms.ListMessagesRequest(trace_id=trace_id, mode=ms.PATH_MODE_MAIN_PATH, limit=1000)
         )
     return list(resp.messages)
 
 
-async def test_appends_on_one_stream_are_stored_in_order(trace_stub, unique):
+async def test_appends_on_one_stream_are_stored_in_order(trace_stub, unique, message_stub):
     owner = f"u-{unique}"
     s = await new_trace(trace_stub, owner)
-    appender = MessageAppender(trace_stub)
+    appender = MessageAppender(message_stub)
     with identity.acting_as(owner):
         stored = [await appender.append(_msg(s.id, f"m{i}")) for i in range(20)]
     await appender.aclose()
     assert [m.sequence for m in stored] == list(range(1, 21))
     assert [m.parent_sequence for m in stored] == list(range(0, 20))
     assert all(m.id and m.create_time.seconds for m in stored)
-    path = await _main_path(trace_stub, owner, s.id)
+    path = await _main_path(message_stub, owner, s.id)
     assert [m.content for m in path] == [f"m{i}" for i in range(20)]
 
 
-async def test_a_failed_append_fails_alone_and_the_stream_goes_on(trace_stub, unique):
+async def test_a_failed_append_fails_alone_and_the_stream_goes_on(trace_stub, unique, message_stub):
     owner, other = f"u-{unique}", f"o-{unique}"
     mine = await new_trace(trace_stub, owner)
     theirs = await new_trace(trace_stub, other)
-    appender = MessageAppender(trace_stub)
+    appender = MessageAppender(message_stub)
     with identity.acting_as(owner):
         first = await appender.append(_msg(mine.id, "one"))
         with pytest.raises(NotFound):  # another user's trace reads as missing
@@ -70,22 +70,22 @@ async def test_a_failed_append_fails_alone_and_the_stream_goes_on(trace_stub, un
         second = await appender.append(_msg(mine.id, "two"))
     await appender.aclose()
     assert (first.sequence, second.sequence, second.parent_sequence) == (1, 2, 1)
-    assert await _main_path(trace_stub, other, theirs.id) == []
+    assert await _main_path(message_stub, other, theirs.id) == []
 
 
-async def test_the_caller_is_the_streams_identity(trace_stub, trace_server, unique):
+async def test_the_caller_is_the_streams_identity(trace_stub, trace_server, unique, message_stub):
     """Without a user's identity the stream is refused; a stream opened as one user appends as that
     user only (a field of the message names no one)."""
     owner = f"u-{unique}"
     s = await new_trace(trace_stub, owner)
-    appender = MessageAppender(trace_stub)
+    appender = MessageAppender(message_stub)
     with pytest.raises(Unauthenticated):
         await appender.append(_msg(s.id, "nobody"))  # the mesh's own principal is no user
     unsigned = channel(trace_server.target, Signer(b"not the mesh secret"))
     try:
-        from agentmesh.trace.v1 import trace_service_pb2_grpc
+        from agentmesh.trace.v1 import message_service_pb2_grpc
 
-        forged = MessageAppender(trace_service_pb2_grpc.TraceServiceStub(unsigned))
+        forged = MessageAppender(message_service_pb2_grpc.MessageServiceStub(unsigned))
         # Refused at once: UNAUTHENTICATED, or unavailable when the appender's first write races the
         # refusal (grpc.aio then reports its own send error, libs.errors.LOST_SEND, instead of the
         # server's status; seen in about one run of ten). Nothing is stored either way (checked below).
@@ -93,21 +93,21 @@ async def test_the_caller_is_the_streams_identity(trace_stub, trace_server, uniq
             await forged.append(_msg(s.id, "forged"))
     finally:
         await unsigned.close()
-    stranger = MessageAppender(trace_stub)
+    stranger = MessageAppender(message_stub)
     with identity.acting_as(f"x-{unique}"), pytest.raises(NotFound):
         await stranger.append(_msg(s.id, "stranger"))
     await stranger.aclose()
-    assert await _main_path(trace_stub, owner, s.id) == []
+    assert await _main_path(message_stub, owner, s.id) == []
 
 
-async def test_fifty_streams_on_one_trace_stay_gap_free(trace_stub, unique):
+async def test_fifty_streams_on_one_trace_stay_gap_free(trace_stub, unique, message_stub):
     """50 writers, each on its own stream, 4 appends each on one trace: 200 distinct sequences 1..200,
     one chain, and each writer's own appends in the order it sent them."""
     owner = f"u-{unique}"
     s = await new_trace(trace_stub, owner)
 
     async def writer(w: int) -> list[tp.Message]:
-        appender = MessageAppender(trace_stub)
+        appender = MessageAppender(message_stub)
         try:
             with identity.acting_as(owner):
                 return [await appender.append(_msg(s.id, f"w{w}-{i}")) for i in range(4)]
@@ -115,31 +115,33 @@ async def test_fifty_streams_on_one_trace_stay_gap_free(trace_stub, unique):
             await appender.aclose()
 
     results = await asyncio.gather(*(writer(w) for w in range(50)))
-    sequences = sorted(m.sequence for ms in results for m in ms)
+    sequences = sorted(m.sequence for got in results for m in got)
     assert sequences == list(range(1, 201))
-    for ms in results:
-        assert [m.sequence for m in ms] == sorted(m.sequence for m in ms)
-    path = await _main_path(trace_stub, owner, s.id)
+    for got in results:
+        assert [m.sequence for m in got] == sorted(m.sequence for m in got)
+    path = await _main_path(message_stub, owner, s.id)
     assert [m.sequence for m in path] == list(range(1, 201))
 
 
-async def test_an_append_without_an_answer_fails_by_its_deadline(trace_stub, trace_engine, unique):
+async def test_an_append_without_an_answer_fails_by_its_deadline(
+    trace_stub, trace_engine, unique, message_stub
+):
     """Another writer holds the trace's row (a transaction that updated it): the append gets no
     answer, fails with DeadlineExceeded after its deadline instead of hanging, and once the row is
     free the next append (on a new stream) is stored after the head."""
     owner = f"u-{unique}"
     s = await new_trace(trace_stub, owner)
-    appender = MessageAppender(trace_stub, timeout_s=1.0)
+    appender = MessageAppender(message_stub, timeout_s=1.0)
     with identity.acting_as(owner):
         await appender.append(_msg(s.id, "before"))
         async with trace_engine.connect() as conn:
-            await conn.execute(text("UPDATE sessions SET title = title WHERE id = :id"), {"id": s.id})
+            await conn.execute(text("UPDATE traces SET title = title WHERE id = :id"), {"id": s.id})
             with pytest.raises(DeadlineExceeded, match="within 1 s"):
                 await asyncio.wait_for(appender.append(_msg(s.id, "held")), 15)
             await conn.rollback()
         after = await appender.append(_msg(s.id, "after"))
     await appender.aclose()
-    path = await _main_path(trace_stub, owner, s.id)
+    path = await _main_path(message_stub, owner, s.id)
     assert path[-1].sequence == after.sequence and path[-1].content == "after"
     assert path[0].content == "before"
 
@@ -147,7 +149,7 @@ async def test_an_append_without_an_answer_fails_by_its_deadline(trace_stub, tra
 async def test_a_stopped_service_ends_the_append_unavailable(trace_backend, signer, unique):
     """The service goes away under an open stream: the next append fails Unavailable (never hangs),
     and the appender does not keep the dead stream."""
-    from agentmesh.trace.v1 import trace_service_pb2_grpc
+    from agentmesh.trace.v1 import message_service_pb2_grpc, trace_service_pb2_grpc
 
     server = await build(trace_backend.settings, "127.0.0.1:0")
     ch = channel(server.target, signer)
@@ -155,7 +157,7 @@ async def test_a_stopped_service_ends_the_append_unavailable(trace_backend, sign
         stub = trace_service_pb2_grpc.TraceServiceStub(ch)
         owner = f"u-{unique}"
         s = await new_trace(stub, owner)
-        appender = MessageAppender(stub, timeout_s=5.0)
+        appender = MessageAppender(message_service_pb2_grpc.MessageServiceStub(ch), timeout_s=5.0)
         with identity.acting_as(owner):
             await appender.append(_msg(s.id, "before"))
             await server.stop(0)
@@ -167,14 +169,14 @@ async def test_a_stopped_service_ends_the_append_unavailable(trace_backend, sign
         await server.stop(0)
 
 
-async def test_writers_of_many_users_share_one_stream(trace_stub, signer, unique):
+async def test_writers_of_many_users_share_one_stream(trace_stub, signer, unique, message_stub):
     """One appender with a signer, 40 concurrent writers of 5 users (8 writers per user, one trace
     each), 10 appends each: on its two streams (lanes) and no more; every trace gap-free 1..80 in one
     chain, each writer's appends in its order, every row in its writer's user's trace (another user's
     writer gets NotFound)."""
     users = [f"u{k}-{unique}" for k in range(5)]
     traces = {u: (await new_trace(trace_stub, u)).id for u in users}
-    appender = MessageAppender(trace_stub, signer=signer)
+    appender = MessageAppender(message_stub, signer=signer)
     streams: set[int] = set()
 
     async def writer(w: int) -> list[tp.Message]:
@@ -193,23 +195,23 @@ async def test_writers_of_many_users_share_one_stream(trace_stub, signer, unique
     results, _ = await asyncio.gather(asyncio.gather(*(writer(w) for w in range(40))), intruder())
     await appender.aclose()
     assert len(streams) == 2
-    for w, ms in enumerate(results):
-        assert {m.trace_id for m in ms} == {traces[users[w % 5]]}
-        assert [m.content for m in ms] == [f"w{w}-{i}" for i in range(10)]
-        assert [m.sequence for m in ms] == sorted(m.sequence for m in ms)
+    for w, got in enumerate(results):
+        assert {m.trace_id for m in got} == {traces[users[w % 5]]}
+        assert [m.content for m in got] == [f"w{w}-{i}" for i in range(10)]
+        assert [m.sequence for m in got] == sorted(m.sequence for m in got)
     for k, user in enumerate(users):
-        path = await _main_path(trace_stub, user, traces[user])
+        path = await _main_path(message_stub, user, traces[user])
         assert [m.sequence for m in path] == list(range(1, 81))
         assert [m.parent_sequence for m in path] == list(range(0, 80))
         assert {m.content.split("-")[0] for m in path} == {f"w{w}" for w in range(k, 40, 5)}
 
 
-async def test_the_mesh_has_no_user_to_append_as(trace_stub, signer, unique):
+async def test_the_mesh_has_no_user_to_append_as(trace_stub, signer, unique, message_stub):
     """A shared appender (its stream opened as the mesh) sends an append made outside any user's work
     without a token: the mesh's own principal appends nothing."""
     owner = f"u-{unique}"
     s = await new_trace(trace_stub, owner)
-    appender = MessageAppender(trace_stub, signer=signer)
+    appender = MessageAppender(message_stub, signer=signer)
     with pytest.raises(Unauthenticated):
         await appender.append(_msg(s.id, "nobody"))
     with identity.acting_as(owner):
@@ -218,18 +220,18 @@ async def test_the_mesh_has_no_user_to_append_as(trace_stub, signer, unique):
     assert stored.sequence == 1
 
 
-def _item(trace_id: str, content: str, token: str) -> ts.StreamAppend:
-    return ts.StreamAppend(append=ts.AppendMessageRequest(message=_msg(trace_id, content)), identity=token)
+def _item(trace_id: str, content: str, token: str) -> ms.StreamAppend:
+    return ms.StreamAppend(append=ms.MessageAppend(message=_msg(trace_id, content)), identity=token)
 
 
-async def test_a_bad_token_fails_only_its_own_append(trace_stub, signer, unique):
+async def test_a_bad_token_fails_only_its_own_append(trace_stub, signer, unique, message_stub):
     """A request of several appends, each with its own token: a forged, an expired, a malformed one and
     a valid token of a user naming another user's trace fail alone; the rest are stored in order."""
     owner, other = f"u-{unique}", f"o-{unique}"
     s = await new_trace(trace_stub, owner)
     forged = Signer(b"not the mesh secret, forged").mint(owner)
     expired = Signer(TEST_SECRET.encode(), clock=lambda: time.time() - 3600).mint(owner)
-    request = ts.AppendMessageStreamRequest(
+    request = ms.AppendMessageStreamRequest(
         appends=[
             _item(s.id, "one", signer.mint(owner)),
             _item(s.id, "forged", forged),
@@ -241,11 +243,11 @@ async def test_a_bad_token_fails_only_its_own_append(trace_stub, signer, unique)
         ]
     )
     with identity.acting_as(""):
-        call = AskCall(trace_stub.AppendMessageStream)
+        call = AskCall(message_stub.AppendMessageStream)
     try:
         resp = await call.ask(request)
         again = await call.ask(
-            ts.AppendMessageStreamRequest(appends=[_item(s.id, "three", signer.mint(owner))])
+            ms.AppendMessageStreamRequest(appends=[_item(s.id, "three", signer.mint(owner))])
         )
     finally:
         await call.end(5)
@@ -262,45 +264,45 @@ async def test_a_bad_token_fails_only_its_own_append(trace_stub, signer, unique)
     assert "expired" in resp.results[2].error_message
     assert [resp.results[0].message.sequence, resp.results[6].message.sequence] == [1, 2]
     assert again.results[0].message.sequence == 3  # the stream went on
-    path = await _main_path(trace_stub, owner, s.id)
+    path = await _main_path(message_stub, owner, s.id)
     assert [m.content for m in path] == ["one", "two", "three"]
 
 
-async def test_a_request_holds_at_most_500_appends(trace_stub, signer, unique):
+async def test_a_request_holds_at_most_500_appends(trace_stub, signer, unique, message_stub):
     """500 appends in one request are stored in order; 501 end the stream INVALID_ARGUMENT, unstored."""
     owner = f"u-{unique}"
     s = await new_trace(trace_stub, owner)
     token = signer.mint(owner)
     with identity.acting_as(owner):
-        call = AskCall(trace_stub.AppendMessageStream)
+        call = AskCall(message_stub.AppendMessageStream)
     try:
         resp = await call.ask(
-            ts.AppendMessageStreamRequest(appends=[_item(s.id, f"m{i}", token) for i in range(500)])
+            ms.AppendMessageStreamRequest(appends=[_item(s.id, f"m{i}", token) for i in range(500)])
         )
         assert [r.message.sequence for r in resp.results] == list(range(1, 501))
         with pytest.raises(grpc.aio.AioRpcError) as failed:
-            await call.ask(ts.AppendMessageStreamRequest(appends=[_item(s.id, "x", "") for _ in range(501)]))
+            await call.ask(ms.AppendMessageStreamRequest(appends=[_item(s.id, "x", "") for _ in range(501)]))
         assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "at most 500" in (failed.value.details() or "")
     finally:
         call.cancel()
-    path = await _main_path(trace_stub, owner, s.id)
+    path = await _main_path(message_stub, owner, s.id)
     assert len(path) == 500 and path[-1].content == "m499"
 
 
-async def test_a_request_carries_one_append_or_several_not_both(trace_stub, signer, unique):
+async def test_a_request_carries_one_append_or_several_not_both(trace_stub, signer, unique, message_stub):
     owner = f"u-{unique}"
     s = await new_trace(trace_stub, owner)
-    both = ts.AppendMessageStreamRequest(
-        append=ts.AppendMessageRequest(message=_msg(s.id, "one")),
+    both = ms.AppendMessageStreamRequest(
+        append=ms.MessageAppend(message=_msg(s.id, "one")),
         appends=[_item(s.id, "two", signer.mint(owner))],
     )
     with identity.acting_as(owner):
-        call = AskCall(trace_stub.AppendMessageStream)
+        call = AskCall(message_stub.AppendMessageStream)
     try:
         with pytest.raises(grpc.aio.AioRpcError) as failed:
             await call.ask(both)
         assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         call.cancel()
-    assert await _main_path(trace_stub, owner, s.id) == []
+    assert await _main_path(message_stub, owner, s.id) == []

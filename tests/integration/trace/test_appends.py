@@ -17,17 +17,18 @@ from agentmesh.libs import identity
 from agentmesh.services.trace.store.base import Append
 from agentmesh.services.trace.store.sql import SqlStores
 from agentmesh.services.trace.store.sql.db import create_engine, migrate
+from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.integration.trace.conftest import append, code_of, error_of, new_trace
 
 USER, ASSISTANT = tp.MESSAGE_ROLE_USER, tp.MESSAGE_ROLE_ASSISTANT
-MAIN, ALL = ts.PATH_MODE_MAIN_PATH, ts.PATH_MODE_ALL
+MAIN, ALL = ms.PATH_MODE_MAIN_PATH, ms.PATH_MODE_ALL
 BAD, MISSING = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
 
 
-def _turn(trace_id: str, text: str, **kw) -> ts.BeginTurnRequest:
-    return ts.BeginTurnRequest(
+def _turn(trace_id: str, text: str, **kw) -> ms.BeginTurnRequest:
+    return ms.BeginTurnRequest(
         trace_id=trace_id,
         user_message=tp.Message(role=USER, content=text, caller_agent=kw.pop("caller_agent", "")),
         assistant_message=tp.Message(role=ASSISTANT, status=tp.MESSAGE_STATUS_PENDING, model="mock-gpt"),
@@ -35,20 +36,20 @@ def _turn(trace_id: str, text: str, **kw) -> ts.BeginTurnRequest:
     )
 
 
-async def _begin(stub, owner: str, request: ts.BeginTurnRequest) -> ts.BeginTurnResponse:
+async def _begin(stub, owner: str, request: ms.BeginTurnRequest) -> ms.BeginTurnResponse:
     with identity.acting_as(owner):
         return await stub.BeginTurn(request)
 
 
 async def _all(stub, owner: str, trace_id: str) -> list[tp.Message]:
     with identity.acting_as(owner):
-        page = await stub.ListMessages(ts.ListMessagesRequest(trace_id=trace_id, mode=ALL, limit=1000))
+        page = await stub.ListMessages(ms.ListMessagesRequest(trace_id=trace_id, mode=ALL, limit=1000))
     return list(page.messages)
 
 
-async def _main_path(stub, owner: str, trace_id: str) -> ts.ListMessagesResponse:
+async def _main_path(stub, owner: str, trace_id: str) -> ms.ListMessagesResponse:
     with identity.acting_as(owner):
-        return await stub.ListMessages(ts.ListMessagesRequest(trace_id=trace_id, mode=MAIN, limit=1000))
+        return await stub.ListMessages(ms.ListMessagesRequest(trace_id=trace_id, mode=MAIN, limit=1000))
 
 
 async def test_begin_turn_stores_the_user_message_and_the_placeholder_after_it(trace_stub, unique):
@@ -84,7 +85,7 @@ async def test_begin_turn_creates_a_new_trace_with_both_messages(trace_stub, uni
     turn = await _begin(
         trace_stub,
         owner,
-        ts.BeginTurnRequest(
+        ms.BeginTurnRequest(
             new_trace=new,
             user_message=tp.Message(role=USER, content="first words"),
             assistant_message=tp.Message(role=ASSISTANT, status=tp.MESSAGE_STATUS_PENDING),
@@ -109,7 +110,7 @@ async def test_begin_turn_creates_a_new_trace_with_both_messages(trace_stub, uni
     child = await _begin(
         trace_stub,
         owner,
-        ts.BeginTurnRequest(
+        ms.BeginTurnRequest(
             new_trace=tp.Trace(agent="general"),
             user_message=tp.Message(role=USER, content="asked", caller_agent="general"),
             assistant_message=tp.Message(role=ASSISTANT, status=tp.MESSAGE_STATUS_PENDING),

@@ -1,6 +1,7 @@
-"""The trace process trusts only a verified caller identity (libs.rpc.IdentityInterceptor): every RPC of
-TraceService, AgentService and AuthService refuses a call without a valid token signed with the mesh
-secret; the user-only RPCs also refuse the mesh's own principal. Health stays open."""
+"""The trace process trusts only a verified caller identity (libs.rpc.IdentityInterceptor): every service
+it serves (TraceService, MessageService, TaskService, SubagentService, AgentService, AuthService,
+LeaseService) refuses a call without a valid token signed with the mesh secret; the user-only ones also
+refuse the mesh's own principal. Health stays open."""
 
 from __future__ import annotations
 
@@ -18,16 +19,27 @@ from agentmesh.agents.v1 import agent_service_pb2 as ag
 from agentmesh.agents.v1 import agent_service_pb2_grpc
 from agentmesh.auth.v1 import auth_service_pb2 as au
 from agentmesh.auth.v1 import auth_service_pb2_grpc
+from agentmesh.leases.v1 import lease_service_pb2 as ls
+from agentmesh.leases.v1 import lease_service_pb2_grpc
 from agentmesh.libs import identity
 from agentmesh.libs.identity import Signer
 from agentmesh.libs.rpc import channel
+from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import (
+    message_service_pb2_grpc,
+    subagent_service_pb2_grpc,
+    task_service_pb2_grpc,
+    trace_service_pb2_grpc,
+)
+from agentmesh.trace.v1 import subagent_service_pb2 as sbs
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from agentmesh.trace.v1 import trace_service_pb2_grpc
 from tests.conftest import TEST_SECRET
 from tests.integration.trace.conftest import append, error_of, new_trace
 
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
+PENDING = tp.MESSAGE_STATUS_PENDING
 NEEDS_USER = "this call needs a user's identity"
 MESH_ONLY = "API keys are managed by the mesh itself, not on behalf of a user"
 
@@ -55,11 +67,44 @@ SERVICES = {
         lambda resp, unique: resp.trace.owner == f"u-{unique}" and resp.trace.title == "probe",
         user_only=True,
     ),
+    "MessageService": Service(
+        message_service_pb2_grpc.MessageServiceStub,
+        lambda stub, _: stub.BeginTurn(
+            ms.BeginTurnRequest(
+                new_trace=tp.Trace(agent="general"),
+                user_message=tp.Message(role=tp.MESSAGE_ROLE_USER, content="probe"),
+                assistant_message=tp.Message(
+                    role=tp.MESSAGE_ROLE_ASSISTANT, status=tp.MESSAGE_STATUS_PENDING
+                ),
+            )
+        ),
+        lambda resp, unique: resp.trace.owner == f"u-{unique}" and resp.user_message.content == "probe",
+        user_only=True,
+    ),
+    "TaskService": Service(
+        task_service_pb2_grpc.TaskServiceStub,
+        lambda stub, _: stub.CreateA2ATask(tks.CreateA2ATaskRequest(task=tp.A2ATask(callee_agent="coder"))),
+        lambda resp, unique: resp.task.owner == f"u-{unique}" and resp.task.callee_agent == "coder",
+        user_only=True,
+    ),
+    "SubagentService": Service(
+        subagent_service_pb2_grpc.SubagentServiceStub,
+        lambda stub, _: stub.CreateSubagentSessions(sbs.CreateSubagentSessionsRequest()),
+        lambda resp, _: list(resp.subagents) == [],
+        user_only=True,
+    ),
     "AgentService": Service(
         agent_service_pb2_grpc.AgentServiceStub,
         lambda stub, _: stub.ListAgents(ag.ListAgentsRequest()),
         lambda resp, _: [a.slug for a in resp.agents] == ["coder", "general", "researcher"],
         user_only=True,
+    ),
+    # Called by the mesh itself (the runners renewing leases, a reaper).
+    "LeaseService": Service(
+        lease_service_pb2_grpc.LeaseServiceStub,
+        lambda stub, _: stub.RenewLeases(ls.RenewLeasesRequest(message_ids=[987_654_321])),
+        lambda resp, _: resp.renewed == 0,
+        user_only=False,
     ),
     # Called by the mesh itself (the gateway checking a key, `agentmesh keys create`).
     "AuthService": Service(
@@ -182,10 +227,10 @@ async def test_health_needs_no_identity(bare_channel):
     assert resp.status == health_pb2.HealthCheckResponse.SERVING
 
 
-async def test_another_users_trace_reads_like_a_missing_one(trace_stub, unique):
+async def test_another_users_trace_reads_like_a_missing_one(trace_stub, unique, message_stub):
     owner, stranger = f"a-{unique}", f"b-{unique}"
     trace = await new_trace(trace_stub, owner, title="private")
-    await append(trace_stub, owner, trace.id, "secret")
+    await append(message_stub, owner, trace.id, "secret")
     await new_trace(trace_stub, stranger)
     with identity.acting_as(stranger):
         probe = await error_of(trace_stub.GetTrace(ts.GetTraceRequest(trace_id=trace.id)))

@@ -19,13 +19,20 @@ from agentmesh.libs import identity
 from agentmesh.libs.identity import Signer
 from agentmesh.libs.rpc import channel
 from agentmesh.services.trace.server import build
+from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import (
+    message_service_pb2_grpc,
+    subagent_service_pb2_grpc,
+    task_service_pb2_grpc,
+    trace_service_pb2_grpc,
+)
+from agentmesh.trace.v1 import subagent_service_pb2 as sbs
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
-from agentmesh.trace.v1 import trace_service_pb2 as ts
-from agentmesh.trace.v1 import trace_service_pb2_grpc
 from tests.conftest import service_settings
-from tests.integration.trace.conftest import append, error_of, new_trace
+from tests.integration.trace.conftest import TraceStubs, append, error_of, new_trace
 
-Stubs = tuple[trace_service_pb2_grpc.TraceServiceStub, lease_service_pb2_grpc.LeaseServiceStub]
+Stubs = tuple[TraceStubs, lease_service_pb2_grpc.LeaseServiceStub]
 
 
 @pytest.fixture
@@ -40,7 +47,13 @@ async def trace_with_lease(
         server = await build(settings, "127.0.0.1:0")
         ch = channel(server.target, signer)
         running.append((server, ch))
-        return trace_service_pb2_grpc.TraceServiceStub(ch), lease_service_pb2_grpc.LeaseServiceStub(ch)
+        stubs = TraceStubs(
+            trace_service_pb2_grpc.TraceServiceStub(ch),
+            message_service_pb2_grpc.MessageServiceStub(ch),
+            task_service_pb2_grpc.TaskServiceStub(ch),
+            subagent_service_pb2_grpc.SubagentServiceStub(ch),
+        )
+        return stubs, lease_service_pb2_grpc.LeaseServiceStub(ch)
 
     yield make
     for server, ch in running:
@@ -53,22 +66,22 @@ async def reap(leases: lease_service_pb2_grpc.LeaseServiceStub) -> ls.ReapExpire
         return await leases.ReapExpired(ls.ReapExpiredRequest())
 
 
-async def pending(stub: trace_service_pb2_grpc.TraceServiceStub, owner: str, trace_id: str) -> tp.Message:
+async def pending(stub: TraceStubs, owner: str, trace_id: str) -> tp.Message:
     return await append(
-        stub, owner, trace_id, "", role=tp.MESSAGE_ROLE_ASSISTANT, status=tp.MESSAGE_STATUS_PENDING
+        stub.messages, owner, trace_id, "", role=tp.MESSAGE_ROLE_ASSISTANT, status=tp.MESSAGE_STATUS_PENDING
     )
 
 
-async def message(stub: trace_service_pb2_grpc.TraceServiceStub, owner: str, message_id: int) -> tp.Message:
+async def message(stub: TraceStubs, owner: str, message_id: int) -> tp.Message:
     with identity.acting_as(owner):
-        return (await stub.GetMessage(ts.GetMessageRequest(message_id=message_id))).message
+        return (await stub.messages.GetMessage(ms.GetMessageRequest(message_id=message_id))).message
 
 
 async def test_a_live_lease_is_never_reaped(trace_with_lease, unique):
     stub, leases = await trace_with_lease(60.0)
     owner = f"u-{unique}"
-    fresh = await pending(stub, owner, (await new_trace(stub, owner)).id)
-    renewed = await pending(stub, owner, (await new_trace(stub, owner)).id)
+    fresh = await pending(stub, owner, (await new_trace(stub.traces, owner)).id)
+    renewed = await pending(stub, owner, (await new_trace(stub.traces, owner)).id)
     with identity.acting_as(""):
         resp = await leases.RenewLeases(ls.RenewLeasesRequest(message_ids=[renewed.id, 987654321]))
     assert resp.renewed == 1, "only rows still in progress are renewed"
@@ -80,10 +93,10 @@ async def test_a_live_lease_is_never_reaped(trace_with_lease, unique):
 async def test_an_expired_placeholder_is_settled_once_and_its_buffer_named(trace_with_lease, unique):
     stub, leases = await trace_with_lease(0.0)
     owner = f"u-{unique}"
-    chat = await new_trace(stub, owner)
-    await append(stub, owner, chat.id, "hi")
+    chat = await new_trace(stub.traces, owner)
+    await append(stub.messages, owner, chat.id, "hi")
     orphan = await pending(stub, owner, chat.id)
-    done = await append(stub, owner, chat.id, "finished", role=tp.MESSAGE_ROLE_ASSISTANT)
+    done = await append(stub.messages, owner, chat.id, "finished", role=tp.MESSAGE_ROLE_ASSISTANT)
     reaped = await reap(leases)
     assert (reaped.messages, reaped.tasks, reaped.subagents) == (1, 0, 0)
     assert list(reaped.stream_keys) == [f"trace:{chat.id}"]
@@ -96,20 +109,22 @@ async def test_an_expired_placeholder_is_settled_once_and_its_buffer_named(trace
 async def test_tasks_subagents_and_child_traces_are_settled_with_their_buffers(trace_with_lease, unique):
     stub, leases = await trace_with_lease(0.0)
     owner = f"u-{unique}"
-    caller = await new_trace(stub, owner)
-    await append(stub, owner, caller.id, "go")
-    anchor = await append(stub, owner, caller.id, "", role=tp.MESSAGE_ROLE_ASSISTANT)  # the anchor: settled
+    caller = await new_trace(stub.traces, owner)
+    await append(stub.messages, owner, caller.id, "go")
+    anchor = await append(
+        stub.messages, owner, caller.id, "", role=tp.MESSAGE_ROLE_ASSISTANT
+    )  # the anchor: settled
     with identity.acting_as(owner):
         task = (
-            await stub.CreateA2ATask(
-                ts.CreateA2ATaskRequest(
-                    task=tp.A2ATask(callee_agent="coder", caller_agent="general", caller_session_id=caller.id)
+            await stub.tasks.CreateA2ATask(
+                tks.CreateA2ATaskRequest(
+                    task=tp.A2ATask(callee_agent="coder", caller_agent="general", caller_trace_id=caller.id)
                 )
             )
         ).task
         subs = (
-            await stub.CreateSubagentSessions(
-                ts.CreateSubagentSessionsRequest(
+            await stub.subagents.CreateSubagentSessions(
+                sbs.CreateSubagentSessionsRequest(
                     subagents=[
                         tp.SubagentSession(
                             trace_id=caller.id,
@@ -124,8 +139,8 @@ async def test_tasks_subagents_and_child_traces_are_settled_with_their_buffers(t
             )
         ).subagents
     callee = await append(
-        stub, owner, task.trace_id, "", role=tp.MESSAGE_ROLE_ASSISTANT, status=tp.MESSAGE_STATUS_PENDING,
-        source=tp.MESSAGE_SOURCE_A2A, a2a_task_id=task.id,
+        stub.messages, owner, task.trace_id, "", role=tp.MESSAGE_ROLE_ASSISTANT,
+        status=tp.MESSAGE_STATUS_PENDING, source=tp.MESSAGE_SOURCE_A2A, a2a_task_id=task.id,
     )  # fmt: skip
     child = await pending(stub, owner, subs[0].child_trace_id)
     reaped = await reap(leases)
@@ -133,9 +148,11 @@ async def test_tasks_subagents_and_child_traces_are_settled_with_their_buffers(t
     assert sorted(reaped.stream_keys) == sorted([f"a2a:{task.id}", f"subagent:{subs[0].id}"])
     with identity.acting_as(owner):
         assert (
-            await stub.GetA2ATask(ts.GetA2ATaskRequest(task_id=task.id))
+            await stub.tasks.GetA2ATask(tks.GetA2ATaskRequest(task_id=task.id))
         ).task.state == tp.TASK_STATE_FAILED
-        sub = (await stub.GetSubagentSession(ts.GetSubagentSessionRequest(subagent_id=subs[0].id))).subagent
+        sub = (
+            await stub.subagents.GetSubagentSession(sbs.GetSubagentSessionRequest(subagent_id=subs[0].id))
+        ).subagent
     assert sub.status == ev.SUBAGENT_STATUS_FAILED and sub.error.startswith("interrupted")
     assert sub.HasField("end_time")
     for m in (callee, child):
@@ -145,7 +162,7 @@ async def test_tasks_subagents_and_child_traces_are_settled_with_their_buffers(t
 async def test_concurrent_reapers_never_settle_a_row_twice(trace_with_lease, unique):
     stub, leases = await trace_with_lease(0.0)
     owner = f"u-{unique}"
-    traces = [await new_trace(stub, owner) for _ in range(20)]
+    traces = [await new_trace(stub.traces, owner) for _ in range(20)]
     for t in traces:
         await pending(stub, owner, t.id)
     rounds = await asyncio.gather(*(reap(leases) for _ in range(4)))

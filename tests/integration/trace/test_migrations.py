@@ -1,5 +1,6 @@
 """The Alembic migrations on both databases: upgrade from empty through 0001, 0002 (with rows in the
-tables 0002 changes) and 0003, match the models, downgrade step by step to base, upgrade again."""
+tables 0002 changes), 0003, 0004 and 0005 (the same rows, renamed), match the models, downgrade step by
+step to base, upgrade again."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from agentmesh.services.trace.store.sql.db import create_engine, downgrade, migrate
 from agentmesh.services.trace.store.sql.models import Base
 
-TABLES = {"users", "api_keys", "agents", "peers", "sessions", "messages", "a2a_tasks", "subagent_sessions"}
+TABLES = {"users", "api_keys", "agents", "peers", "traces", "messages", "a2a_tasks", "subagent_sessions"}
+TABLES_0004 = TABLES - {"traces"} | {"sessions"}  # 0005 renames sessions to traces
 AGENT_COLUMNS_0002 = {"owner_user_id", "version", "public", "created_at", "updated_at"}
 
 
@@ -97,7 +99,7 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
     # 0001: the initial schema (agents unique by slug, subagents known by their integer key).
     await migrate(empty_engine, "0001")
     assert await _revision(empty_engine) == "0001"
-    assert TABLES <= (await _state(empty_engine))[0]
+    assert TABLES_0004 <= (await _state(empty_engine))[0]
     assert not AGENT_COLUMNS_0002 - {"created_at", "updated_at"} & await _columns(empty_engine, "agents")
     assert "public_id" not in await _columns(empty_engine, "subagent_sessions")
     assert "uq_agents_slug" in await _unique_names(empty_engine, "agents")
@@ -157,14 +159,42 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
         ix["name"] for ix in await _inspect(empty_engine, lambda i: i.get_indexes("messages"))
     }
     # 0004: cached copies of peers' traces; every existing session is one of this mesh (home NULL).
-    await migrate(empty_engine)
+    await migrate(empty_engine, "0004")
     assert await _revision(empty_engine) == "0004"
-    tables, diff = await _state(empty_engine)
-    assert TABLES <= tables and diff == []
     assert {"home", "home_sequence", "synced_at"} <= await _columns(empty_engine, "sessions")
     assert await _rows(empty_engine, "SELECT id FROM sessions WHERE home IS NOT NULL") == []
+
+    # 0005: one word, trace: the table and the columns that named a trace by a session are renamed,
+    # with their indexes and constraints; the rows stay.
+    await migrate(empty_engine)
+    assert await _revision(empty_engine) == "0005"
+    tables, diff = await _state(empty_engine)
+    assert TABLES <= tables and "sessions" not in tables and diff == []
+    assert {"trace_id", "caller_trace_id"} <= await _columns(empty_engine, "messages")
+    assert {"trace_id", "caller_trace_id"} <= await _columns(empty_engine, "a2a_tasks")
+    assert {"trace_id", "child_trace_id"} <= await _columns(empty_engine, "subagent_sessions")
+    assert await _rows(empty_engine, "SELECT id, agent FROM traces") == [("t-1", "general")]
+    assert [r[0] for r in await _rows(empty_engine, "SELECT trace_id FROM subagent_sessions")] == ["t-1"] * 2
+    assert "uq_messages_trace_sequence" in await _unique_names(empty_engine, "messages")
+    assert {"idx_traces_user_updated", "uq_traces_user_home"} <= {
+        ix["name"] for ix in await _inspect(empty_engine, lambda i: i.get_indexes("traces"))
+    }
+    with pytest.raises(IntegrityError):  # the renamed unique constraint still holds
+        async with empty_engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO messages (trace_id, sequence, role, content, thinking, model, input_tokens,"
+                    " output_tokens, sort_order, status)"
+                    " VALUES ('t-1', 1, 'user', '', '', '', 0, 0, 0, 'completed')"
+                )
+            )
     await migrate(empty_engine)  # idempotent at head
-    assert await _revision(empty_engine) == "0004"
+    assert await _revision(empty_engine) == "0005"
+    await downgrade(empty_engine, "0004")
+    assert "traces" not in (await _state(empty_engine))[0]
+    assert "session_id" in await _columns(empty_engine, "messages")
+    assert await _rows(empty_engine, "SELECT id FROM sessions") == [("t-1",)]
+    assert "uq_messages_session_sequence" in await _unique_names(empty_engine, "messages")
     await downgrade(empty_engine, "0003")
     assert "home" not in await _columns(empty_engine, "sessions")
     await downgrade(empty_engine, "0002")
@@ -184,8 +214,8 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
 
     await downgrade(empty_engine)
     assert await _revision(empty_engine) is None
-    assert (await _state(empty_engine))[0] & TABLES == set()
+    assert (await _state(empty_engine))[0] & (TABLES | TABLES_0004) == set()
 
     await migrate(empty_engine)
     tables, diff = await _state(empty_engine)
-    assert TABLES <= tables and diff == [] and await _revision(empty_engine) == "0004"
+    assert TABLES <= tables and diff == [] and await _revision(empty_engine) == "0005"

@@ -17,6 +17,8 @@ from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs import identity
 from agentmesh.libs.errors import FailedPrecondition
 from agentmesh.services.orchestrator.subagents import RowWriter
+from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import subagent_service_pb2 as sbs
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.integration.trace.conftest import append, code_of, error_of, new_trace, recent
@@ -28,7 +30,7 @@ ASSISTANT = tp.MESSAGE_ROLE_ASSISTANT
 
 async def _create(stub, owner, *subs):
     with identity.acting_as(owner):
-        resp = await stub.CreateSubagentSessions(ts.CreateSubagentSessionsRequest(subagents=list(subs)))
+        resp = await stub.CreateSubagentSessions(sbs.CreateSubagentSessionsRequest(subagents=list(subs)))
     return list(resp.subagents)
 
 
@@ -91,13 +93,13 @@ async def test_subagent_rows_and_transitions(trace_stub, unique):
         assert (clone.kind, clone.agent) == (tp.TRACE_KIND_SUBAGENT, "general")
 
         one = await trace_stub.ListSubagentSessions(
-            ts.ListSubagentSessionsRequest(trace_id=s.id, parent_message_id=anchor.id)
+            sbs.ListSubagentSessionsRequest(trace_id=s.id, parent_message_id=anchor.id)
         )
         assert [r.name for r in one.subagents] == ["a", "b"]
-        every = await trace_stub.ListSubagentSessions(ts.ListSubagentSessionsRequest(trace_id=s.id))
+        every = await trace_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
         assert [r.name for r in every.subagents] == ["a", "b", "z"]
         assert list(every.subagents) == [a, b, z]
-        got = await trace_stub.GetSubagentSession(ts.GetSubagentSessionRequest(subagent_id=b.id))
+        got = await trace_stub.GetSubagentSession(sbs.GetSubagentSessionRequest(subagent_id=b.id))
         assert got.subagent == b
 
     def update(row: Any, status: Any = 0, paths: Any = ("status",), **kw: Any) -> Any:
@@ -105,7 +107,7 @@ async def test_subagent_rows_and_transitions(trace_stub, unique):
         mask = field_mask_pb2.FieldMask(paths=list(paths))
         with identity.acting_as(owner):
             return trace_stub.UpdateSubagentSession(
-                ts.UpdateSubagentSessionRequest(subagent=change, update_mask=mask)
+                sbs.UpdateSubagentSessionRequest(subagent=change, update_mask=mask)
             )
 
     running = (await update(a, ev.SUBAGENT_STATUS_RUNNING)).subagent
@@ -169,7 +171,7 @@ async def test_subagent_rows_and_transitions(trace_stub, unique):
         assert (error.code(), error.details()) == (BAD, f"cannot update {field}")
     with identity.acting_as(owner):
         stored = (
-            await trace_stub.GetSubagentSession(ts.GetSubagentSessionRequest(subagent_id=b.id))
+            await trace_stub.GetSubagentSession(sbs.GetSubagentSessionRequest(subagent_id=b.id))
         ).subagent
     assert stored == failed
     # Clearing the optional results clears them.
@@ -229,24 +231,24 @@ async def test_subagent_batch_rules(trace_stub, unique):
     }
     with identity.acting_as(owner):
         for what, row in bad_rows.items():
-            request = ts.CreateSubagentSessionsRequest(subagents=[good, row])
+            request = sbs.CreateSubagentSessionsRequest(subagents=[good, row])
             assert await code_of(trace_stub.CreateSubagentSessions(request)) == BAD, what
         # A clone of nobody: the trace names no agent and the row no preset or parent agent.
         agentless = await new_trace(trace_stub, owner, agent="")
         agentless_anchor = await append(trace_stub, owner, agentless.id, "", ASSISTANT)
         clone = tp.SubagentSession(trace_id=agentless.id, parent_message_id=agentless_anchor.id, name="c")
         error = await error_of(
-            trace_stub.CreateSubagentSessions(ts.CreateSubagentSessionsRequest(subagents=[clone]))
+            trace_stub.CreateSubagentSessions(sbs.CreateSubagentSessionsRequest(subagents=[clone]))
         )
         assert (error.code(), error.details()) == (
             BAD,
             "a subagent needs an agent: preset_agent or parent_agent",
         )
         # Nothing of the refused batches was stored: only the failed row above exists.
-        listed = await trace_stub.ListSubagentSessions(ts.ListSubagentSessionsRequest(trace_id=s.id))
+        listed = await trace_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
         assert [r.id for r in listed.subagents] == [refused.id]
         listed_other = await trace_stub.ListSubagentSessions(
-            ts.ListSubagentSessionsRequest(trace_id=other.id)
+            sbs.ListSubagentSessionsRequest(trace_id=other.id)
         )
         assert list(listed_other.subagents) == []
 
@@ -267,19 +269,21 @@ async def test_several_rows_change_in_one_call_all_or_none(trace_stub, unique):
     )
     a, b, c = rows
 
-    def change(row: Any, status: Any, paths: Any = ("status",), **kw: Any) -> ts.UpdateSubagentSessionRequest:
-        return ts.UpdateSubagentSessionRequest(
+    def change(
+        row: Any, status: Any, paths: Any = ("status",), **kw: Any
+    ) -> sbs.UpdateSubagentSessionRequest:
+        return sbs.UpdateSubagentSessionRequest(
             subagent=tp.SubagentSession(id=row.id, status=status, **kw),
             update_mask=field_mask_pb2.FieldMask(paths=list(paths)),
         )
 
-    async def update(*changes: ts.UpdateSubagentSessionRequest) -> Any:
+    async def update(*changes: sbs.UpdateSubagentSessionRequest) -> Any:
         with identity.acting_as(owner):
-            return await trace_stub.UpdateSubagentSessions(ts.UpdateSubagentSessionsRequest(updates=changes))
+            return await trace_stub.UpdateSubagentSessions(sbs.UpdateSubagentSessionsRequest(updates=changes))
 
     async def stored() -> list[tp.SubagentSession]:
         with identity.acting_as(owner):
-            resp = await trace_stub.ListSubagentSessions(ts.ListSubagentSessionsRequest(trace_id=s.id))
+            resp = await trace_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
         return list(resp.subagents)
 
     started = (
@@ -314,7 +318,7 @@ async def test_several_rows_change_in_one_call_all_or_none(trace_stub, unique):
     with identity.acting_as(f"stranger-{unique}"):
         error = await error_of(
             trace_stub.UpdateSubagentSessions(
-                ts.UpdateSubagentSessionsRequest(updates=[change(b, ev.SUBAGENT_STATUS_CANCELLED)])
+                sbs.UpdateSubagentSessionsRequest(updates=[change(b, ev.SUBAGENT_STATUS_CANCELLED)])
             )
         )
     assert (error.code(), error.details()) == (grpc.StatusCode.NOT_FOUND, "subagent session not found")
@@ -372,13 +376,13 @@ async def test_the_runtimes_row_writer_coalesces_and_keeps_failures_apart(trace_
 
     writer = RowWriter(SimpleNamespace(trace=Counted()))  # type: ignore[arg-type]
 
-    def change(row: Any, status: Any) -> ts.UpdateSubagentSessionRequest:
-        return ts.UpdateSubagentSessionRequest(
+    def change(row: Any, status: Any) -> sbs.UpdateSubagentSessionRequest:
+        return sbs.UpdateSubagentSessionRequest(
             subagent=tp.SubagentSession(id=row.id, status=status),
             update_mask=field_mask_pb2.FieldMask(paths=["status"]),
         )
 
-    async def together(*changes: ts.UpdateSubagentSessionRequest) -> list[Any]:
+    async def together(*changes: sbs.UpdateSubagentSessionRequest) -> list[Any]:
         with identity.acting_as(owner):
             return await asyncio.gather(*(writer.update(c) for c in changes), return_exceptions=True)
 
@@ -404,7 +408,7 @@ async def test_the_runtimes_row_writer_coalesces_and_keeps_failures_apart(trace_
     )
     assert calls == [("UpdateSubagentSessions", 4)] + [("UpdateSubagentSession", 1)] * 4
     with identity.acting_as(owner):
-        stored = await trace_stub.ListSubagentSessions(ts.ListSubagentSessionsRequest(trace_id=s.id))
+        stored = await trace_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
     assert [r.status for r in stored.subagents] == [
         ev.SUBAGENT_STATUS_COMPLETED,
         ev.SUBAGENT_STATUS_RUNNING,
@@ -433,25 +437,25 @@ async def test_a_batch_stores_each_subagents_turn_with_its_row(trace_stub, uniqu
         for i in range(2)
     ]
 
-    def turn(i: int) -> ts.TurnMessages:
+    def turn(i: int) -> ms.TurnMessages:
         def message(role: tp.MessageRole, text: str, status: tp.MessageStatus) -> tp.Message:
             return tp.Message(
                 role=role, content=text, status=status, source=tp.MESSAGE_SOURCE_SUBAGENT,
-                caller_agent="general", caller_session_id=s.id, model="mock-gpt" if text == "" else "",
+                caller_agent="general", caller_trace_id=s.id, model="mock-gpt" if text == "" else "",
             )  # fmt: skip
 
-        return ts.TurnMessages(
+        return ms.TurnMessages(
             user_message=message(tp.MESSAGE_ROLE_USER, f"g{i}", tp.MESSAGE_STATUS_COMPLETED),
             assistant_message=message(ASSISTANT, "", tp.MESSAGE_STATUS_PENDING),
         )
 
     with identity.acting_as(owner):
-        refused = ts.CreateSubagentSessionsRequest(subagents=rows, turns=[turn(0)])
+        refused = sbs.CreateSubagentSessionsRequest(subagents=rows, turns=[turn(0)])
         assert await code_of(trace_stub.CreateSubagentSessions(refused)) == BAD
-        listed = await trace_stub.ListSubagentSessions(ts.ListSubagentSessionsRequest(trace_id=s.id))
+        listed = await trace_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
         assert list(listed.subagents) == []
         resp = await trace_stub.CreateSubagentSessions(
-            ts.CreateSubagentSessionsRequest(subagents=rows, turns=[turn(0), turn(1)])
+            sbs.CreateSubagentSessionsRequest(subagents=rows, turns=[turn(0), turn(1)])
         )
         assert len(resp.turns) == 2
         for i, (row, begun) in enumerate(zip(resp.subagents, resp.turns, strict=True)):
@@ -463,7 +467,7 @@ async def test_a_batch_stores_each_subagents_turn_with_its_row(trace_stub, uniqu
                 2, 1, tp.MESSAGE_STATUS_PENDING
             )  # fmt: skip
             path = await trace_stub.ListMessages(
-                ts.ListMessagesRequest(trace_id=row.child_trace_id, mode=ts.PATH_MODE_MAIN_PATH)
+                ms.ListMessagesRequest(trace_id=row.child_trace_id, mode=ms.PATH_MODE_MAIN_PATH)
             )
             assert list(path.messages) == [user, placeholder] and path.head_sequence == 2
             following = await append(trace_stub, owner, row.child_trace_id, "next")
@@ -495,15 +499,15 @@ async def test_a_row_changed_twice_in_one_call_and_an_own_agent_before_the_built
     )
     assert (row.preset_agent, builtin.preset_agent) == ("coder", "researcher")
 
-    def change(status: Any, paths: tuple[str, ...], **kw: Any) -> ts.UpdateSubagentSessionRequest:
-        return ts.UpdateSubagentSessionRequest(
+    def change(status: Any, paths: tuple[str, ...], **kw: Any) -> sbs.UpdateSubagentSessionRequest:
+        return sbs.UpdateSubagentSessionRequest(
             subagent=tp.SubagentSession(id=row.id, status=status, **kw),
             update_mask=field_mask_pb2.FieldMask(paths=list(paths)),
         )
 
     with identity.acting_as(owner):
         resp = await trace_stub.UpdateSubagentSessions(
-            ts.UpdateSubagentSessionsRequest(
+            sbs.UpdateSubagentSessionsRequest(
                 updates=[
                     change(ev.SUBAGENT_STATUS_RUNNING, ("status", "model"), model="m1"),
                     change(
@@ -522,9 +526,9 @@ async def test_a_row_changed_twice_in_one_call_and_an_own_agent_before_the_built
             ev.SUBAGENT_STATUS_COMPLETED, "m1", "done", 4
         )  # fmt: skip
         assert ended.start_time == started.start_time and recent(ended.end_time)
-        got = await trace_stub.GetSubagentSession(ts.GetSubagentSessionRequest(subagent_id=row.id))
+        got = await trace_stub.GetSubagentSession(sbs.GetSubagentSessionRequest(subagent_id=row.id))
         assert got.subagent == ended
 
         await agent_stub.DeleteAgent(ag.DeleteAgentRequest(slug="coder"))
-        listed = await trace_stub.ListSubagentSessions(ts.ListSubagentSessionsRequest(trace_id=s.id))
+        listed = await trace_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
         assert [r.preset_agent for r in listed.subagents] == ["", "researcher"]

@@ -6,6 +6,7 @@ import grpc
 from google.protobuf import struct_pb2
 
 from agentmesh.libs import identity
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.integration.trace.conftest import code_of, count_rows, error_of, new_trace, recent
@@ -14,25 +15,25 @@ BAD = grpc.StatusCode.INVALID_ARGUMENT
 FAILED = grpc.StatusCode.FAILED_PRECONDITION
 
 
-async def test_a2a_tasks(trace_stub, trace_engine, unique):
+async def test_a2a_tasks(trace_stub, trace_engine, unique, task_stub):
     owner = f"u-{unique}"
     caller = await new_trace(trace_stub, owner)
     context = struct_pb2.Struct()
     context.update({"toolCallId": "call-1", "depth": 1})
     with identity.acting_as(owner):
         task = (
-            await trace_stub.CreateA2ATask(
-                ts.CreateA2ATaskRequest(
+            await task_stub.CreateA2ATask(
+                tks.CreateA2ATaskRequest(
                     task=tp.A2ATask(
                         callee_agent="coder",
                         caller_agent="general",
-                        caller_session_id=caller.id,
+                        caller_trace_id=caller.id,
                         caller_context=context,
                     )
                 )
             )
         ).task
-        assert (task.state, task.callee_agent, task.caller_agent, task.caller_session_id, task.owner) == (
+        assert (task.state, task.callee_agent, task.caller_agent, task.caller_trace_id, task.owner) == (
             tp.TASK_STATE_SUBMITTED,
             "coder",
             "general",
@@ -51,9 +52,9 @@ async def test_a2a_tasks(trace_stub, trace_engine, unique):
         )
 
         again = (
-            await trace_stub.CreateA2ATask(
-                ts.CreateA2ATaskRequest(
-                    task=tp.A2ATask(callee_agent="coder", caller_session_id=caller.id),
+            await task_stub.CreateA2ATask(
+                tks.CreateA2ATaskRequest(
+                    task=tp.A2ATask(callee_agent="coder", caller_trace_id=caller.id),
                     continue_trace_id=task.trace_id,
                 )
             )
@@ -61,68 +62,68 @@ async def test_a2a_tasks(trace_stub, trace_engine, unique):
         assert again.trace_id == task.trace_id and again.id != task.id
         assert (again.caller_agent, again.state) == ("", tp.TASK_STATE_SUBMITTED)
         traces = await count_rows(
-            trace_engine, "SELECT count(*) FROM sessions WHERE id = :id", id=task.trace_id
+            trace_engine, "SELECT count(*) FROM traces WHERE id = :id", id=task.trace_id
         )
         assert traces == 1
-        wrong_agent = ts.CreateA2ATaskRequest(
+        wrong_agent = tks.CreateA2ATaskRequest(
             task=tp.A2ATask(callee_agent="researcher"), continue_trace_id=task.trace_id
         )
-        error = await error_of(trace_stub.CreateA2ATask(wrong_agent))
+        error = await error_of(task_stub.CreateA2ATask(wrong_agent))
         assert (error.code(), error.details()) == (BAD, f"trace {task.trace_id} belongs to agent 'coder'")
-        not_a2a = ts.CreateA2ATaskRequest(
+        not_a2a = tks.CreateA2ATaskRequest(
             task=tp.A2ATask(callee_agent="general"), continue_trace_id=caller.id
         )
-        assert await code_of(trace_stub.CreateA2ATask(not_a2a)) == FAILED
-        unknown = ts.CreateA2ATaskRequest(task=tp.A2ATask(callee_agent="nobody", caller_session_id=caller.id))
-        error = await error_of(trace_stub.CreateA2ATask(unknown))
+        assert await code_of(task_stub.CreateA2ATask(not_a2a)) == FAILED
+        unknown = tks.CreateA2ATaskRequest(task=tp.A2ATask(callee_agent="nobody", caller_trace_id=caller.id))
+        error = await error_of(task_stub.CreateA2ATask(unknown))
         assert (error.code(), error.details()) == (BAD, "unknown agent 'nobody'")
-        no_callee = ts.CreateA2ATaskRequest(task=tp.A2ATask(caller_session_id=caller.id))
-        assert await code_of(trace_stub.CreateA2ATask(no_callee)) == BAD
+        no_callee = tks.CreateA2ATaskRequest(task=tp.A2ATask(caller_trace_id=caller.id))
+        assert await code_of(task_stub.CreateA2ATask(no_callee)) == BAD
 
-        working = await trace_stub.UpdateA2ATask(
-            ts.UpdateA2ATaskRequest(task_id=task.id, state=tp.TASK_STATE_WORKING)
+        working = await task_stub.UpdateA2ATask(
+            tks.UpdateA2ATaskRequest(task_id=task.id, state=tp.TASK_STATE_WORKING)
         )
         assert working.task.state == tp.TASK_STATE_WORKING
         assert working.task.update_time.ToNanoseconds() > task.update_time.ToNanoseconds()
-        same = await trace_stub.UpdateA2ATask(
-            ts.UpdateA2ATaskRequest(task_id=task.id, state=tp.TASK_STATE_WORKING)
+        same = await task_stub.UpdateA2ATask(
+            tks.UpdateA2ATaskRequest(task_id=task.id, state=tp.TASK_STATE_WORKING)
         )
         assert same.task == working.task  # no move, no change
-        unset = ts.UpdateA2ATaskRequest(task_id=task.id)
-        assert await code_of(trace_stub.UpdateA2ATask(unset)) == BAD
-        await trace_stub.UpdateA2ATask(
-            ts.UpdateA2ATaskRequest(task_id=task.id, state=tp.TASK_STATE_COMPLETED)
+        unset = tks.UpdateA2ATaskRequest(task_id=task.id)
+        assert await code_of(task_stub.UpdateA2ATask(unset)) == BAD
+        await task_stub.UpdateA2ATask(
+            tks.UpdateA2ATaskRequest(task_id=task.id, state=tp.TASK_STATE_COMPLETED)
         )
         for state in (tp.TASK_STATE_WORKING, tp.TASK_STATE_FAILED, tp.TASK_STATE_CANCELED):
-            reopen = ts.UpdateA2ATaskRequest(task_id=task.id, state=state)
-            error = await error_of(trace_stub.UpdateA2ATask(reopen))
+            reopen = tks.UpdateA2ATaskRequest(task_id=task.id, state=state)
+            error = await error_of(task_stub.UpdateA2ATask(reopen))
             assert (error.code(), error.details()) == (FAILED, "task is already completed")
-        got = await trace_stub.GetA2ATask(ts.GetA2ATaskRequest(task_id=task.id))
+        got = await task_stub.GetA2ATask(tks.GetA2ATaskRequest(task_id=task.id))
         assert got.task.state == tp.TASK_STATE_COMPLETED
-        assert await code_of(trace_stub.GetA2ATask(ts.GetA2ATaskRequest())) == BAD
-        listed = await trace_stub.ListA2ATasks(ts.ListA2ATasksRequest(caller_session_id=caller.id))
+        assert await code_of(task_stub.GetA2ATask(tks.GetA2ATaskRequest())) == BAD
+        listed = await task_stub.ListA2ATasks(tks.ListA2ATasksRequest(caller_trace_id=caller.id))
         assert [t.id for t in listed.tasks] == [task.id, again.id]
 
 
-async def test_visible_task_shows_its_callee_trace(trace_stub, unique):
+async def test_visible_task_shows_its_callee_trace(trace_stub, unique, task_stub):
     """A task created (or continued) visible_in_sidebar makes its callee trace visible."""
     owner = f"u-{unique}"
     caller = await new_trace(trace_stub, owner)
     with identity.acting_as(owner):
         hidden = (
-            await trace_stub.CreateA2ATask(
-                ts.CreateA2ATaskRequest(task=tp.A2ATask(callee_agent="coder", caller_session_id=caller.id))
+            await task_stub.CreateA2ATask(
+                tks.CreateA2ATaskRequest(task=tp.A2ATask(callee_agent="coder", caller_trace_id=caller.id))
             )
         ).task
         shown = (
-            await trace_stub.CreateA2ATask(
-                ts.CreateA2ATaskRequest(
+            await task_stub.CreateA2ATask(
+                tks.CreateA2ATaskRequest(
                     task=tp.A2ATask(callee_agent="coder", visible_in_sidebar=True),
                     continue_trace_id=hidden.trace_id,
                 )
             )
         ).task
-        assert (shown.trace_id, shown.visible_in_sidebar, shown.caller_session_id) == (
+        assert (shown.trace_id, shown.visible_in_sidebar, shown.caller_trace_id) == (
             hidden.trace_id,
             True,
             "",
@@ -130,5 +131,5 @@ async def test_visible_task_shows_its_callee_trace(trace_stub, unique):
         callee = (await trace_stub.GetTrace(ts.GetTraceRequest(trace_id=hidden.trace_id))).trace
         assert callee.visible_in_sidebar
         # A task without a caller session is not listed under any session.
-        listed = await trace_stub.ListA2ATasks(ts.ListA2ATasksRequest(caller_session_id=caller.id))
+        listed = await task_stub.ListA2ATasks(tks.ListA2ATasksRequest(caller_trace_id=caller.id))
         assert [t.id for t in listed.tasks] == [hidden.id]

@@ -8,6 +8,7 @@ import grpc
 from google.protobuf import field_mask_pb2
 
 from agentmesh.libs import identity
+from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.integration.trace.conftest import append, code_of, error_of, new_trace, recent
@@ -28,7 +29,7 @@ async def _all_traces(stub, owner, page_size, token=""):
                 return ids, pages
 
 
-async def test_list_hides_a2a_and_subagent_traces(trace_stub, unique):
+async def test_list_hides_a2a_and_subagent_traces(trace_stub, unique, task_stub):
     owner = f"u-{unique}"
     chat = await new_trace(trace_stub, owner, title="chat")
     hidden_a2a = await new_trace(trace_stub, owner, kind=tp.TRACE_KIND_A2A)
@@ -36,16 +37,16 @@ async def test_list_hides_a2a_and_subagent_traces(trace_stub, unique):
     hidden_sub = await new_trace(trace_stub, owner, kind=tp.TRACE_KIND_SUBAGENT)
     with identity.acting_as(owner):
         task = (
-            await trace_stub.CreateA2ATask(
-                ts.CreateA2ATaskRequest(
-                    task=tp.A2ATask(callee_agent="coder", caller_agent="general", caller_session_id=chat.id)
+            await task_stub.CreateA2ATask(
+                tks.CreateA2ATaskRequest(
+                    task=tp.A2ATask(callee_agent="coder", caller_agent="general", caller_trace_id=chat.id)
                 )
             )
         ).task
         visible_task = (
-            await trace_stub.CreateA2ATask(
-                ts.CreateA2ATaskRequest(
-                    task=tp.A2ATask(callee_agent="coder", caller_session_id=chat.id, visible_in_sidebar=True)
+            await task_stub.CreateA2ATask(
+                tks.CreateA2ATaskRequest(
+                    task=tp.A2ATask(callee_agent="coder", caller_trace_id=chat.id, visible_in_sidebar=True)
                 )
             )
         ).task
@@ -71,13 +72,13 @@ async def test_list_hides_a2a_and_subagent_traces(trace_stub, unique):
     assert hidden_sub.id in (await _all_traces(trace_stub, owner, 50))[0]
 
 
-async def test_list_newest_first_and_paging(trace_stub, unique):
+async def test_list_newest_first_and_paging(trace_stub, unique, message_stub):
     owner = f"u-{unique}"
     created = [await new_trace(trace_stub, owner, title=f"s{i}") for i in range(7)]
     ids, pages = await _all_traces(trace_stub, owner, 3)
     assert ids == [t.id for t in reversed(created)] and pages == 3
     # Activity moves a trace to the top; a fresh listing reflects it.
-    await append(trace_stub, owner, created[2].id, "bump")
+    await append(message_stub, owner, created[2].id, "bump")
     ids, _ = await _all_traces(trace_stub, owner, 2)
     assert ids[0] == created[2].id and sorted(ids) == sorted(t.id for t in created)
     # A page token stays valid while new traces arrive: no trace of the old order repeats.

@@ -55,9 +55,9 @@ async def stores(empty_database: str) -> AsyncIterator[tuple[SqlStores, Statemen
 
 
 async def _messages(stores: SqlStores, owner: str, n: int) -> tuple[tp.Trace, list[tp.Message]]:
-    trace = await stores.traces.create_trace(owner, tp.Trace(agent="general"))
+    trace = await stores.traces.create_trace(owner, tp.Trace(agent="general"), "")
     placeholders = [tp.Message(role=ASSISTANT, status=PENDING, content="") for _ in range(n)]
-    out = await stores.traces.append_messages(owner, trace.id, placeholders)
+    out = await stores.messages.append_messages(owner, trace.id, placeholders)
     return await stores.traces.get_trace(owner, trace.id), out
 
 
@@ -87,15 +87,15 @@ async def test_concurrent_updates_each_return_their_own_row_in_one_transaction(s
     changes = [_change(i, m) for i, m in enumerate(ma + mb)]
     statements.reset()
     got = await asyncio.gather(
-        *(s.traces.update_message(o, c, paths) for o, (c, paths) in zip(owners, changes, strict=True))
+        *(s.messages.update_message(o, c, paths) for o, (c, paths) in zip(owners, changes, strict=True))
     )
     if dialect == "sqlite":
         assert statements.begins == 1, statements.sql
         assert statements.count("UPDATE messages") == 3
         assert statements.count("SELECT") == 1
-        assert statements.count("UPDATE sessions") == 1
+        assert statements.count("UPDATE traces") == 1
     for i, (owner, message, (change, _)) in enumerate(zip(owners, got, changes, strict=True)):
-        assert message == await s.traces.get_message(owner, change.id), i
+        assert message == await s.messages.get_message(owner, change.id), i
         assert message.id == change.id and message.role == ASSISTANT
         if i % 3 == 0:
             assert (message.content, message.status) == (f"answer {i}", PENDING)
@@ -114,14 +114,16 @@ async def test_a_missing_or_foreign_message_fails_only_its_caller(stores):
     s, _, _ = stores
     _, mine = await _messages(s, "alice", 6)
     theirs_trace, theirs = await _messages(s, "bob", 1)
-    calls = [s.traces.update_message("alice", tp.Message(id=m.id, content="mine"), ["content"]) for m in mine]
-    foreign = s.traces.update_message("alice", tp.Message(id=theirs[0].id, content="stolen"), ["content"])
-    missing = s.traces.update_message("alice", tp.Message(id=10**9, content="nowhere"), ["content"])
+    calls = [
+        s.messages.update_message("alice", tp.Message(id=m.id, content="mine"), ["content"]) for m in mine
+    ]
+    foreign = s.messages.update_message("alice", tp.Message(id=theirs[0].id, content="stolen"), ["content"])
+    missing = s.messages.update_message("alice", tp.Message(id=10**9, content="nowhere"), ["content"])
     *ok, stolen, nowhere = await asyncio.gather(*calls, foreign, missing, return_exceptions=True)
     assert [m if isinstance(m, BaseException) else m.content for m in ok] == ["mine"] * 6, ok
     assert isinstance(stolen, NotFound) and isinstance(nowhere, NotFound)
     assert str(stolen) == str(nowhere)  # the same answer: nothing tells bob's message exists
-    assert (await s.traces.get_message("bob", theirs[0].id)).content == ""
+    assert (await s.messages.get_message("bob", theirs[0].id)).content == ""
     after = await s.traces.get_trace("bob", theirs_trace.id)
     assert after.update_time == theirs_trace.update_time
 
@@ -143,14 +145,14 @@ async def test_an_update_the_database_refuses_fails_only_its_caller(stores):
     contents = ["fine"] * 5 + [refused]
     results = await asyncio.gather(
         *(
-            s.traces.update_message("alice", tp.Message(id=m.id, content=c), ["content"])
+            s.messages.update_message("alice", tp.Message(id=m.id, content=c), ["content"])
             for m, c in zip(messages, contents, strict=True)
         ),
         return_exceptions=True,
     )
     assert [m if isinstance(m, BaseException) else m.content for m in results[:5]] == ["fine"] * 5, results
     assert isinstance(results[5], Exception) and not isinstance(results[5], NotFound)
-    stored = [await s.traces.get_message("alice", m.id) for m in messages]
+    stored = [await s.messages.get_message("alice", m.id) for m in messages]
     assert [m.content for m in stored] == ["fine"] * 5 + [""]
 
 
@@ -171,10 +173,10 @@ async def test_a_caller_that_gave_up_breaks_no_other(stores):
 
     def update(m: tp.Message, content: str) -> asyncio.Task[tp.Message]:
         return asyncio.ensure_future(
-            s.traces.update_message("alice", tp.Message(id=m.id, content=content), ["content"])
+            s.messages.update_message("alice", tp.Message(id=m.id, content=content), ["content"])
         )
 
-    batcher = s.traces.updates
+    batcher = s.messages.updates
     async with s.traces.db.write_lock:  # SQLite: the first batch waits for the writer
         in_flight = update(first, "first")
         if dialect == "sqlite":
@@ -189,7 +191,7 @@ async def test_a_caller_that_gave_up_breaks_no_other(stores):
     with pytest.raises(asyncio.CancelledError):
         await cancelled
     if dialect == "sqlite":
-        assert (await s.traces.get_message("alice", gone.id)).content == ""
+        assert (await s.messages.get_message("alice", gone.id)).content == ""
     assert not batcher._pending
 
 
@@ -199,18 +201,18 @@ async def test_updates_of_one_message_apply_in_arrival_order(stores):
     PostgreSQL, concurrent connections, the order is the row lock's)."""
     s, statements, dialect = stores
     _, (target, *others) = await _messages(s, "alice", 4)
-    first = s.traces.update_message("alice", tp.Message(id=target.id, content="one"), ["content"])
-    second = s.traces.update_message(
+    first = s.messages.update_message("alice", tp.Message(id=target.id, content="one"), ["content"])
+    second = s.messages.update_message(
         "alice", tp.Message(id=target.id, content="two", status=DONE), ["content", "status"]
     )
-    around = [s.traces.update_message("alice", tp.Message(id=m.id, model="m"), ["model"]) for m in others]
-    third = s.traces.update_message("alice", tp.Message(id=target.id, model="last"), ["model"])
+    around = [s.messages.update_message("alice", tp.Message(id=m.id, model="m"), ["model"]) for m in others]
+    third = s.messages.update_message("alice", tp.Message(id=target.id, model="last"), ["model"])
     statements.reset()
     a, b, *c, d = await asyncio.gather(first, second, *around, third)
     assert a.content == "one" and (b.content, b.status) == ("two", DONE) and d.model == "last"
     assert [m.model for m in c] == ["m"] * 3
     batches = statements.begins
-    stored = await s.traces.get_message("alice", target.id)
+    stored = await s.messages.get_message("alice", target.id)
     if dialect == "sqlite":
         assert (a.content, a.status, a.model) == ("one", PENDING, "")
         assert (b.content, b.status, b.model) == ("two", DONE, "")

@@ -208,3 +208,38 @@ def test_aware():
     assert domain.aware(naive) == naive.replace(tzinfo=UTC)
     other = datetime(2026, 1, 1, 8, 0, tzinfo=timezone(timedelta(hours=-5)))
     assert domain.aware(other) is other
+
+
+# ---- required fields and messages to append ----------------------------------------------------------
+
+
+def test_cursor_of_a_token_and_of_none():
+    assert domain.cursor("") is None
+    stamp = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    assert domain.cursor(domain.encode_page_token(stamp, "t-1")) == domain.Cursor(stamp, "t-1")
+
+
+def test_enums_required_and_defaulted():
+    role = tp.MessageRole.DESCRIPTOR
+    domain.need_enum(role, tp.MESSAGE_ROLE_USER, "message role")
+    for bad in (0, 99):
+        with pytest.raises(InvalidArgument, match=r"^message role is required$"):
+            domain.need_enum(role, bad, "message role")
+    assert domain.known(role, 0, tp.MESSAGE_ROLE_USER) == tp.MESSAGE_ROLE_USER
+    assert domain.known(role, 99, tp.MESSAGE_ROLE_USER) == tp.MESSAGE_ROLE_USER
+    assert domain.known(role, tp.MESSAGE_ROLE_SYSTEM, tp.MESSAGE_ROLE_USER) == tp.MESSAGE_ROLE_SYSTEM
+
+
+def test_messages_to_append_together():
+    user = tp.Message(role=tp.MESSAGE_ROLE_USER)
+    domain.check_messages("t", [user, tp.Message(trace_id="t", role=tp.MESSAGE_ROLE_ASSISTANT)])
+    domain.check_messages("", [user], new_trace=True)  # an id is made for it
+    for trace_id, messages, new, message in [
+        ("t", [], False, "no messages to append"),
+        ("t", [tp.Message(trace_id="u", role=tp.MESSAGE_ROLE_USER)], False, "every message must belong"),
+        ("", [user], False, "trace_id is required"),
+        ("bad id", [user], True, "trace_id must be 1-64 characters"),
+        ("t", [user, tp.Message()], False, "message role is required"),
+    ]:
+        with pytest.raises(InvalidArgument, match=f"^{message}"):
+            domain.check_messages(trace_id, messages, new_trace=new)

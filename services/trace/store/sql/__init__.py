@@ -12,6 +12,7 @@ from agentmesh.services.trace.store.sql.common import Database
 from agentmesh.services.trace.store.sql.copies import SqlCopyStore
 from agentmesh.services.trace.store.sql.keys import SqlKeyStore
 from agentmesh.services.trace.store.sql.leases import SqlLeaseStore
+from agentmesh.services.trace.store.sql.messages import SqlMessageStore
 from agentmesh.services.trace.store.sql.subagents import SqlSubagentStore
 from agentmesh.services.trace.store.sql.tasks import SqlTaskStore
 from agentmesh.services.trace.store.sql.traces import SqlTraceStore
@@ -22,6 +23,7 @@ class SqlStores:
     """Every store over one database."""
 
     traces: SqlTraceStore
+    messages: SqlMessageStore
     tasks: SqlTaskStore
     subagents: SqlSubagentStore
     agents: SqlAgentStore
@@ -36,6 +38,7 @@ class SqlStores:
         db = Database(engine)
         return cls(
             traces=SqlTraceStore(db),
+            messages=SqlMessageStore(db),
             tasks=SqlTaskStore(db),
             subagents=SqlSubagentStore(db),
             agents=SqlAgentStore(db, defaults),

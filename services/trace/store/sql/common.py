@@ -20,14 +20,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, a
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs.errors import InvalidArgument, NotFound, Unavailable
 from agentmesh.libs.protojson import enum_to_str, str_to_enum
-from agentmesh.services.trace.domain import aware, need_owner
+from agentmesh.services.trace.domain import aware
 from agentmesh.services.trace.store.sql.db import session_factory
 from agentmesh.services.trace.store.sql.models import (
     A2ATaskRow,
     AgentRow,
     MessageRow,
-    SessionRow,
     SubagentRow,
+    TraceRow,
     User,
 )
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -100,7 +100,7 @@ def usage_pb(data: dict[str, Any] | None) -> ev.Usage | None:
     )
 
 
-def trace_pb(row: SessionRow, owner: str) -> tp.Trace:
+def trace_pb(row: TraceRow, owner: str) -> tp.Trace:
     return tp.Trace(
         id=row.id,
         owner=owner,
@@ -124,7 +124,7 @@ def _message(row: Any, caller_agent: str) -> tp.Message:
     """A message from an ORM row or a row of `message_columns` (they differ in the caller's slug)."""
     return tp.Message(
         id=row.id,
-        trace_id=row.session_id,
+        trace_id=row.trace_id,
         sequence=row.sequence,
         parent_sequence=row.parent_sequence or 0,
         role=number_of(ROLE, row.role),
@@ -136,7 +136,7 @@ def _message(row: Any, caller_agent: str) -> tp.Message:
         source=number_of(SOURCE, row.source),
         a2a_task_id=row.a2a_task_id or "",
         caller_agent=caller_agent,
-        caller_session_id=row.caller_session_id or "",
+        caller_trace_id=row.caller_trace_id or "",
         status=number_of(MSG_STATUS, row.status),
         create_time=ts(row.created_at),
     )
@@ -144,7 +144,7 @@ def _message(row: Any, caller_agent: str) -> tp.Message:
 
 # The tables, for Core statements.
 MESSAGES = cast(Table, MessageRow.__table__)
-SESSIONS = cast(Table, SessionRow.__table__)
+TRACES = cast(Table, TraceRow.__table__)
 AGENTS = cast(Table, AgentRow.__table__)
 USERS = cast(Table, User.__table__)
 _M, _A = MESSAGES, AGENTS
@@ -155,7 +155,7 @@ def message_columns(m: Any = _M) -> tuple[Any, ...]:
     agent's slug from `agents` joined on caller_agent_id: no ORM objects on the hot paths."""
     return (
         m.c.id,
-        m.c.session_id,
+        m.c.trace_id,
         m.c.sequence,
         m.c.parent_sequence,
         m.c.role,
@@ -169,7 +169,7 @@ def message_columns(m: Any = _M) -> tuple[Any, ...]:
         m.c.source,
         m.c.a2a_task_id,
         _A.c.slug.label("caller_agent_slug"),
-        m.c.caller_session_id,
+        m.c.caller_trace_id,
         m.c.created_at,
     )
 
@@ -186,10 +186,10 @@ def message_from_row(row: Row[Any]) -> tp.Message:
 def task_pb(row: A2ATaskRow, owner: str) -> tp.A2ATask:
     return tp.A2ATask(
         id=row.id,
-        trace_id=row.session_id,
-        callee_agent=row.session.agent,
+        trace_id=row.trace_id,
+        callee_agent=row.trace.agent,
         caller_agent=row.caller_agent.slug if row.caller_agent else "",
-        caller_session_id=row.caller_session_id or "",
+        caller_trace_id=row.caller_trace_id or "",
         caller_context=to_struct(row.caller_context),
         state=number_of(TASK_STATE, row.state),
         visible_in_sidebar=bool(row.visible_in_sidebar),
@@ -212,7 +212,7 @@ def _subagent(row: Any, parent_agent: str, preset_agent: str) -> tp.SubagentSess
     the agents' slugs)."""
     return tp.SubagentSession(
         id=row.public_id,
-        trace_id=row.session_id,
+        trace_id=row.trace_id,
         parent_message_id=row.parent_message_id,
         parent_tool_call_id=row.parent_tool_call_id or "",
         parent_agent=parent_agent,
@@ -233,21 +233,21 @@ def _subagent(row: Any, parent_agent: str, preset_agent: str) -> tp.SubagentSess
         end_time=ts(row.ended_at),
         create_time=ts(row.created_at),
         update_time=ts(row.updated_at),
-        child_trace_id=row.child_session_id or "",
+        child_trace_id=row.child_trace_id or "",
         batch_title=row.batch_title,
     )
 
 
 def owned_by_param(param: str = "owner") -> ColumnElement[bool]:
-    """The live traces (SESSIONS) of the user named by bind parameter `param`: one Core statement for
+    """The live traces (TRACES) of the user named by bind parameter `param`: one Core statement for
     every owner."""
     uid = select(USERS.c.id).where(USERS.c.name == bindparam(param)).scalar_subquery()
-    return and_(SESSIONS.c.user_id == uid, SESSIONS.c.deleted_at.is_(None))
+    return and_(TRACES.c.user_id == uid, TRACES.c.deleted_at.is_(None))
 
 
 # The trace `:id` of user `:owner` (`Database.owned_trace`): one statement, built once.
-_OWNED_TRACE = select(SESSIONS.c.id, SESSIONS.c.head_sequence, SESSIONS.c.user_id, SESSIONS.c.agent).where(
-    SESSIONS.c.id == bindparam("id"), owned_by_param()
+_OWNED_TRACE = select(TRACES.c.id, TRACES.c.head_sequence, TRACES.c.user_id, TRACES.c.agent).where(
+    TRACES.c.id == bindparam("id"), owned_by_param()
 )
 
 
@@ -427,27 +427,20 @@ class Database:
 
     @classmethod
     def owned(cls, owner: str) -> ColumnElement[bool]:
-        return and_(SessionRow.user_id == cls.owner_uid(owner), SessionRow.deleted_at.is_(None))
+        return and_(TraceRow.user_id == cls.owner_uid(owner), TraceRow.deleted_at.is_(None))
 
     @staticmethod
     async def owned_trace(conn: AsyncConnection, owner: str, trace_id: str) -> Any:
         """The trace `owner` owns (Core: id, head_sequence, user_id, agent); NotFound, like a missing
         one, otherwise."""
-        need_owner(owner)
-        if not trace_id:
-            raise InvalidArgument("trace_id is required")
         row = (await conn.execute(_OWNED_TRACE, {"id": trace_id, "owner": owner})).first()
         if row is None:
             raise NotFound("trace not found")
         return row
 
-    async def trace_row(
-        self, db: AsyncSession, owner: str, trace_id: str, *, lock: bool = False
-    ) -> SessionRow:
-        need_owner(owner)
-        if not trace_id:
-            raise InvalidArgument("trace_id is required")
-        stmt = select(SessionRow).where(SessionRow.id == trace_id, self.owned(owner))
+    async def trace_row(self, db: AsyncSession, owner: str, trace_id: str, *, lock: bool = False) -> TraceRow:
+        """The trace `owner` owns; NotFound, like a missing one, otherwise."""
+        stmt = select(TraceRow).where(TraceRow.id == trace_id, self.owned(owner))
         if lock:
             stmt = stmt.with_for_update()
         row = await db.scalar(stmt)
@@ -459,10 +452,9 @@ class Database:
         self, db: AsyncSession, model: type[R], where: Any, owner: str, what: str, *, lock: bool = False
     ) -> R:
         """A row (matched by `where`) of a trace `owner` owns (NotFound, like a missing one, otherwise)."""
-        need_owner(owner)
         stmt = (
             select(model)
-            .join(SessionRow, SessionRow.id == model.session_id)  # type: ignore[attr-defined]
+            .join(TraceRow, TraceRow.id == model.trace_id)  # type: ignore[attr-defined]
             .where(where, self.owned(owner))
         )
         if lock:

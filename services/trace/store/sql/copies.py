@@ -1,4 +1,4 @@
-"""Cached copies of peers' traces in SQL: session rows with a `home`, their messages stored under the
+"""Cached copies of peers' traces in SQL: trace rows with a `home`, their messages stored under the
 peer's sequences (so an incremental read is `since_sequence = home_sequence`)."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from agentmesh.libs.protojson import enum_to_str
 from agentmesh.services.trace import domain
 from agentmesh.services.trace.store.base import CopyState, CopyStore
 from agentmesh.services.trace.store.sql.common import KIND, ROLE, Database, message_pb, name_of, now
-from agentmesh.services.trace.store.sql.models import MessageRow, SessionRow
+from agentmesh.services.trace.store.sql.models import MessageRow, TraceRow
 from agentmesh.trace.v1 import trace_pb2 as tp
 
 
-def _state(row: SessionRow, outbox: int = 0, pending_from: int = 0, outbox_pending: int = 0) -> CopyState:
+def _state(row: TraceRow, outbox: int = 0, pending_from: int = 0, outbox_pending: int = 0) -> CopyState:
     return CopyState(
         trace_id=row.id,
         home=row.home or "",
@@ -36,15 +36,15 @@ class SqlCopyStore(CopyStore):
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    async def _extras(self, db: AsyncSession, row: SessionRow) -> CopyState:
+    async def _extras(self, db: AsyncSession, row: TraceRow) -> CopyState:
         outbox = await db.scalar(
             select(func.count())
             .select_from(MessageRow)
-            .where(MessageRow.session_id == row.id, MessageRow.sequence > row.home_sequence)
+            .where(MessageRow.trace_id == row.id, MessageRow.sequence > row.home_sequence)
         )
         pending = await db.scalar(
             select(func.min(MessageRow.sequence)).where(
-                MessageRow.session_id == row.id,
+                MessageRow.trace_id == row.id,
                 MessageRow.status == "pending",
                 MessageRow.sequence <= row.home_sequence,
             )
@@ -55,7 +55,7 @@ class SqlCopyStore(CopyStore):
                 select(func.count())
                 .select_from(MessageRow)
                 .where(
-                    MessageRow.session_id == row.id,
+                    MessageRow.trace_id == row.id,
                     MessageRow.sequence > row.home_sequence,
                     MessageRow.status == "pending",
                 )
@@ -63,17 +63,15 @@ class SqlCopyStore(CopyStore):
         return _state(row, int(outbox or 0), int(pending or 0), int(outbox_pending or 0))
 
     async def find(self, owner: str, home: str) -> CopyState | None:
-        domain.need_owner(owner)
         async with self.db.read() as db:
-            row = await db.scalar(select(SessionRow).where(SessionRow.home == home, self.db.owned(owner)))
+            row = await db.scalar(select(TraceRow).where(TraceRow.home == home, self.db.owned(owner)))
             return None if row is None else await self._extras(db, row)
 
     async def of_trace(self, owner: str, trace_id: str) -> CopyState | None:
-        domain.need_owner(owner)
         async with self.db.read() as db:
             row = await db.scalar(
-                select(SessionRow).where(
-                    SessionRow.id == trace_id, SessionRow.home.is_not(None), self.db.owned(owner)
+                select(TraceRow).where(
+                    TraceRow.id == trace_id, TraceRow.home.is_not(None), self.db.owned(owner)
                 )
             )
             return None if row is None else await self._extras(db, row)
@@ -81,7 +79,6 @@ class SqlCopyStore(CopyStore):
     async def save(
         self, owner: str, home: str, trace: tp.Trace, messages: Sequence[tp.Message], final: bool
     ) -> CopyState:
-        domain.need_owner(owner)
         try:
             return await self._save(owner, home, trace, messages, final)
         except IntegrityError:  # two first reads of one trace at once: the other created the copy
@@ -93,11 +90,11 @@ class SqlCopyStore(CopyStore):
         stamp = now()
         async with self.db.tx() as db:
             row = await db.scalar(
-                select(SessionRow).where(SessionRow.home == home, self.db.owned(owner)).with_for_update()
+                select(TraceRow).where(TraceRow.home == home, self.db.owned(owner)).with_for_update()
             )
             if row is None:
                 uid = await self.db.user_id(db, owner)
-                row = SessionRow(
+                row = TraceRow(
                     id=str(uuid.uuid4()),
                     user_id=uid,
                     kind="chat",
@@ -121,7 +118,7 @@ class SqlCopyStore(CopyStore):
                     for r in (
                         await db.scalars(
                             select(MessageRow).where(
-                                MessageRow.session_id == row.id, MessageRow.sequence.in_(sequences)
+                                MessageRow.trace_id == row.id, MessageRow.sequence.in_(sequences)
                             )
                         )
                     ).all()
@@ -129,7 +126,7 @@ class SqlCopyStore(CopyStore):
                 for m in messages:
                     target = existing.get(m.sequence)
                     if target is None:
-                        target = MessageRow(session_id=row.id, sequence=m.sequence)
+                        target = MessageRow(trace_id=row.id, sequence=m.sequence)
                         db.add(target)
                     target.parent_sequence = m.parent_sequence or None
                     target.role = name_of(ROLE, m.role or tp.MESSAGE_ROLE_USER, "message role")
@@ -142,7 +139,7 @@ class SqlCopyStore(CopyStore):
                     target.status = enum_to_str(tp.MessageStatus.DESCRIPTOR, m.status) or "completed"
                     target.source = enum_to_str(tp.MessageSource.DESCRIPTOR, m.source) or "user"
                     target.a2a_task_id = m.a2a_task_id[:64] or None
-                    target.caller_session_id = m.caller_session_id[:200] or None
+                    target.caller_trace_id = m.caller_trace_id[:200] or None
                     target.created_at = (
                         m.create_time.ToDatetime(tzinfo=stamp.tzinfo) if m.HasField("create_time") else stamp
                     )
@@ -157,13 +154,12 @@ class SqlCopyStore(CopyStore):
             return _state(row)
 
     async def outbox(self, owner: str, trace_id: str) -> list[tp.Message]:
-        domain.need_owner(owner)
         async with self.db.read() as db:
             row = await self.db.trace_row(db, owner, trace_id)
             rows = (
                 await db.scalars(
                     select(MessageRow)
-                    .where(MessageRow.session_id == row.id, MessageRow.sequence > row.home_sequence)
+                    .where(MessageRow.trace_id == row.id, MessageRow.sequence > row.home_sequence)
                     .order_by(MessageRow.sequence)
                 )
             ).all()
@@ -174,13 +170,13 @@ class SqlCopyStore(CopyStore):
             row = await self.db.trace_row(db, owner, trace_id, lock=True)
             first = await db.scalar(
                 select(MessageRow.parent_sequence)
-                .where(MessageRow.session_id == row.id, MessageRow.sequence > row.home_sequence)
+                .where(MessageRow.trace_id == row.id, MessageRow.sequence > row.home_sequence)
                 .order_by(MessageRow.sequence)
                 .limit(1)
             )
             await db.execute(
                 delete(MessageRow).where(
-                    MessageRow.session_id == row.id, MessageRow.sequence > row.home_sequence
+                    MessageRow.trace_id == row.id, MessageRow.sequence > row.home_sequence
                 )
             )
             row.last_sequence = row.home_sequence

@@ -17,7 +17,7 @@ from sqlalchemy import and_, or_, select, update
 from agentmesh.libs.ids import a2a_key, subagent_key, trace_key
 from agentmesh.services.trace.store.base import LeaseStore, Reaped
 from agentmesh.services.trace.store.sql.common import Database, chunks, now
-from agentmesh.services.trace.store.sql.models import A2ATaskRow, MessageRow, SessionRow, SubagentRow
+from agentmesh.services.trace.store.sql.models import A2ATaskRow, MessageRow, SubagentRow, TraceRow
 
 PENDING = ("pending",)
 OPEN_TASK = ("submitted", "working")
@@ -64,8 +64,8 @@ class SqlLeaseStore(LeaseStore):
             messages = (
                 await db.execute(
                     self._locked(
-                        select(MessageRow.id, MessageRow.session_id, MessageRow.a2a_task_id, SessionRow.kind)
-                        .join(SessionRow, SessionRow.id == MessageRow.session_id)
+                        select(MessageRow.id, MessageRow.trace_id, MessageRow.a2a_task_id, TraceRow.kind)
+                        .join(TraceRow, TraceRow.id == MessageRow.trace_id)
                         .where(
                             MessageRow.status.in_(PENDING),
                             _expired(MessageRow, MessageRow.created_at, stamp, cutoff),
@@ -82,12 +82,12 @@ class SqlLeaseStore(LeaseStore):
                 stored.meta = {**(stored.meta or {}), "error": INTERRUPTED}
                 stored.lease_until = None
                 if row.kind == "chat":
-                    keys.add(trace_key(row.session_id))
+                    keys.add(trace_key(row.trace_id))
                 elif row.kind == "a2a" and row.a2a_task_id:
                     keys.add(a2a_key(row.a2a_task_id))
                 elif row.kind == "subagent":
                     sub = await db.scalar(
-                        select(SubagentRow.public_id).where(SubagentRow.child_session_id == row.session_id)
+                        select(SubagentRow.public_id).where(SubagentRow.child_trace_id == row.trace_id)
                     )
                     if sub:
                         keys.add(subagent_key(sub))

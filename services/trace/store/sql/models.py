@@ -100,14 +100,15 @@ class Peer(Base):
     created_at: Mapped[datetime] = _created()
 
 
-class SessionRow(Base):
-    """A session (= a trace). `last_sequence` is the allocation counter; `head_sequence` the branch tip."""
+class TraceRow(Base):
+    """A trace (a chat session in the sidebar is one). `last_sequence` is the allocation counter;
+    `head_sequence` the branch tip."""
 
-    __tablename__ = "sessions"
+    __tablename__ = "traces"
     __table_args__ = (
-        Index("idx_sessions_user_updated", "user_id", "updated_at"),
+        Index("idx_traces_user_updated", "user_id", "updated_at"),
         Index(
-            "uq_sessions_user_home",
+            "uq_traces_user_home",
             "user_id",
             "home",
             unique=True,
@@ -137,7 +138,7 @@ class SessionRow(Base):
 class MessageRow(Base):
     __tablename__ = "messages"
     __table_args__ = (
-        UniqueConstraint("session_id", "sequence", name="uq_messages_session_sequence"),
+        UniqueConstraint("trace_id", "sequence", name="uq_messages_trace_sequence"),
         Index("idx_messages_source", "source"),
         Index(
             "ix_messages_pending",
@@ -148,7 +149,7 @@ class MessageRow(Base):
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    trace_id: Mapped[str] = mapped_column(ForeignKey("traces.id", ondelete="CASCADE"))
     sequence: Mapped[int] = mapped_column(BigInteger)
     parent_sequence: Mapped[int | None] = mapped_column(BigInteger)
     role: Mapped[str] = mapped_column(String(16))
@@ -163,7 +164,7 @@ class MessageRow(Base):
     source: Mapped[str] = mapped_column(String(10), default="user", server_default="user")
     a2a_task_id: Mapped[str | None] = mapped_column(String(64))
     caller_agent_id: Mapped[int | None] = mapped_column(ForeignKey("agents.id", ondelete="SET NULL"))
-    caller_session_id: Mapped[str | None] = mapped_column(String(200))
+    caller_trace_id: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = _created()
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # of a pending one
 
@@ -171,7 +172,7 @@ class MessageRow(Base):
 
 
 class A2ATaskRow(Base):
-    """The task row (docs/requirements.md#invoke-task-rows): the task and the callee's hidden session."""
+    """The task row (docs/requirements.md#invoke-task-rows): the task and the callee's hidden trace."""
 
     __tablename__ = "a2a_tasks"
     __table_args__ = (
@@ -184,11 +185,11 @@ class A2ATaskRow(Base):
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
+    trace_id: Mapped[str] = mapped_column(ForeignKey("traces.id", ondelete="CASCADE"), index=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
     caller_agent_id: Mapped[int | None] = mapped_column(ForeignKey("agents.id", ondelete="SET NULL"))
-    caller_session_id: Mapped[str | None] = mapped_column(
-        ForeignKey("sessions.id", ondelete="CASCADE"), index=True
+    caller_trace_id: Mapped[str | None] = mapped_column(
+        ForeignKey("traces.id", ondelete="CASCADE"), index=True
     )
     caller_context: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON)
     state: Mapped[str] = mapped_column(String(20), default="submitted")
@@ -197,7 +198,7 @@ class A2ATaskRow(Base):
     updated_at: Mapped[datetime] = _created()
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
-    session: Mapped[SessionRow] = relationship(foreign_keys=[session_id], lazy="joined", innerjoin=True)
+    trace: Mapped[TraceRow] = relationship(foreign_keys=[trace_id], lazy="joined", innerjoin=True)
     caller_agent: Mapped[AgentRow | None] = relationship(lazy="joined")
 
 
@@ -207,8 +208,8 @@ class SubagentRow(Base):
 
     __tablename__ = "subagent_sessions"
     __table_args__ = (
-        Index("idx_subagent_sessions_parent", "session_id", "parent_message_id", "sort_order"),
-        Index("idx_subagent_sessions_status", "session_id", "status"),
+        Index("idx_subagent_sessions_parent", "trace_id", "parent_message_id", "sort_order"),
+        Index("idx_subagent_sessions_status", "trace_id", "status"),
         Index("idx_subagent_sessions_agent", "parent_agent_id", "created_at"),
         Index(
             "ix_subagent_sessions_open",
@@ -220,7 +221,7 @@ class SubagentRow(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     public_id: Mapped[str] = mapped_column(String(32), unique=True)  # the id callers see: not guessable
-    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    trace_id: Mapped[str] = mapped_column(ForeignKey("traces.id", ondelete="CASCADE"))
     parent_message_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("messages.id", ondelete="CASCADE"))
     parent_tool_call_id: Mapped[str | None] = mapped_column(String(200))
     parent_agent_id: Mapped[int | None] = mapped_column(ForeignKey("agents.id", ondelete="SET NULL"))
@@ -241,8 +242,8 @@ class SubagentRow(Base):
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _created()
-    child_session_id: Mapped[str | None] = mapped_column(
-        ForeignKey("sessions.id", ondelete="CASCADE"), index=True
+    child_trace_id: Mapped[str | None] = mapped_column(
+        ForeignKey("traces.id", ondelete="CASCADE"), index=True
     )
     batch_title: Mapped[str] = mapped_column(String(500), default="")
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -4,34 +4,29 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import bindparam, insert, select, update
 
-from agentmesh.events.v1 import events_pb2 as ev
-from agentmesh.libs.errors import FailedPrecondition, InvalidArgument, NotFound
+from agentmesh.libs.errors import InvalidArgument, NotFound
 from agentmesh.libs.ids import new_token_id
-from agentmesh.libs.protojson import enum_to_str
-from agentmesh.services.trace import domain
-from agentmesh.services.trace.domain import need_owner
-from agentmesh.services.trace.store.base import SubagentStore
-from agentmesh.services.trace.store.sql.appends import INSERT_MESSAGES, make_item, message_row, stored
+from agentmesh.services.trace.store.base import SubagentChange, SubagentStore
+from agentmesh.services.trace.store.sql.append_writes import INSERT_MESSAGES, make_item, message_row, stored
 from agentmesh.services.trace.store.sql.common import (
     AGENT_AS_READ,
     MESSAGES,
-    SESSIONS,
     SUB_SOURCE,
     SUB_STATUS,
     SUBAGENT_COLUMNS,
     SUBAGENTS,
     SUBAGENTS_WITH_AGENTS,
+    TRACES,
     Database,
     from_struct,
     name_of,
     now,
-    number_of,
     own_first,
     owned_by_param,
     subagent_from_values,
@@ -43,7 +38,7 @@ from agentmesh.services.trace.store.sql.models import SubagentRow
 from agentmesh.trace.v1 import trace_pb2 as tp
 
 _SA = SUBAGENTS
-# What a change may set (`SqlSubagentStore._apply`): one executemany UPDATE writes them all.
+# What a change may set (`SqlSubagentStore._store`): one executemany UPDATE writes them all.
 _CHANGEABLE = (
     "status",
     "model",
@@ -58,14 +53,44 @@ _CHANGEABLE = (
 )
 # The message `:id` of trace `:trace`.
 _ANCHOR = select(MESSAGES.c.id).where(
-    MESSAGES.c.id == bindparam("id"), MESSAGES.c.session_id == bindparam("trace")
+    MESSAGES.c.id == bindparam("id"), MESSAGES.c.trace_id == bindparam("trace")
 )
+
+
+def _time(field: str) -> Callable[[tp.SubagentSession], datetime | None]:
+    return lambda row: getattr(row, field).ToDatetime(UTC) if row.HasField(field) else None
+
+
+# A changed field of a row: its column, and its value there.
+_COLUMN_OF: dict[str, tuple[str, Callable[[tp.SubagentSession], Any]]] = {
+    "status": ("status", lambda row: name_of(SUB_STATUS, row.status, "status")),
+    "model": ("model", lambda row: row.model),
+    "tool_names": ("tool_names", lambda row: list(row.tool_names)),
+    "summary": ("summary", lambda row: row.summary or None),
+    "result_payload": ("result_payload", lambda row: from_struct(row, "result_payload")),
+    "error": ("error", lambda row: row.error or None),
+    "token_usage": (
+        "token_usage",
+        lambda row: usage_json(row.token_usage) if row.HasField("token_usage") else None,
+    ),
+    "start_time": ("started_at", _time("start_time")),
+    "end_time": ("ended_at", _time("end_time")),
+}
+
+
+def _differs(a: tp.SubagentSession, b: tp.SubagentSession, field: str) -> bool:
+    """Whether `field` differs (for a message field: set in one only, or to other values)."""
+    if a.DESCRIPTOR.fields_by_name[field].message_type is not None and a.HasField(field) != b.HasField(field):
+        return True
+    return bool(getattr(a, field) != getattr(b, field))
+
+
 _CREATED = tuple(c for c in _SA.c.keys() if c not in ("id", "lease_until"))  # what a new row is given
-_INSERT_TRACES, _INSERT_ROWS = insert(SESSIONS), insert(_SA)
+_INSERT_TRACES, _INSERT_ROWS = insert(TRACES), insert(_SA)
 # The rows of a change, of the live traces of user `:owner`, locked (one statement: a cache key once).
 _READ = (
     select(*SUBAGENT_COLUMNS)
-    .select_from(SUBAGENTS_WITH_AGENTS.join(SESSIONS, SESSIONS.c.id == _SA.c.session_id))
+    .select_from(SUBAGENTS_WITH_AGENTS.join(TRACES, TRACES.c.id == _SA.c.trace_id))
     .where(_SA.c.public_id.in_(bindparam("ids", expanding=True)), owned_by_param())
     .with_for_update(of=_SA)
 )
@@ -88,9 +113,6 @@ class SqlSubagentStore(SubagentStore):
     ) -> tuple[list[tp.SubagentSession], list[tuple[tp.Message, tp.Message]]]:
         if not rows:
             return [], []
-        if turns and len(turns) != len(rows):
-            raise InvalidArgument("give one turn per subagent, or none")
-        need_owner(owner)
         # Core statements in one transaction (a fan-out's path to its first child waits for it: no ORM
         # unit of work): the hidden traces in one INSERT, the rows in one, their turns in one.
         async with self.db.write_lock, self.db.engine.begin() as conn:
@@ -112,12 +134,8 @@ class SqlSubagentStore(SubagentStore):
             created: list[dict[str, Any]] = []
             stamp = now()
             for sub in rows:
-                source = enum_to_str(SUB_SOURCE, sub.source_type) or (
-                    "preset" if sub.preset_agent else "clone"
-                )
-                status = enum_to_str(SUB_STATUS, sub.status) or "queued"
-                if status not in ("queued", "failed"):
-                    raise InvalidArgument("a subagent starts queued (or failed, with its error)")
+                source = name_of(SUB_SOURCE, sub.source_type, "source_type")
+                status = name_of(SUB_STATUS, sub.status, "status")
                 trace = traces.get(sub.trace_id)
                 if trace is None:
                     trace = traces[sub.trace_id] = await self.db.owned_trace(conn, owner, sub.trace_id)
@@ -149,7 +167,7 @@ class SqlSubagentStore(SubagentStore):
                 created.append(
                     {
                         "public_id": new_token_id(),
-                        "session_id": trace.id,
+                        "trace_id": trace.id,
                         "parent_message_id": sub.parent_message_id,
                         "parent_tool_call_id": sub.parent_tool_call_id or None,
                         "parent_agent_id": parent_agent.id if parent_agent is not None else None,
@@ -170,7 +188,7 @@ class SqlSubagentStore(SubagentStore):
                         "ended_at": stamp if status == "failed" else None,
                         "created_at": stamp,
                         "updated_at": stamp,
-                        "child_session_id": child,
+                        "child_trace_id": child,
                         "batch_title": sub.batch_title,
                         "parent_agent_slug": parent_agent.slug if parent_agent is not None else None,
                         "preset_agent_slug": preset_agent.slug if preset_agent is not None else None,
@@ -183,7 +201,7 @@ class SqlSubagentStore(SubagentStore):
                 items, values = [], []
                 for row, (user, placeholder) in zip(created, turns, strict=True):
                     for k, message in enumerate((user, placeholder)):
-                        item = make_item(owner, message, None, row["child_session_id"])
+                        item = make_item(owner, message, None, row["child_trace_id"])
                         caller = await agent(message.caller_agent, required=False)
                         caller_id = caller.id if caller is not None else None
                         items.append((item, k + 1, k or None, caller_id))
@@ -196,61 +214,37 @@ class SqlSubagentStore(SubagentStore):
                 begun = list(zip(out[::2], out[1::2], strict=True))
             return [subagent_from_values(v) for v in created], begun
 
-    async def update_subagent(
-        self, owner: str, row: tp.SubagentSession, paths: Sequence[str]
-    ) -> tp.SubagentSession:
-        return (await self.update_subagents(owner, [(row, paths)]))[0]
-
     async def update_subagents(
-        self, owner: str, updates: Sequence[tuple[tp.SubagentSession, Sequence[str]]]
+        self, owner: str, changes: Sequence[tuple[str, SubagentChange]]
     ) -> list[tp.SubagentSession]:
-        masks = [domain.check_mask(paths, domain.SUBAGENT_FIELDS) for _, paths in updates]
-        need_owner(owner)
         # Core statements in one transaction (a fan-out's rows settle on its fan-in's path: no ORM unit
         # of work): every row read at once, locked, of the traces `owner` owns; one UPDATE per row.
-        ids = sorted({row.id for row, _ in updates})
+        ids = sorted({subagent_id for subagent_id, _ in changes})
         async with self.db.write_lock, self.db.engine.begin() as conn:
             found = {
                 r.public_id: r._asdict() for r in await conn.execute(_READ, {"ids": ids, "owner": owner})
             }
             stamp = now()
             out = []
-            for (row, _), fields in zip(updates, masks, strict=True):
-                stored = found.get(row.id)
+            for subagent_id, change in changes:
+                stored = found.get(subagent_id)
                 if stored is None:
                     raise NotFound("subagent session not found")
-                self._apply(stored, row, fields, stamp)
+                current = subagent_from_values(stored)
+                self._store(stored, current, change(current, stamp), stamp)
                 out.append(subagent_from_values(stored))
             changed = [{"u_id": v["id"], **{f"v_{c}": v[c] for c in _CHANGEABLE}} for v in found.values()]
             await conn.execute(_UPDATE, changed)
             return out
 
     @staticmethod
-    def _apply(stored: dict[str, Any], row: tp.SubagentSession, fields: set[str], stamp: datetime) -> None:
-        """One row's change to its values (`stored`); the status moves only forward."""
-        if "status" in fields:
-            new = name_of(SUB_STATUS, row.status, "status")
-            old = number_of(SUB_STATUS, stored["status"])
-            if new != stored["status"]:
-                if row.status not in domain.SUBAGENT_MOVES[old]:
-                    raise FailedPrecondition(f"subagent cannot go from {stored['status']} to {new}")
-                stored["status"] = new
-                if row.status == ev.SUBAGENT_STATUS_RUNNING and stored["started_at"] is None:
-                    stored["started_at"] = stamp
-                if not domain.SUBAGENT_MOVES[row.status] and stored["ended_at"] is None:
-                    stored["ended_at"] = stamp
-        if "model" in fields:
-            stored["model"] = row.model
-        if "tool_names" in fields:
-            stored["tool_names"] = list(row.tool_names)
-        if "summary" in fields:
-            stored["summary"] = row.summary or None
-        if "result_payload" in fields:
-            stored["result_payload"] = from_struct(row, "result_payload")
-        if "error" in fields:
-            stored["error"] = row.error or None
-        if "token_usage" in fields:
-            stored["token_usage"] = usage_json(row.token_usage) if row.HasField("token_usage") else None
+    def _store(
+        stored: dict[str, Any], current: tp.SubagentSession, new: tp.SubagentSession, stamp: datetime
+    ) -> None:
+        """What differs from `current` in `new`, into the row's values (`stored`); the update time moves."""
+        for name, (column, value) in _COLUMN_OF.items():
+            if _differs(current, new, name):
+                stored[column] = value(new)
         stored["updated_at"] = stamp
 
     async def get_subagent(self, owner: str, subagent_id: str) -> tp.SubagentSession:
@@ -266,7 +260,7 @@ class SqlSubagentStore(SubagentStore):
     ) -> list[tp.SubagentSession]:
         async with self.db.read() as db:
             trace = await self.db.trace_row(db, owner, trace_id)
-            stmt = select(SubagentRow).where(SubagentRow.session_id == trace.id)
+            stmt = select(SubagentRow).where(SubagentRow.trace_id == trace.id)
             if parent_message_id:
                 stmt = stmt.where(SubagentRow.parent_message_id == parent_message_id)
             rows = await db.scalars(

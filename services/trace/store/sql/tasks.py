@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from agentmesh.libs.errors import FailedPrecondition, InvalidArgument
-from agentmesh.services.trace import domain
+from agentmesh.services.trace.domain import Cursor
 from agentmesh.services.trace.store.base import InboundTaskQuery, TaskStore
 from agentmesh.services.trace.store.sql.common import (
     TASK_STATE,
@@ -16,10 +16,9 @@ from agentmesh.services.trace.store.sql.common import (
     from_struct,
     name_of,
     now,
-    number_of,
     task_pb,
 )
-from agentmesh.services.trace.store.sql.models import A2ATaskRow, SessionRow, User
+from agentmesh.services.trace.store.sql.models import A2ATaskRow, TraceRow, User
 from agentmesh.trace.v1 import trace_pb2 as tp
 
 
@@ -28,12 +27,9 @@ class SqlTaskStore(TaskStore):
         self.db = db
 
     async def create_task(self, owner: str, task: tp.A2ATask, continue_trace_id: str = "") -> tp.A2ATask:
-        domain.need_owner(owner)
-        if not task.callee_agent:
-            raise InvalidArgument("callee_agent is required")
         async with self.db.tx() as db:
-            if task.caller_session_id:
-                uid: int | None = (await self.db.trace_row(db, owner, task.caller_session_id)).user_id
+            if task.caller_trace_id:
+                uid: int | None = (await self.db.trace_row(db, owner, task.caller_trace_id)).user_id
             else:
                 uid = await self.db.user_id(db, owner)
             remote_callee = task.callee_agent.startswith("@")  # a peer's agent: @alias/slug
@@ -43,17 +39,11 @@ class SqlTaskStore(TaskStore):
             stamp = now()
             if continue_trace_id:
                 trace = await self.db.trace_row(db, owner, continue_trace_id)
-                if trace.home:  # a cached copy of a peer's trace: its kind and agent are the peer's
-                    pass
-                elif trace.kind != "a2a":
-                    raise FailedPrecondition("continue_trace_id is not the trace of an agent-invoke call")
-                if trace.agent != callee_slug:
-                    raise InvalidArgument(f"trace {continue_trace_id} belongs to agent {trace.agent!r}")
                 trace.updated_at = stamp
                 if task.visible_in_sidebar:
                     trace.visible_in_sidebar = 1
             else:
-                trace = SessionRow(
+                trace = TraceRow(
                     id=str(uuid.uuid4()),
                     user_id=uid,
                     agent=callee_slug,
@@ -66,12 +56,12 @@ class SqlTaskStore(TaskStore):
                 db.add(trace)
             row = A2ATaskRow(
                 id=str(uuid.uuid4()),
-                session=trace,
+                trace=trace,
                 user_id=uid,
                 caller_agent=caller,
-                caller_session_id=task.caller_session_id or None,
+                caller_trace_id=task.caller_trace_id or None,
                 caller_context=from_struct(task, "caller_context"),
-                state="submitted",
+                state=name_of(TASK_STATE, task.state, "state"),
                 visible_in_sidebar=int(task.visible_in_sidebar),
                 created_at=stamp,
                 updated_at=stamp,
@@ -81,17 +71,15 @@ class SqlTaskStore(TaskStore):
             return task_pb(row, owner)
 
     async def _task(self, db: AsyncSession, owner: str, task_id: str) -> A2ATaskRow:
-        if not task_id:
-            raise InvalidArgument("task_id is required")
         return await self.db.owned_row(db, A2ATaskRow, A2ATaskRow.id == task_id, owner, "task")
 
-    async def update_task_state(self, owner: str, task_id: str, state: int) -> tp.A2ATask:
-        new = name_of(TASK_STATE, state, "state")
+    async def update_task(
+        self, owner: str, task_id: str, change: Callable[[tp.A2ATask], tp.A2ATask]
+    ) -> tp.A2ATask:
         async with self.db.tx() as db:
             row = await self._task(db, owner, task_id)
+            new = name_of(TASK_STATE, change(task_pb(row, owner)).state, "state")
             if row.state != new:
-                if number_of(TASK_STATE, row.state) in domain.FINAL_TASK_STATES:
-                    raise FailedPrecondition(f"task is already {row.state}")
                 row.state = new
                 row.updated_at = now()
             return task_pb(row, owner)
@@ -100,42 +88,37 @@ class SqlTaskStore(TaskStore):
         async with self.db.read() as db:
             return task_pb(await self._task(db, owner, task_id), owner)
 
-    async def list_tasks(self, owner: str, caller_session_id: str) -> list[tp.A2ATask]:
+    async def list_tasks(self, owner: str, caller_trace_id: str) -> list[tp.A2ATask]:
         async with self.db.read() as db:
-            await self.db.trace_row(db, owner, caller_session_id)
+            await self.db.trace_row(db, owner, caller_trace_id)
             rows = await db.scalars(
                 select(A2ATaskRow)
-                .where(A2ATaskRow.caller_session_id == caller_session_id)
+                .where(A2ATaskRow.caller_trace_id == caller_trace_id)
                 .order_by(A2ATaskRow.created_at, A2ATaskRow.id)
             )
             return [task_pb(r, owner) for r in rows]
 
-    async def list_inbound_tasks(self, owner: str, query: InboundTaskQuery) -> tuple[list[tp.A2ATask], str]:
-        domain.need_owner(owner)
-        size = domain.page_size(query.page_size)
+    async def list_inbound_tasks(
+        self, owner: str, query: InboundTaskQuery, limit: int, after: Cursor | None
+    ) -> list[tp.A2ATask]:
         stmt = (
             select(A2ATaskRow)
             .join(User, User.id == A2ATaskRow.user_id)
-            .where(User.name == owner, A2ATaskRow.caller_session_id.is_(None))
+            .where(User.name == owner, A2ATaskRow.caller_trace_id.is_(None))
         )
         if query.callee_agent:
-            stmt = stmt.where(A2ATaskRow.session.has(SessionRow.agent == query.callee_agent))
+            stmt = stmt.where(A2ATaskRow.trace.has(TraceRow.agent == query.callee_agent))
         if query.trace_id:
-            stmt = stmt.where(A2ATaskRow.session_id == query.trace_id)
+            stmt = stmt.where(A2ATaskRow.trace_id == query.trace_id)
         if query.state:
             stmt = stmt.where(A2ATaskRow.state == name_of(TASK_STATE, query.state, "state"))
-        if query.page_token:
-            stamp, last_id = domain.decode_page_token(query.page_token)
+        if after is not None:
             stmt = stmt.where(
                 or_(
-                    A2ATaskRow.created_at < stamp,
-                    and_(A2ATaskRow.created_at == stamp, A2ATaskRow.id < last_id),
+                    A2ATaskRow.created_at < after.time,
+                    and_(A2ATaskRow.created_at == after.time, A2ATaskRow.id < after.id),
                 )
             )
-        stmt = stmt.order_by(A2ATaskRow.created_at.desc(), A2ATaskRow.id.desc()).limit(size + 1)
+        stmt = stmt.order_by(A2ATaskRow.created_at.desc(), A2ATaskRow.id.desc()).limit(limit)
         async with self.db.read() as db:
-            rows = list(await db.scalars(stmt))
-        more = len(rows) > size
-        rows = rows[:size]
-        token = domain.encode_page_token(rows[-1].created_at, rows[-1].id) if more else ""
-        return [task_pb(r, owner) for r in rows], token
+            return [task_pb(r, owner) for r in await db.scalars(stmt)]

@@ -30,7 +30,7 @@ from agentmesh.libs.errors import NotFound
 from agentmesh.services.trace.store.sql.common import (
     AGENTS,
     MESSAGES,
-    SESSIONS,
+    TRACES,
     USERS,
     Database,
     chunks,
@@ -42,7 +42,7 @@ from agentmesh.services.trace.store.sql.common import (
 from agentmesh.trace.v1 import trace_pb2 as tp
 
 MAX_BATCH = 500  # items per batch (ids per IN clause)
-_M, _S, _A, _U = MESSAGES, SESSIONS, AGENTS, USERS
+_M, _S, _A, _U = MESSAGES, TRACES, AGENTS, USERS
 
 
 @dataclass(eq=False)
@@ -74,7 +74,7 @@ def _update_of(key: tuple[str, ...]) -> Any:
     if stmt is None:
         stmt = (
             update(_M)
-            .where(_M.c.id == bindparam("u_id"), _M.c.session_id.in_(_owned_by_param()))
+            .where(_M.c.id == bindparam("u_id"), _M.c.trace_id.in_(_owned_by_param()))
             .values({c: bindparam(f"v_{c}", type_=_M.c[c].type) for c in key})
         )
         _UPDATES[key] = stmt
@@ -85,7 +85,7 @@ _ROWS = (
     select(*message_columns(), _U.c.name.label("owner_name"))
     .select_from(
         _M.outerjoin(_A, _A.c.id == _M.c.caller_agent_id)
-        .join(_S, _S.c.id == _M.c.session_id)
+        .join(_S, _S.c.id == _M.c.trace_id)
         .join(_U, _U.c.id == _S.c.user_id)
     )
     .where(_M.c.id.in_(bindparam("ids", expanding=True)), _S.c.deleted_at.is_(None))
@@ -112,7 +112,7 @@ async def sqlite_update(
         for index, it in enumerate(items)
         if it.message_id in found and found[it.message_id].owner_name == it.owner
     }
-    touched = sorted({row.session_id for row in out.values()})
+    touched = sorted({row.trace_id for row in out.values()})
     for sids in chunks(touched):
         await conn.execute(_TOUCH, {"sids": sids, "now": stamp})
     return out

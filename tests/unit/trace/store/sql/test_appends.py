@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from agentmesh.services.trace.store.sql.appends import AppendBatcher, Item, make_item
+from agentmesh.services.trace.store.sql.append_writes import Item, make_item
+from agentmesh.services.trace.store.sql.appends import AppendBatcher
 from agentmesh.trace.v1 import trace_pb2 as tp
 
 

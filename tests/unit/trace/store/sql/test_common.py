@@ -15,8 +15,8 @@ from agentmesh.services.trace.store.sql.models import (
     A2ATaskRow,
     AgentRow,
     MessageRow,
-    SessionRow,
     SubagentRow,
+    TraceRow,
 )
 from agentmesh.trace.v1 import trace_pb2 as tp
 
@@ -51,7 +51,7 @@ def test_timestamps():
     [("chat", tp.TRACE_KIND_CHAT), ("a2a", tp.TRACE_KIND_A2A), ("subagent", tp.TRACE_KIND_SUBAGENT)],
 )
 def test_trace_pb(kind, number):
-    row = SessionRow(
+    row = TraceRow(
         id="t-1",
         user_id=7,
         agent="general",
@@ -88,7 +88,7 @@ def test_trace_pb(kind, number):
 
 
 def test_trace_pb_hidden_and_empty():
-    row = SessionRow(
+    row = TraceRow(
         id="t-2",
         user_id=1,
         agent="",
@@ -106,7 +106,7 @@ def test_trace_pb_hidden_and_empty():
 def test_message_pb_every_field():
     row = MessageRow(
         id=41,
-        session_id="t-1",
+        trace_id="t-1",
         sequence=5,
         parent_sequence=3,
         role="assistant",
@@ -121,7 +121,7 @@ def test_message_pb_every_field():
         source="a2a",
         a2a_task_id="task-9",
         caller_agent=AgentRow(slug="general"),
-        caller_session_id="caller-1",
+        caller_trace_id="caller-1",
         created_at=CREATED,
     )
     pb = common.message_pb(row)
@@ -138,7 +138,7 @@ def test_message_pb_every_field():
     assert pb.source == tp.MESSAGE_SOURCE_A2A
     assert pb.a2a_task_id == "task-9"
     assert pb.caller_agent == "general"  # the slug of the joined agent row
-    assert pb.caller_session_id == "caller-1"
+    assert pb.caller_trace_id == "caller-1"
     assert pb.status == tp.MESSAGE_STATUS_PENDING
     assert pb.create_time == _stamp(CREATED, 123_456_000)
 
@@ -147,7 +147,7 @@ def test_message_pb_nulls():
     """NULL columns become the proto defaults; a NULL metadata is an unset field, not an empty one."""
     row = MessageRow(
         id=1,
-        session_id="t-1",
+        trace_id="t-1",
         sequence=1,
         parent_sequence=None,  # a root
         role="user",
@@ -161,7 +161,7 @@ def test_message_pb_nulls():
         source="user",
         a2a_task_id=None,
         caller_agent=None,  # never set, or its agent was deleted (SET NULL)
-        caller_session_id=None,
+        caller_trace_id=None,
         created_at=UPDATED,
     )
     pb = common.message_pb(row)
@@ -191,7 +191,7 @@ def test_message_pb_enums(column, value, field, number):
     values = {"role": "user", "source": "user", "status": "completed", column: value}
     row = MessageRow(
         id=1,
-        session_id="t",
+        trace_id="t",
         sequence=1,
         content="",
         thinking="",
@@ -207,11 +207,11 @@ def test_message_pb_enums(column, value, field, number):
 def test_task_pb():
     row = A2ATaskRow(
         id="task-1",
-        session_id="callee-1",
-        session=SessionRow(id="callee-1", agent="coder", kind="a2a"),
+        trace_id="callee-1",
+        trace=TraceRow(id="callee-1", agent="coder", kind="a2a"),
         user_id=3,
         caller_agent=AgentRow(slug="general"),
-        caller_session_id="caller-1",
+        caller_trace_id="caller-1",
         caller_context={"toolCallId": "c1", "depth": 1},
         state="input-required",
         visible_in_sidebar=1,
@@ -223,7 +223,7 @@ def test_task_pb():
         trace_id="callee-1",
         callee_agent="coder",  # the callee trace's agent
         caller_agent="general",
-        caller_session_id="caller-1",
+        caller_trace_id="caller-1",
         caller_context=_struct({"toolCallId": "c1", "depth": 1}),
         state=tp.TASK_STATE_INPUT_REQUIRED,
         visible_in_sidebar=True,
@@ -231,9 +231,9 @@ def test_task_pb():
         create_time=_stamp(CREATED, 123_456_000),
         update_time=_stamp(UPDATED),
     )
-    row.caller_agent, row.caller_session_id, row.caller_context, row.state = None, None, None, "submitted"
+    row.caller_agent, row.caller_trace_id, row.caller_context, row.state = None, None, None, "submitted"
     pb = common.task_pb(row, "alice")
-    assert (pb.caller_agent, pb.caller_session_id, pb.state) == ("", "", tp.TASK_STATE_SUBMITTED)
+    assert (pb.caller_agent, pb.caller_trace_id, pb.state) == ("", "", tp.TASK_STATE_SUBMITTED)
     assert not pb.HasField("caller_context")
 
 
@@ -241,7 +241,7 @@ def test_subagent_pb_every_field():
     row = SubagentRow(
         id=12,  # the internal key: never shown
         public_id="9f86d081884c7d659a2feaa0",
-        session_id="t-1",
+        trace_id="t-1",
         parent_message_id=41,
         parent_tool_call_id="call-7",
         parent_agent=AgentRow(slug="general"),
@@ -262,7 +262,7 @@ def test_subagent_pb_every_field():
         ended_at=ENDED,
         created_at=CREATED,
         updated_at=UPDATED,
-        child_session_id="child-1",
+        child_trace_id="child-1",
         batch_title="research",
     )
     pb = common.subagent_pb(row)
@@ -299,7 +299,7 @@ def test_subagent_pb_nulls():
     row = SubagentRow(
         id=1,
         public_id="abc",
-        session_id="t-1",
+        trace_id="t-1",
         parent_message_id=2,
         parent_tool_call_id=None,
         parent_agent=None,
@@ -320,7 +320,7 @@ def test_subagent_pb_nulls():
         ended_at=None,
         created_at=UPDATED,
         updated_at=UPDATED,
-        child_session_id=None,
+        child_trace_id=None,
         batch_title="",
     )
     pb = common.subagent_pb(row)
