@@ -8,6 +8,7 @@ import logging
 
 import grpc
 
+from agentmesh.libs import identity
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.errors import Interrupted, InvalidArgument, grpc_errors
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
@@ -27,8 +28,11 @@ class AgentRuntimeServicer(rt_grpc.AgentRuntimeServiceServicer):
     async def RunAgent(
         self, request: rt.RunAgentRequest, context: grpc.aio.ServicerContext
     ) -> rt.RunAgentResponse:
+        identity.current_user()  # a run acts for a user (its turn's), never as the mesh itself
         if not request.agent.slug or not request.stream.key:
             raise InvalidArgument("agent and stream are required")
+        if request.agent.limits.max_steps < 1 and not request.agent.HasField("remote"):
+            raise InvalidArgument("the agent's limits.max_steps must be at least 1")
         sink = EventSink(self.clients, request.stream.key, since=request.stream.start_offset)
         remaining = context.time_remaining()
 

@@ -369,18 +369,18 @@ async def test_delete_cascade_leaves_no_rows(mesh: Mesh) -> None:
     engine = create_engine(mesh.settings.sqlalchemy_url)
     try:
         async with engine.connect() as conn:
-            q = "SELECT count(*) FROM subagent_sessions WHERE session_id = :s"
+            q = "SELECT count(*) FROM subagent_sessions WHERE trace_id = :s"
             assert (await conn.execute(text(q), {"s": session})).scalar() == 1
         async with mesh.http() as http:
             resp = await http.delete(f"/api/sessions/{session}")
             assert (resp.status_code, resp.json()) == (200, {"deleted": True})
         async with engine.connect() as conn:
             for sql, arg in [
-                ("SELECT count(*) FROM subagent_sessions WHERE session_id = :s", session),
-                ("SELECT count(*) FROM sessions WHERE id = :s", session),
-                ("SELECT count(*) FROM sessions WHERE id = :s", item["childTraceId"]),
-                ("SELECT count(*) FROM messages WHERE session_id = :s", item["childTraceId"]),
-                ("SELECT count(*) FROM messages WHERE session_id = :s", session),
+                ("SELECT count(*) FROM subagent_sessions WHERE trace_id = :s", session),
+                ("SELECT count(*) FROM traces WHERE id = :s", session),
+                ("SELECT count(*) FROM traces WHERE id = :s", item["childTraceId"]),
+                ("SELECT count(*) FROM messages WHERE trace_id = :s", item["childTraceId"]),
+                ("SELECT count(*) FROM messages WHERE trace_id = :s", session),
             ]:
                 assert (await conn.execute(text(sql), {"s": arg})).scalar() == 0, sql
     finally:

@@ -52,11 +52,13 @@ async def _main_path(stub, owner: str, trace_id: str) -> ms.ListMessagesResponse
         return await stub.ListMessages(ms.ListMessagesRequest(trace_id=trace_id, mode=MAIN, limit=1000))
 
 
-async def test_begin_turn_stores_the_user_message_and_the_placeholder_after_it(trace_stub, unique):
+async def test_begin_turn_stores_the_user_message_and_the_placeholder_after_it(
+    trace_stub, unique, message_stub
+):
     owner = f"u-{unique}"
     s = await new_trace(trace_stub, owner)
-    first = await append(trace_stub, owner, s.id, "earlier")
-    turn = await _begin(trace_stub, owner, _turn(s.id, "hello", caller_agent="general"))
+    first = await append(message_stub, owner, s.id, "earlier")
+    turn = await _begin(message_stub, owner, _turn(s.id, "hello", caller_agent="general"))
     user, placeholder = turn.user_message, turn.assistant_message
     assert not turn.HasField("trace")
     assert (user.sequence, user.parent_sequence, user.role, user.content) == (
@@ -69,21 +71,21 @@ async def test_begin_turn_stores_the_user_message_and_the_placeholder_after_it(t
     assert (placeholder.sequence, placeholder.parent_sequence, placeholder.role) == (3, 2, ASSISTANT)
     assert (placeholder.status, placeholder.model) == (tp.MESSAGE_STATUS_PENDING, "mock-gpt")
     # What BeginTurn answered is what is stored, field for field, and the head is the placeholder.
-    path = await _main_path(trace_stub, owner, s.id)
+    path = await _main_path(message_stub, owner, s.id)
     assert list(path.messages) == [first, user, placeholder] and path.head_sequence == 3
 
     # A branch: the user message follows parent_sequence, the placeholder follows the user message.
-    again = await _begin(trace_stub, owner, _turn(s.id, "hello again", parent_sequence=first.sequence))
+    again = await _begin(message_stub, owner, _turn(s.id, "hello again", parent_sequence=first.sequence))
     assert (again.user_message.parent_sequence, again.assistant_message.parent_sequence) == (1, 4)
-    path = await _main_path(trace_stub, owner, s.id)
+    path = await _main_path(message_stub, owner, s.id)
     assert [m.content for m in path.messages] == ["earlier", "hello again", ""]
 
 
-async def test_begin_turn_creates_a_new_trace_with_both_messages(trace_stub, unique):
+async def test_begin_turn_creates_a_new_trace_with_both_messages(trace_stub, unique, message_stub):
     owner = f"u-{unique}"
     new = tp.Trace(agent="general", title="started by a turn", kind=tp.TRACE_KIND_CHAT)
     turn = await _begin(
-        trace_stub,
+        message_stub,
         owner,
         ms.BeginTurnRequest(
             new_trace=new,
@@ -102,13 +104,13 @@ async def test_begin_turn_creates_a_new_trace_with_both_messages(trace_stub, uni
     with identity.acting_as(owner):
         stored = (await trace_stub.GetTrace(ts.GetTraceRequest(trace_id=trace.id))).trace
     assert stored == trace
-    assert await _all(trace_stub, owner, trace.id) == [turn.user_message, turn.assistant_message]
+    assert await _all(message_stub, owner, trace.id) == [turn.user_message, turn.assistant_message]
     # The trace's counter and head are at the placeholder: the next message follows it.
-    follow = await append(trace_stub, owner, trace.id, "next")
+    follow = await append(message_stub, owner, trace.id, "next")
     assert (follow.sequence, follow.parent_sequence) == (3, 2)
     # A turn whose messages name a caller agent (a child turn): the same, with the provenance linked.
     child = await _begin(
-        trace_stub,
+        message_stub,
         owner,
         ms.BeginTurnRequest(
             new_trace=tp.Trace(agent="general"),
@@ -117,25 +119,25 @@ async def test_begin_turn_creates_a_new_trace_with_both_messages(trace_stub, uni
         ),
     )
     assert (child.trace.head_sequence, child.user_message.caller_agent) == (2, "general")
-    assert (await append(trace_stub, owner, child.trace.id, "next")).sequence == 3
+    assert (await append(message_stub, owner, child.trace.id, "next")).sequence == 3
 
     # With an id of the caller's choosing; a taken id is refused and changes nothing.
     named = await _begin(
-        trace_stub, owner, _turn(f"t-{unique}", "named", new_trace=tp.Trace(agent="general"))
+        message_stub, owner, _turn(f"t-{unique}", "named", new_trace=tp.Trace(agent="general"))
     )
     assert named.trace.id == f"t-{unique}"
     taken = _turn(f"t-{unique}", "again", new_trace=tp.Trace(agent="general"))
-    assert await code_of(_begin(trace_stub, owner, taken)) == grpc.StatusCode.ALREADY_EXISTS
-    assert len(await _all(trace_stub, owner, named.trace.id)) == 2
+    assert await code_of(_begin(message_stub, owner, taken)) == grpc.StatusCode.ALREADY_EXISTS
+    assert len(await _all(message_stub, owner, named.trace.id)) == 2
     # A new trace has nothing to follow.
     orphan = _turn("", "x", new_trace=tp.Trace(agent="general"), parent_sequence=1)
-    assert await code_of(_begin(trace_stub, owner, orphan)) == BAD
+    assert await code_of(_begin(message_stub, owner, orphan)) == BAD
 
 
-async def test_a_refused_turn_stores_neither_message(trace_stub, unique):
+async def test_a_refused_turn_stores_neither_message(trace_stub, unique, message_stub):
     owner, other = f"u-{unique}", f"v-{unique}"
     s = await new_trace(trace_stub, owner)
-    await append(trace_stub, owner, s.id, "only")
+    await append(message_stub, owner, s.id, "only")
     refusals = {
         "another user's trace": (other, _turn(s.id, "x"), MISSING),
         "a missing trace": (owner, _turn(f"nope-{unique}", "x"), MISSING),
@@ -143,54 +145,56 @@ async def test_a_refused_turn_stores_neither_message(trace_stub, unique):
         "no trace": (owner, _turn("", "x"), BAD),
     }
     for what, (who, request, code) in refusals.items():
-        assert await code_of(_begin(trace_stub, who, request)) == code, what
+        assert await code_of(_begin(message_stub, who, request)) == code, what
     no_role = _turn(s.id, "x")
     no_role.assistant_message.role = tp.MESSAGE_ROLE_UNSPECIFIED
-    assert await code_of(_begin(trace_stub, owner, no_role)) == BAD
+    assert await code_of(_begin(message_stub, owner, no_role)) == BAD
     elsewhere = _turn(s.id, "x")
     elsewhere.user_message.trace_id = "another-trace"
-    assert await code_of(_begin(trace_stub, owner, elsewhere)) == BAD
-    error = await error_of(_begin(trace_stub, other, _turn(s.id, "x")))
+    assert await code_of(_begin(message_stub, owner, elsewhere)) == BAD
+    error = await error_of(_begin(message_stub, other, _turn(s.id, "x")))
     assert error.details() == "trace not found"  # the same answer as a missing trace
     # Nothing was stored and no sequence was used: the next append is 2.
-    assert [m.sequence for m in await _all(trace_stub, owner, s.id)] == [1]
-    assert (await append(trace_stub, owner, s.id, "next")).sequence == 2
+    assert [m.sequence for m in await _all(message_stub, owner, s.id)] == [1]
+    assert (await append(message_stub, owner, s.id, "next")).sequence == 2
 
 
-async def test_concurrent_turns_and_appends_keep_each_turn_together(trace_stub, unique):
+async def test_concurrent_turns_and_appends_keep_each_turn_together(trace_stub, unique, message_stub):
     """20 turns and 20 single appends at once on one trace: every turn's placeholder right after its
     user message, every sequence used once, 1..60 without a gap."""
     owner = f"u-{unique}"
     s = await new_trace(trace_stub, owner)
     turns, singles = await asyncio.gather(
-        asyncio.gather(*(_begin(trace_stub, owner, _turn(s.id, f"turn {i}")) for i in range(20))),
-        asyncio.gather(*(append(trace_stub, owner, s.id, f"single {i}") for i in range(20))),
+        asyncio.gather(*(_begin(message_stub, owner, _turn(s.id, f"turn {i}")) for i in range(20))),
+        asyncio.gather(*(append(message_stub, owner, s.id, f"single {i}") for i in range(20))),
     )
     for t in turns:
         assert t.assistant_message.sequence == t.user_message.sequence + 1
         assert t.assistant_message.parent_sequence == t.user_message.sequence
-    stored = await _all(trace_stub, owner, s.id)
+    stored = await _all(message_stub, owner, s.id)
     assert [m.sequence for m in stored] == list(range(1, 61))
     # One chain: each message follows the one stored before it, and the head is the last.
     assert all(m.parent_sequence == m.sequence - 1 for m in stored)
-    assert (await _main_path(trace_stub, owner, s.id)).total == 60
+    assert (await _main_path(message_stub, owner, s.id)).total == 60
     answered = {m.id: m for t in turns for m in (t.user_message, t.assistant_message)}
     answered.update({m.id: m for m in singles})
     assert {m.id: m for m in stored} == answered
 
 
-async def test_refused_appends_among_concurrent_ones_fail_alone(trace_stub, trace_backend, unique):
+async def test_refused_appends_among_concurrent_ones_fail_alone(
+    trace_stub, trace_backend, unique, message_stub
+):
     """Appends written together: the ones for another user's trace answer NOT_FOUND, the ones after a
     missing parent INVALID_ARGUMENT, a message the database refuses fails its caller alone; none of
     them takes a sequence, and every other append is stored in one gap-free chain."""
     owner, other = f"u-{unique}", f"v-{unique}"
     mine, theirs = await new_trace(trace_stub, owner), await new_trace(trace_stub, other)
-    await append(trace_stub, owner, mine.id, "root")
-    good = [append(trace_stub, owner, mine.id, f"ok {i}") for i in range(30)]
-    intruders = [append(trace_stub, owner, theirs.id, f"intruder {i}") for i in range(10)]
-    strays = [append(trace_stub, owner, mine.id, f"stray {i}", parent=500 + i) for i in range(10)]
+    await append(message_stub, owner, mine.id, "root")
+    good = [append(message_stub, owner, mine.id, f"ok {i}") for i in range(30)]
+    intruders = [append(message_stub, owner, theirs.id, f"intruder {i}") for i in range(10)]
+    strays = [append(message_stub, owner, mine.id, f"stray {i}", parent=500 + i) for i in range(10)]
     # PostgreSQL refuses NUL in text (SQLite stores it): a statement-level failure of a batch.
-    nul = [append(trace_stub, owner, mine.id, "nul \x00 inside")]
+    nul = [append(message_stub, owner, mine.id, "nul \x00 inside")]
     results = await asyncio.gather(*good, *intruders, *strays, *nul, return_exceptions=True)
     ok, intruded, strayed, (odd,) = results[:30], results[30:40], results[40:50], results[50:]
     assert all(isinstance(m, tp.Message) for m in ok), ok
@@ -200,11 +204,11 @@ async def test_refused_appends_among_concurrent_ones_fail_alone(trace_stub, trac
         assert isinstance(odd, grpc.aio.AioRpcError) and odd.code() == grpc.StatusCode.INTERNAL
     else:
         assert isinstance(odd, tp.Message)
-    stored = await _all(trace_stub, owner, mine.id)
+    stored = await _all(message_stub, owner, mine.id)
     expected = 31 + (trace_backend.name == "sqlite")
     assert [m.sequence for m in stored] == list(range(1, expected + 1))
     assert all(m.parent_sequence == m.sequence - 1 for m in stored[1:])
-    assert await _all(trace_stub, other, theirs.id) == []
+    assert await _all(message_stub, other, theirs.id) == []
 
 
 # ---- connections the database closed -------------------------------------------------------------------
@@ -255,21 +259,21 @@ async def test_a_dead_pooled_connection_is_retried_on_a_fresh_one(pg_stores, tra
     caplog.set_level(logging.WARNING, "agentmesh.services.trace.store.sql.common")
     stores, engine = pg_stores
     owner = f"u-{unique}"
-    trace = await stores.traces.create_trace(owner, tp.Trace(agent="general"))
+    trace = await stores.traces.create_trace(owner, tp.Trace(agent="general"), "")
     for round_ in range(3):
         pids = await _pids(engine, 3)
         _terminate(trace_pg_url, pids)  # blocking: the pool's sockets are closed but not yet read
-        message = await stores.traces.append_message(
+        message = await stores.messages.append_message(
             owner, tp.Message(trace_id=trace.id, role=USER, content=f"after kill {round_}")
         )
         assert message.sequence == round_ + 1
     _terminate(trace_pg_url, await _pids(engine, 3))
-    changed = await stores.traces.update_message(
+    changed = await stores.messages.update_message(
         owner, tp.Message(id=message.id, content="changed"), ["content"]
     )
     assert changed.content == "changed"
     _terminate(trace_pg_url, await _pids(engine, 3))
-    assert (await stores.traces.get_message(owner, message.id)).content == "changed"
+    assert (await stores.messages.get_message(owner, message.id)).content == "changed"
     # Nothing was written twice, and the retry (not luck) got them through.
     count = await stores.traces.count_messages(owner, trace.id)
     assert count == (3, 3)
@@ -304,9 +308,9 @@ async def _driver_statements(stores, engine, registry, owner: str) -> None:
         value = registry.get_sample_value("agentmesh_trace_query_seconds_count", {"operation": operation})
         return value or 0.0
 
-    trace = await stores.traces.create_trace(owner, tp.Trace(agent="general"))
+    trace = await stores.traces.create_trace(owner, tp.Trace(agent="general"), "")
     before = timed("with")
-    written = await stores.traces.append_each(
+    written = await stores.messages.append_each(
         [Append(owner, tp.Message(trace_id=trace.id, role=USER, content=f"m{i}"), None) for i in range(3)]
     )
     assert [m.sequence for m in written] == [1, 2, 3]  # type: ignore[union-attr]
@@ -324,12 +328,12 @@ async def _driver_statements(stores, engine, registry, owner: str) -> None:
 
 @pytest.mark.parametrize("trace_backend", ["postgres"], indirect=True)
 async def test_the_service_survives_its_connections_being_killed(
-    trace_stub, trace_backend, trace_pg_url, unique
+    trace_stub, trace_backend, trace_pg_url, unique, message_stub
 ):
     """pg_terminate_backend on every connection of the trace service: its next calls succeed."""
     owner = f"u-{unique}"
     s = await new_trace(trace_stub, owner)
-    await asyncio.gather(*(append(trace_stub, owner, s.id, f"warm {i}") for i in range(20)))
+    await asyncio.gather(*(append(message_stub, owner, s.id, f"warm {i}") for i in range(20)))
     admin = await asyncpg.connect(trace_pg_url)
     try:
         listed = await admin.fetch(
@@ -339,7 +343,7 @@ async def test_the_service_survives_its_connections_being_killed(
         await admin.close()
     assert listed, "the service holds pooled connections"
     _terminate(trace_pg_url, [r["pid"] for r in listed])
-    after = await asyncio.gather(*(append(trace_stub, owner, s.id, f"after {i}") for i in range(20)))
+    after = await asyncio.gather(*(append(message_stub, owner, s.id, f"after {i}") for i in range(20)))
     assert sorted(m.sequence for m in after) == list(range(21, 41))
-    turn = await _begin(trace_stub, owner, _turn(s.id, "still here"))
+    turn = await _begin(message_stub, owner, _turn(s.id, "still here"))
     assert turn.assistant_message.sequence == 42

@@ -34,12 +34,12 @@ async def _create(stub, owner, *subs):
     return list(resp.subagents)
 
 
-async def test_subagent_rows_and_transitions(trace_stub, unique):
+async def test_subagent_rows_and_transitions(trace_stub, unique, subagent_stub, message_stub):
     owner = f"u-{unique}"
     s = await new_trace(trace_stub, owner)
-    await append(trace_stub, owner, s.id, "split this")
-    anchor = await append(trace_stub, owner, s.id, "", ASSISTANT)
-    other_anchor = await append(trace_stub, owner, s.id, "", ASSISTANT)
+    await append(message_stub, owner, s.id, "split this")
+    anchor = await append(message_stub, owner, s.id, "", ASSISTANT)
+    other_anchor = await append(message_stub, owner, s.id, "", ASSISTANT)
 
     def sub(name: str, order: int, anchor_id: int = anchor.id, **kw: Any) -> tp.SubagentSession:
         return tp.SubagentSession(
@@ -48,12 +48,12 @@ async def test_subagent_rows_and_transitions(trace_stub, unique):
 
     # One batch, answered in request order.
     b, a = await _create(
-        trace_stub,
+        subagent_stub,
         owner,
         sub("b", 1, preset_agent="researcher", tool_names=["search"], batch_title="research"),
         sub("a", 0, parent_tool_call_id="call-7", context="facts"),
     )
-    (z,) = await _create(trace_stub, owner, sub("z", 0, anchor_id=other_anchor.id))
+    (z,) = await _create(subagent_stub, owner, sub("z", 0, anchor_id=other_anchor.id))
     ids = [a.id, b.id, z.id]
     assert len(set(ids)) == 3 and all(re.fullmatch(r"[0-9a-f]{24}", i) for i in ids)  # not guessable
     assert (a.status, a.parent_agent, a.source_type, a.preset_agent, a.parent_tool_call_id) == (
@@ -92,21 +92,21 @@ async def test_subagent_rows_and_transitions(trace_stub, unique):
         clone = (await trace_stub.GetTrace(ts.GetTraceRequest(trace_id=a.child_trace_id))).trace
         assert (clone.kind, clone.agent) == (tp.TRACE_KIND_SUBAGENT, "general")
 
-        one = await trace_stub.ListSubagentSessions(
+        one = await subagent_stub.ListSubagentSessions(
             sbs.ListSubagentSessionsRequest(trace_id=s.id, parent_message_id=anchor.id)
         )
         assert [r.name for r in one.subagents] == ["a", "b"]
-        every = await trace_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
+        every = await subagent_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
         assert [r.name for r in every.subagents] == ["a", "b", "z"]
         assert list(every.subagents) == [a, b, z]
-        got = await trace_stub.GetSubagentSession(sbs.GetSubagentSessionRequest(subagent_id=b.id))
+        got = await subagent_stub.GetSubagentSession(sbs.GetSubagentSessionRequest(subagent_id=b.id))
         assert got.subagent == b
 
     def update(row: Any, status: Any = 0, paths: Any = ("status",), **kw: Any) -> Any:
         change = tp.SubagentSession(id=row.id, status=status, **kw)
         mask = field_mask_pb2.FieldMask(paths=list(paths))
         with identity.acting_as(owner):
-            return trace_stub.UpdateSubagentSession(
+            return subagent_stub.UpdateSubagentSession(
                 sbs.UpdateSubagentSessionRequest(subagent=change, update_mask=mask)
             )
 
@@ -171,7 +171,7 @@ async def test_subagent_rows_and_transitions(trace_stub, unique):
         assert (error.code(), error.details()) == (BAD, f"cannot update {field}")
     with identity.acting_as(owner):
         stored = (
-            await trace_stub.GetSubagentSession(sbs.GetSubagentSessionRequest(subagent_id=b.id))
+            await subagent_stub.GetSubagentSession(sbs.GetSubagentSessionRequest(subagent_id=b.id))
         ).subagent
     assert stored == failed
     # Clearing the optional results clears them.
@@ -186,18 +186,18 @@ async def test_subagent_rows_and_transitions(trace_stub, unique):
     assert not cleared.HasField("result_payload") and not cleared.HasField("token_usage")
 
 
-async def test_subagent_batch_rules(trace_stub, unique):
+async def test_subagent_batch_rules(trace_stub, unique, subagent_stub, message_stub):
     """A batch is checked whole and created in one transaction; a row starts queued or failed."""
     owner = f"u-{unique}"
     s = await new_trace(trace_stub, owner)
     other = await new_trace(trace_stub, owner)
-    anchor = await append(trace_stub, owner, s.id, "", ASSISTANT)
-    foreign_anchor = await append(trace_stub, owner, other.id, "", ASSISTANT)
+    anchor = await append(message_stub, owner, s.id, "", ASSISTANT)
+    foreign_anchor = await append(message_stub, owner, other.id, "", ASSISTANT)
     good = tp.SubagentSession(trace_id=s.id, parent_message_id=anchor.id, name="ok", goal="fine")
 
-    assert await _create(trace_stub, owner) == []
+    assert await _create(subagent_stub, owner) == []
     (refused,) = await _create(
-        trace_stub,
+        subagent_stub,
         owner,
         tp.SubagentSession(
             trace_id=s.id,
@@ -232,35 +232,35 @@ async def test_subagent_batch_rules(trace_stub, unique):
     with identity.acting_as(owner):
         for what, row in bad_rows.items():
             request = sbs.CreateSubagentSessionsRequest(subagents=[good, row])
-            assert await code_of(trace_stub.CreateSubagentSessions(request)) == BAD, what
+            assert await code_of(subagent_stub.CreateSubagentSessions(request)) == BAD, what
         # A clone of nobody: the trace names no agent and the row no preset or parent agent.
         agentless = await new_trace(trace_stub, owner, agent="")
-        agentless_anchor = await append(trace_stub, owner, agentless.id, "", ASSISTANT)
+        agentless_anchor = await append(message_stub, owner, agentless.id, "", ASSISTANT)
         clone = tp.SubagentSession(trace_id=agentless.id, parent_message_id=agentless_anchor.id, name="c")
         error = await error_of(
-            trace_stub.CreateSubagentSessions(sbs.CreateSubagentSessionsRequest(subagents=[clone]))
+            subagent_stub.CreateSubagentSessions(sbs.CreateSubagentSessionsRequest(subagents=[clone]))
         )
         assert (error.code(), error.details()) == (
             BAD,
             "a subagent needs an agent: preset_agent or parent_agent",
         )
         # Nothing of the refused batches was stored: only the failed row above exists.
-        listed = await trace_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
+        listed = await subagent_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
         assert [r.id for r in listed.subagents] == [refused.id]
-        listed_other = await trace_stub.ListSubagentSessions(
+        listed_other = await subagent_stub.ListSubagentSessions(
             sbs.ListSubagentSessionsRequest(trace_id=other.id)
         )
         assert list(listed_other.subagents) == []
 
 
-async def test_several_rows_change_in_one_call_all_or_none(trace_stub, unique):
+async def test_several_rows_change_in_one_call_all_or_none(trace_stub, unique, subagent_stub, message_stub):
     """UpdateSubagentSessions: each change as UpdateSubagentSession would make it, answered in request
     order; one change that cannot be made (a backward move, a row not found) leaves every row as it was."""
     owner = f"u-{unique}"
     s = await new_trace(trace_stub, owner)
-    anchor = await append(trace_stub, owner, s.id, "", ASSISTANT)
+    anchor = await append(message_stub, owner, s.id, "", ASSISTANT)
     rows = await _create(
-        trace_stub,
+        subagent_stub,
         owner,
         *(
             tp.SubagentSession(trace_id=s.id, parent_message_id=anchor.id, name=n, sort_order=i)
@@ -279,11 +279,13 @@ async def test_several_rows_change_in_one_call_all_or_none(trace_stub, unique):
 
     async def update(*changes: sbs.UpdateSubagentSessionRequest) -> Any:
         with identity.acting_as(owner):
-            return await trace_stub.UpdateSubagentSessions(sbs.UpdateSubagentSessionsRequest(updates=changes))
+            return await subagent_stub.UpdateSubagentSessions(
+                sbs.UpdateSubagentSessionsRequest(updates=changes)
+            )
 
     async def stored() -> list[tp.SubagentSession]:
         with identity.acting_as(owner):
-            resp = await trace_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
+            resp = await subagent_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
         return list(resp.subagents)
 
     started = (
@@ -317,7 +319,7 @@ async def test_several_rows_change_in_one_call_all_or_none(trace_stub, unique):
         assert await code_of(update(change(a, ev.SUBAGENT_STATUS_FAILED), bad)) == code
     with identity.acting_as(f"stranger-{unique}"):
         error = await error_of(
-            trace_stub.UpdateSubagentSessions(
+            subagent_stub.UpdateSubagentSessions(
                 sbs.UpdateSubagentSessionsRequest(updates=[change(b, ev.SUBAGENT_STATUS_CANCELLED)])
             )
         )
@@ -344,16 +346,18 @@ async def test_several_rows_change_in_one_call_all_or_none(trace_stub, unique):
     assert all(recent(r.end_time) for r in ended) and await stored() == list(ended)
 
 
-async def test_the_runtimes_row_writer_coalesces_and_keeps_failures_apart(trace_clients, unique):
+async def test_the_runtimes_row_writer_coalesces_and_keeps_failures_apart(
+    trace_clients, unique, subagent_stub, message_stub
+):
     """services/orchestrator/subagents.RowWriter: changes asked for while a call is in flight go in
     the next as one UpdateSubagentSessions; when that call is refused, each change is retried on its
     own, so only the change that cannot be made fails."""
     owner = f"u-{unique}"
     trace_stub = trace_clients.trace
     s = await new_trace(trace_stub, owner)
-    anchor = await append(trace_stub, owner, s.id, "", ASSISTANT)
+    anchor = await append(message_stub, owner, s.id, "", ASSISTANT)
     a, b, c, d = await _create(
-        trace_stub,
+        subagent_stub,
         owner,
         *(
             tp.SubagentSession(trace_id=s.id, parent_message_id=anchor.id, name=n, sort_order=i)
@@ -366,7 +370,7 @@ async def test_the_runtimes_row_writer_coalesces_and_keeps_failures_apart(trace_
         """The real stub, noting each call (method, rows)."""
 
         def __getattr__(self, name: str) -> Any:
-            method = getattr(trace_stub, name)
+            method = getattr(subagent_stub, name)
 
             def call(request: Any, **kw: Any) -> Any:
                 calls.append((name, len(request.updates) if hasattr(request, "updates") else 1))
@@ -374,7 +378,7 @@ async def test_the_runtimes_row_writer_coalesces_and_keeps_failures_apart(trace_
 
             return call
 
-    writer = RowWriter(SimpleNamespace(trace=Counted()))  # type: ignore[arg-type]
+    writer = RowWriter(SimpleNamespace(subagents=Counted()))  # type: ignore[arg-type]
 
     def change(row: Any, status: Any) -> sbs.UpdateSubagentSessionRequest:
         return sbs.UpdateSubagentSessionRequest(
@@ -408,7 +412,7 @@ async def test_the_runtimes_row_writer_coalesces_and_keeps_failures_apart(trace_
     )
     assert calls == [("UpdateSubagentSessions", 4)] + [("UpdateSubagentSession", 1)] * 4
     with identity.acting_as(owner):
-        stored = await trace_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
+        stored = await subagent_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
     assert [r.status for r in stored.subagents] == [
         ev.SUBAGENT_STATUS_COMPLETED,
         ev.SUBAGENT_STATUS_RUNNING,
@@ -417,14 +421,16 @@ async def test_the_runtimes_row_writer_coalesces_and_keeps_failures_apart(trace_
     ]
 
 
-async def test_a_batch_stores_each_subagents_turn_with_its_row(trace_stub, unique):
+async def test_a_batch_stores_each_subagents_turn_with_its_row(
+    trace_stub, unique, message_stub, subagent_stub
+):
     """CreateSubagentSessions with turns: each hidden trace begins with its turn's user message and
     placeholder, stored in the same transaction (sequences 1 and 2, the head at the placeholder, the
     provenance kept); a count of turns other than one per row is refused and nothing is stored."""
     owner = f"u-{unique}"
     s = await new_trace(trace_stub, owner)
-    await append(trace_stub, owner, s.id, "split this")
-    anchor = await append(trace_stub, owner, s.id, "", ASSISTANT)
+    await append(message_stub, owner, s.id, "split this")
+    anchor = await append(message_stub, owner, s.id, "", ASSISTANT)
     rows = [
         tp.SubagentSession(
             trace_id=s.id,
@@ -451,10 +457,10 @@ async def test_a_batch_stores_each_subagents_turn_with_its_row(trace_stub, uniqu
 
     with identity.acting_as(owner):
         refused = sbs.CreateSubagentSessionsRequest(subagents=rows, turns=[turn(0)])
-        assert await code_of(trace_stub.CreateSubagentSessions(refused)) == BAD
-        listed = await trace_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
+        assert await code_of(subagent_stub.CreateSubagentSessions(refused)) == BAD
+        listed = await subagent_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
         assert list(listed.subagents) == []
-        resp = await trace_stub.CreateSubagentSessions(
+        resp = await subagent_stub.CreateSubagentSessions(
             sbs.CreateSubagentSessionsRequest(subagents=rows, turns=[turn(0), turn(1)])
         )
         assert len(resp.turns) == 2
@@ -466,16 +472,16 @@ async def test_a_batch_stores_each_subagents_turn_with_its_row(trace_stub, uniqu
             assert (placeholder.sequence, placeholder.parent_sequence, placeholder.status) == (
                 2, 1, tp.MESSAGE_STATUS_PENDING
             )  # fmt: skip
-            path = await trace_stub.ListMessages(
+            path = await message_stub.ListMessages(
                 ms.ListMessagesRequest(trace_id=row.child_trace_id, mode=ms.PATH_MODE_MAIN_PATH)
             )
             assert list(path.messages) == [user, placeholder] and path.head_sequence == 2
-            following = await append(trace_stub, owner, row.child_trace_id, "next")
+            following = await append(message_stub, owner, row.child_trace_id, "next")
             assert (following.sequence, following.parent_sequence) == (3, 2)
 
 
 async def test_a_row_changed_twice_in_one_call_and_an_own_agent_before_the_builtin(
-    trace_stub, agent_stub, unique
+    trace_stub, agent_stub, unique, subagent_stub, message_stub
 ):
     """UpdateSubagentSessions may change one row twice (the runtime's row writer sends a row's start
     and end together when both wait for the call in flight): each change is answered as made, in
@@ -483,7 +489,7 @@ async def test_a_row_changed_twice_in_one_call_and_an_own_agent_before_the_built
     that slug when there is one (not the built-in it hides): deleting it clears the row's link."""
     owner = f"u-{unique}"
     s = await new_trace(trace_stub, owner)
-    anchor = await append(trace_stub, owner, s.id, "", ASSISTANT)
+    anchor = await append(message_stub, owner, s.id, "", ASSISTANT)
     with identity.acting_as(owner):
         own = ap.Agent(slug="coder", name="My coder", model="mock-gpt")
         await agent_stub.CreateAgent(
@@ -492,7 +498,7 @@ async def test_a_row_changed_twice_in_one_call_and_an_own_agent_before_the_built
             )
         )
     row, builtin = await _create(
-        trace_stub,
+        subagent_stub,
         owner,
         tp.SubagentSession(trace_id=s.id, parent_message_id=anchor.id, name="a", preset_agent="coder"),
         tp.SubagentSession(trace_id=s.id, parent_message_id=anchor.id, name="b", preset_agent="researcher"),
@@ -506,7 +512,7 @@ async def test_a_row_changed_twice_in_one_call_and_an_own_agent_before_the_built
         )
 
     with identity.acting_as(owner):
-        resp = await trace_stub.UpdateSubagentSessions(
+        resp = await subagent_stub.UpdateSubagentSessions(
             sbs.UpdateSubagentSessionsRequest(
                 updates=[
                     change(ev.SUBAGENT_STATUS_RUNNING, ("status", "model"), model="m1"),
@@ -526,9 +532,9 @@ async def test_a_row_changed_twice_in_one_call_and_an_own_agent_before_the_built
             ev.SUBAGENT_STATUS_COMPLETED, "m1", "done", 4
         )  # fmt: skip
         assert ended.start_time == started.start_time and recent(ended.end_time)
-        got = await trace_stub.GetSubagentSession(sbs.GetSubagentSessionRequest(subagent_id=row.id))
+        got = await subagent_stub.GetSubagentSession(sbs.GetSubagentSessionRequest(subagent_id=row.id))
         assert got.subagent == ended
 
         await agent_stub.DeleteAgent(ag.DeleteAgentRequest(slug="coder"))
-        listed = await trace_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
+        listed = await subagent_stub.ListSubagentSessions(sbs.ListSubagentSessionsRequest(trace_id=s.id))
         assert [r.preset_agent for r in listed.subagents] == ["", "researcher"]
