@@ -213,7 +213,7 @@ async def test_port_base_runs_two_meshes_side_by_side(first: Up, ports: Ports) -
         assert first.key == second.key  # one database: the development key works on both
         async with httpx.AsyncClient(headers={"Authorization": f"Bearer {second.key}"}) as http:
             listed = (await http.get(f"{second.url}/api/sessions")).json()["sessions"]
-        assert one[0]["sessionId"] in {s["id"] for s in listed}  # and each lists the other's sessions
+        assert one[0]["traceId"] in {s["id"] for s in listed}  # and each lists the other's sessions
         # The first mesh's model is slowed (--tokens-per-second 40): its answer streams, it does not
         # arrive in one piece at the end of the turn.
         texts = [e["_t"] for e in one if e["type"] == "text-delta"]

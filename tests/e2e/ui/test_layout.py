@@ -191,7 +191,7 @@ async def test_the_page_reads_well_with_assistive_technology(page: Page, mesh: M
 
 
 async def test_every_chat_can_be_renamed_and_deleted_by_keyboard(page: Page, mesh: Mesh) -> None:
-    one = str((await chat(mesh, "general", "keyboard one"))[0]["sessionId"])
+    one = str((await chat(mesh, "general", "keyboard one"))[0]["traceId"])
     await chat(mesh, "general", "keyboard two")
     await sign_in(page, mesh)
     item = page.locator(f'#sessions [data-session-id="{one}"]')  # not the open chat

@@ -31,7 +31,7 @@ async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
 
 async def new_session(mesh: Mesh, text: str) -> str:
     events = await chat(mesh, "general", text)
-    return str(events[0]["sessionId"])
+    return str(events[0]["traceId"])
 
 
 async def test_back_and_forward_move_between_chats(page: Page, mesh: Mesh) -> None:

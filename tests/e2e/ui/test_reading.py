@@ -193,8 +193,8 @@ async def test_subagent_results_read_whole_without_inner_scrolling(page: Page, m
 
 
 async def test_the_sidebar_finds_chats_by_title_and_content(page: Page, mesh: Mesh) -> None:
-    titled = str((await chat(mesh, "general", "alpha plan for the week"))[0]["sessionId"])
-    other = str((await chat(mesh, "general", "beta notes"))[0]["sessionId"])
+    titled = str((await chat(mesh, "general", "alpha plan for the week"))[0]["traceId"])
+    other = str((await chat(mesh, "general", "beta notes"))[0]["traceId"])
     async with mesh.http() as http:  # a word only its content has
         await http.patch(f"/api/sessions/{other}", json={"title": "Notes"})
     await chat(mesh, "general", "the zebra crossing", session_id=other)
