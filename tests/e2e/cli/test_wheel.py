@@ -19,6 +19,8 @@ import pytest
 from tests.mesh import Ports, log_file, process_env, sse_events
 
 ROOT = Path(__file__).resolve().parents[3]
+# A wheel build and a fresh venv's install take minutes on a busy 2-core machine.
+pytestmark = pytest.mark.timeout(900)
 
 
 def _clean_clone(dest: Path) -> Path:

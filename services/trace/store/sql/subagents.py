@@ -264,6 +264,11 @@ class SqlSubagentStore(SubagentStore):
             if parent_message_id:
                 stmt = stmt.where(SubagentRow.parent_message_id == parent_message_id)
             rows = await db.scalars(
-                stmt.order_by(SubagentRow.parent_message_id, SubagentRow.sort_order, SubagentRow.id)
+                stmt.order_by(
+                    SubagentRow.created_at,
+                    SubagentRow.parent_message_id,
+                    SubagentRow.sort_order,
+                    SubagentRow.id,
+                )
             )
             return [subagent_pb(r) for r in rows]
