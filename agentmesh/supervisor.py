@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from agentmesh.libs.config import DRAIN_SETTLE_S
+
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 HEALTHY_AFTER_S = 30.0  # a child that ran this long starts its backoff over
 
@@ -85,7 +87,9 @@ class Supervisor:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(self.grace_s + 5)
+                    # past the child's own drain (its grace, then DRAIN_SETTLE_S to settle what it
+                    # cut short, then closing its clients): a child is killed only if it hangs
+                    proc.wait(self.grace_s + DRAIN_SETTLE_S + 10)
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()

@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+DRAIN_SETTLE_S = 5.0  # after the shutdown grace, a drain settles what it cut short within this
+
 
 class Addresses(BaseModel):
     """Where each service is reached (host:port, `dns:///name:port`, or `ipv4:a:p,b:q` for several

@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from agentmesh.libs import identity, telemetry
+from agentmesh.libs.config import DRAIN_SETTLE_S
 from agentmesh.libs.errors import Unauthenticated, to_status
 from agentmesh.libs.identity import Signer
 from agentmesh.libs.metrics import MetricsServer, Refresh, RpcMetrics, process_series
@@ -111,6 +112,9 @@ class ServiceServer:
     address: str = "127.0.0.1:0"
     grace_s: float = 10.0
     on_stop: list[Callable[[], Any]] = field(default_factory=list)
+    # Work of its own to finish within the grace while in-flight RPCs do (the orchestrator's turns,
+    # whose RPCs wait for them): runs beside the server's stop, not after it.
+    on_drain: list[Callable[[float], Any]] = field(default_factory=list)
     port: int = 0
     stop_grace_s: float = 0.0  # the grace of the stop under way, for on_stop hooks
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
@@ -175,14 +179,19 @@ class ServiceServer:
         return self.metrics_server.port if self.metrics_server is not None else 0
 
     async def stop(self, grace_s: float | None = None) -> None:
-        """NOT_SERVING first, then stop taking RPCs and let in-flight ones finish within the grace;
-        then the on_stop hooks (drain background work, close clients), each bounded by the grace."""
+        """NOT_SERVING first, then stop taking RPCs and let in-flight ones and the on_drain work finish
+        within the grace, together; then the on_stop hooks (close clients), each bounded by the grace.
+        The whole stop takes at most the grace plus DRAIN_SETTLE_S (what a drain cuts short is
+        settled in that time) and the hooks' own time."""
         if self._stopped.is_set():
             return
         self._stopped.set()
         grace = self.stop_grace_s = grace_s if grace_s is not None else self.grace_s
         await self.health.enter_graceful_shutdown()
+        drains = [asyncio.ensure_future(hook(grace)) for hook in self.on_drain]
         await self.server.stop(grace)
+        if drains:
+            await asyncio.wait(drains, timeout=grace + DRAIN_SETTLE_S)
         for hook in self.on_stop:
             result = hook()
             if asyncio.iscoroutine(result):

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from google.protobuf import field_mask_pb2
 
 from agentmesh.libs.aio import to_the_end
 from agentmesh.libs.clients import Clients
-from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.config import DRAIN_SETTLE_S, MeshSettings
 from agentmesh.libs.errors import Cancelled, as_mesh_error, from_rpc_error, rpc
 from agentmesh.libs.ids import a2a_key, subagent_key, trace_key
 from agentmesh.libs.leases import LeaseKeeper
@@ -52,7 +53,8 @@ class Orchestrator:
         self.clients = clients
         self.engine = TurnEngine(clients, leases, metrics)
         self.kinds = Kinds(clients)
-        self.turns: set[asyncio.Task[orc.TurnEnded | None]] = set()  # every turn running here
+        # every turn and every subagent batch running here: a drain waits for them, then settles them
+        self.turns: set[asyncio.Task[Any]] = set()
 
     @property
     def leases(self) -> LeaseKeeper:
@@ -138,7 +140,7 @@ class Orchestrator:
 
     async def run_subagents(self, req: orc.RunSubagentsRequest) -> AsyncIterator[orc.RunSubagentsResponse]:
         """A delegate call's subagents, each a turn of the engine; cancelled with the call."""
-        batch = SubagentBatch(self.engine, self.kinds, req)
+        batch = SubagentBatch(self.engine, self.kinds, req, self.turns)
         async for response in batch.run():
             yield response
 
@@ -217,13 +219,14 @@ class Orchestrator:
         return len(deleted.deleted_trace_ids), resp.deleted_count
 
     async def drain(self, grace_s: float) -> None:
-        """Shutdown: running turns finish within the grace; the rest end `interrupted`, settled."""
+        """Shutdown: running turns finish within the grace; the rest end `interrupted`, each settled
+        (its placeholder, its task, its buffer, the turns under it) before the process exits."""
+        self.engine.stopping = True  # from now on a turn cut short is interrupted, not cancelled
         tasks = [t for t in self.turns if not t.done()]
         if not tasks:
             return
         _, pending = await asyncio.wait(tasks, timeout=grace_s)
-        self.engine.stopping = True
         for task in pending:
             task.cancel()
         if pending:
-            await asyncio.wait(pending, timeout=self.engine.grace_s)
+            await asyncio.wait(pending, timeout=DRAIN_SETTLE_S)

@@ -39,7 +39,7 @@ async def build(
         registry=registry,
         **{**server_settings(settings, "orchestrator"), **({"address": address} if address else {})},
     )
-    server.on_stop.append(lambda: orchestrator.drain(server.stop_grace_s))
+    server.on_drain.append(orchestrator.drain)
     server.on_stop.append(reaper.stop)
     server.on_stop.append(leases.stop)
     server.on_stop.append(clients.close)

@@ -104,8 +104,15 @@ def _user_text(task: orc.SubagentTask) -> str:
 class SubagentBatch:
     """One delegate call: rows, buffers, concurrency, failure isolation, cancellation."""
 
-    def __init__(self, engine: TurnEngine, kinds: Kinds, req: orc.RunSubagentsRequest) -> None:
+    def __init__(
+        self,
+        engine: TurnEngine,
+        kinds: Kinds,
+        req: orc.RunSubagentsRequest,
+        running: set[asyncio.Task[Any]] | None = None,
+    ) -> None:
         self.engine, self.kinds, self.req = engine, kinds, req
+        self.running = running if running is not None else set()  # the process's work, for its drain
         self.clients = engine.clients
         self.writer = RowWriter(self.clients)
         self.rows: list[tp.SubagentSession] = []
@@ -122,6 +129,8 @@ class SubagentBatch:
         await self._create(agents)
         yield orc.RunSubagentsResponse(created=orc.SubagentRows(subagents=self.rows))
         runner = asyncio.create_task(self._run_all(), name=f"subagents:{req.tool_call_id}")
+        self.running.add(runner)
+        runner.add_done_callback(self.running.discard)
         try:
             while (report := await self._reports.get()) is not None:
                 yield report

@@ -21,7 +21,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentmesh.mock_llm import MockLLM
-from tests.mesh import Mesh, Ports, log_file, process_env, sse_events, start_mesh, wait_until
+from tests.mesh import TREE_RULE, Mesh, Ports, log_file, process_env, sse_events, start_mesh, wait_until
+
+CATALOG = Path(__file__).resolve().parents[2] / "catalogs" / "mesh.yaml"
 
 SERVICES = {
     "trace": "agentmesh.trace.v1.TraceService",
@@ -124,6 +126,14 @@ async def test_serve_drains_and_exits_on_sigterm(tmp_path: Path, ports: Ports) -
     logs = (await proc.stderr.read()).decode()  # type: ignore[union-attr]
     lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
     assert any(line.get("msg") == "serving" and line.get("service") == "trace" for line in lines), logs
+
+
+def db_rows(data_dir: Path, sql: str) -> list[Any]:
+    db = sqlite3.connect(data_dir / "agentmesh.db")
+    try:
+        return db.execute(sql).fetchall()
+    finally:
+        db.close()
 
 
 async def _up(env: dict[str, str], *extra: str) -> tuple[asyncio.subprocess.Process, str, str]:
@@ -285,13 +295,28 @@ async def test_up_restarts_a_child_that_died_and_the_rest_keeps_serving(tmp_path
 async def test_sigterm_ends_every_live_stream_with_a_terminal_event_within_the_grace(
     tmp_path: Path, ports: Ports
 ) -> None:
-    """20 clients follow slow replies (one of them a trace API `/run`); `up` is told to stop: each gets a
-    last event (`shutdown`, with how to resume, or `done`) before its connection closes, within the
-    grace; no turn is left pending."""
-    mock = MockLLM({"rules": [], "default": {"text": "slow " * 400, "tokens_per_second": 20}})
+    """20 clients follow slow replies (one of them a trace API `/run`, four of them trees: a callee and
+    a subagent batch under them, streaming); `up` is told to stop: each gets a last event (`shutdown`,
+    with how to resume, or `done`) before its connection closes, within the grace; no turn, task or
+    subagent is left pending or running: each was settled as interrupted before its process exited."""
+    slow = {"text": "slow " * 400, "tokens_per_second": 20}
+    mock = MockLLM(
+        {
+            "rules": [
+                TREE_RULE,
+                {"system": r"\[coder\]", **slow},
+                {"system": r"\[helper\]", **slow},
+            ],
+            "default": slow,
+        }
+    )
     await mock.start()
     env = _env(tmp_path, ports)
-    env.update(AGENTMESH_LLM__BASE_URL=mock.base_url, AGENTMESH_SHUTDOWN_GRACE_S="3")
+    env.update(
+        AGENTMESH_LLM__BASE_URL=mock.base_url,
+        AGENTMESH_SHUTDOWN_GRACE_S="3",
+        AGENTMESH_CATALOG=str(CATALOG),
+    )
     proc, url, key = await _up(env, "--no-mock-llm")
     try:
         clients: list[list[dict[str, Any]]] = [[] for _ in range(20)]
@@ -301,7 +326,7 @@ async def test_sigterm_ends_every_live_stream_with_a_terminal_event_within_the_g
             assert resp.status_code == 200
             async for event in sse_events(resp):
                 clients[i].append(event)
-                if event["type"] == "text-delta":
+                if event["type"] in ("text-delta", "subagent-update"):  # a tree: its children stream
                     live[i].set()
 
         async def follow(i: int) -> None:
@@ -321,8 +346,9 @@ async def test_sigterm_ends_every_live_stream_with_a_terminal_event_within_the_g
                     async with http.stream("POST", run, json={"input": "slow 0"}, headers=headers) as resp:
                         await read(i, resp)
                     return
+                message = f"tree {i}" if i % 5 == 1 else f"slow {i}"
                 async with http.stream(
-                    "POST", "/api/chat", json={"agent": "general", "message": f"slow {i}"}
+                    "POST", "/api/chat", json={"agent": "general", "message": message}
                 ) as r:
                     await read(i, r)
 
@@ -345,10 +371,18 @@ async def test_sigterm_ends_every_live_stream_with_a_terminal_event_within_the_g
             interrupted = db.execute(
                 "SELECT count(*) FROM messages WHERE metadata LIKE '%interrupted%'"
             ).fetchone()[0]
+            running = db.execute(
+                "SELECT count(*) FROM subagent_sessions WHERE status IN ('queued', 'running')"
+            ).fetchone()[0]
+            tasks = db.execute(
+                "SELECT count(*) FROM a2a_tasks WHERE state IN ('submitted', 'working')"
+            ).fetchone()[0]
         finally:
             db.close()
         assert pending == 0, "every turn completed within the grace or was settled as interrupted"
-        assert interrupted == 20
+        statuses = db_rows(tmp_path, "SELECT status, metadata FROM messages WHERE role = 'assistant'")
+        assert interrupted >= 20, statuses  # the chats' and their callees' and subagents' turns
+        assert (running, tasks) == (0, 0), "every subagent row and task settled with its turn"
     finally:
         if proc.returncode is None:
             os.killpg(proc.pid, signal.SIGKILL)
