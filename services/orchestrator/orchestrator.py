@@ -24,6 +24,7 @@ from agentmesh.libs.leases import LeaseKeeper
 from agentmesh.libs.metrics import OrchestratorMetrics
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.services.orchestrator.kinds import Kinds, Resolved
+from agentmesh.services.orchestrator.orphans import Orphans
 from agentmesh.services.orchestrator.subagents import SubagentBatch
 from agentmesh.services.orchestrator.turns import Begun, TurnEngine, ended_error
 from agentmesh.stream.v1 import stream_service_pb2 as ss
@@ -53,6 +54,7 @@ class Orchestrator:
         self.clients = clients
         self.engine = TurnEngine(clients, leases, metrics)
         self.kinds = Kinds(clients)
+        self.orphans = Orphans(self.engine)
         # every turn and every subagent batch running here: a drain waits for them, then settles them
         self.turns: set[asyncio.Task[Any]] = set()
 

@@ -39,6 +39,12 @@ class OrchestratorServicer(orc_grpc.OrchestratorServiceServicer):
         return orc.CancelTurnResponse(cancelled=await self.orchestrator.cancel(request))
 
     @grpc_errors
+    async def EndOrphanedTurn(
+        self, request: orc.EndOrphanedTurnRequest, context: grpc.aio.ServicerContext
+    ) -> orc.EndOrphanedTurnResponse:
+        return orc.EndOrphanedTurnResponse(settled=await self.orchestrator.orphans.end(request.stream))
+
+    @grpc_errors
     async def DeleteTrace(
         self, request: orc.DeleteTraceRequest, context: grpc.aio.ServicerContext
     ) -> orc.DeleteTraceResponse:

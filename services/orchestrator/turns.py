@@ -159,9 +159,9 @@ class TurnEngine:
                 else as_mesh_error(failure)
             )
             if not isinstance(created, BaseException):
-                await to_the_end(self._close(turn.stream_key, events.error(err), created.offsets[0]))
+                await to_the_end(self.close_buffer(turn.stream_key, events.error(err), created.offsets[0]))
             if isinstance(stored, ms.BeginTurnResponse):
-                await to_the_end(self._settle(stored.assistant_message.id, Partial(), err))
+                await to_the_end(self.settle(stored.assistant_message.id, Partial(), err))
             raise failure
         assert isinstance(created, ss.CreateStreamResponse) and isinstance(stored, ms.BeginTurnResponse)
         start.offset = created.offsets[0]
@@ -317,13 +317,13 @@ class TurnEngine:
         message = stored
         if message is None:
             partial = await read_back(self.clients, turn.stream_key, begun.start.offset, self.grace_s)
-            message = await self._settle(begun.placeholder.id, partial, err)
+            message = await self.settle(begun.placeholder.id, partial, err)
         if message is not None:
             ended.message.CopyFrom(message)
-        ended.end.CopyFrom(await self._close(turn.stream_key, events.error(err), begun.start.offset))
+        ended.end.CopyFrom(await self.close_buffer(turn.stream_key, events.error(err), begun.start.offset))
         return ended
 
-    async def _settle(self, placeholder_id: int, partial: Partial, err: MeshError) -> tp.Message | None:
+    async def settle(self, placeholder_id: int, partial: Partial, err: MeshError) -> tp.Message | None:
         status = tp.MESSAGE_STATUS_CANCELLED if isinstance(err, Cancelled) else tp.MESSAGE_STATUS_FAILED
         request = ms.UpdateMessageRequest(
             message=partial.message(placeholder_id, status, err),
@@ -339,7 +339,7 @@ class TurnEngine:
             )
             return None
 
-    async def _close(self, key: str, outcome: ev.Event, since: str) -> ev.Event:
+    async def close_buffer(self, key: str, outcome: ev.Event, since: str) -> ev.Event:
         """Ends the buffer `since` names with `outcome`; returns the buffer's terminal event (the earlier
         one when someone ended it first), or `outcome` without an offset when the stream service
         cannot be reached."""

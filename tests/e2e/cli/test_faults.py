@@ -146,3 +146,59 @@ async def test_a_service_killed_mid_turn_leaves_no_stream_open_and_nothing_pendi
 
     again = await wait_until(new_turn, LEASE_S * 6, "the session to take a new turn")
     assert again[-1]["type"] == "done", again[-3:]
+
+
+@pytest.fixture(params=BACKENDS)
+async def long_leases(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ProcessMesh]:
+    """A process mesh with the default lease (30 s): what settles a dead turn sooner is knowledge."""
+    database_url, redis_url = backend_urls(request)
+    m = await start_process_mesh(tmp_path, RULES, database_url=database_url, redis_url=redis_url)
+    yield m
+    await m.stop()
+
+
+@pytest.mark.parametrize("victim", ["orchestrator", "agent-runtime"])
+async def test_a_process_killed_mid_turn_is_settled_in_seconds(long_leases: ProcessMesh, victim: str) -> None:
+    """SIGKILL of a process running a tree's turns (a callee and a subagent streaming at 20 tokens/s),
+    restarted at once as `agentmesh up` would: whoever learns it settles the tree — the orchestrator
+    whose runs' calls broke (a runtime died), or the runtimes whose runs' caller vanished (the
+    orchestrator died: they end the buffers and have the restarted orchestrator settle the rows). Every
+    reader of every key gets its terminal event within 5 s of the kill, and every row is settled within
+    5 s too — long before the 30 s lease."""
+    mesh = long_leases
+    async with mesh.http(timeout=60) as http:
+        post = await http.send(
+            http.build_request("POST", "/api/chat", json={"agent": "general", "message": "tree"}), stream=True
+        )
+        lines = sse_events(post)
+        head: list[dict[str, Any]] = []
+        task_id = sub_id = ""
+        async with asyncio.timeout(20):
+            async for event in lines:
+                head.append(event)
+                task_id = event.get("taskId", task_id)
+                if event["type"] == "subagent-update" and event["subagent"]["status"] == "running":
+                    sub_id = event["subagent"]["id"]
+                if task_id and sub_id:
+                    break
+        session = head[0]["traceId"]
+        readers = [
+            follow(mesh, f"/api/sessions/{session}/stream"),
+            follow(mesh, f"/api/agents/a2a/stream?taskId={task_id}"),
+            follow(mesh, f"/api/subagents/{sub_id}/stream"),
+        ]
+        await wait_live(readers[1:], 15)
+        loop = asyncio.get_running_loop()
+        killed = loop.time()
+        await mesh.kill(victim)
+        await mesh.start(victim)
+        async with asyncio.timeout(5):
+            await asyncio.gather(*(r.task for r in readers))
+        waited = loop.time() - killed
+        await post.aclose()
+    for reader in readers:
+        assert reader.end.get("type") == "error", (reader.path, reader.events[-3:])
+    await wait_until(lambda: settled(mesh, session), max(0.5, 5 - (loop.time() - killed)), "the tree settled")
+    assert loop.time() - killed < 5 and waited < 5
+    tree = await read_tree(mesh, session)
+    assert tree is not None and not tree.open_rows
