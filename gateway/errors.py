@@ -134,13 +134,19 @@ def _location(loc: Iterable[Any]) -> str:
 def install(app: FastAPI) -> None:
     """The exception handlers that give every error the gateway's JSON body."""
 
+    def answer(request: Request, err: MeshError) -> JSONResponse:
+        headers = {}
+        if err.http_status == 429:  # the mesh at capacity (Overloaded): when to ask again
+            headers["Retry-After"] = str(request.app.state.settings.retry_after_s)
+        return error_response(err, headers)
+
     @app.exception_handler(MeshError)
-    async def mesh_error(_: Request, err: MeshError) -> JSONResponse:
-        return error_response(err)
+    async def mesh_error(request: Request, err: MeshError) -> JSONResponse:
+        return answer(request, err)
 
     @app.exception_handler(grpc.aio.AioRpcError)
-    async def rpc_error(_: Request, exc: grpc.aio.AioRpcError) -> JSONResponse:
-        return error_response(from_rpc_error(exc))
+    async def rpc_error(request: Request, exc: grpc.aio.AioRpcError) -> JSONResponse:
+        return answer(request, from_rpc_error(exc))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -209,6 +215,7 @@ _WHY = {
     412: "the agent changed since the version If-Match names",
     413: "request body over 1 MiB",
     422: "the request breaks a bound or a format of this document",
+    429: "the mesh runs as many turns as it may (AGENTMESH_MAX_TURNS): ask again after Retry-After",
     503: "a service of the mesh behind the gateway is unavailable",
     504: "a service of the mesh did not answer in time",
 }
@@ -225,6 +232,14 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
             "description": f"{why} ({', '.join(reasons_for(status))})",
             "content": {"application/json": {"schema": error_schema(status)}},
         }
+        if status == 429:
+            out[status]["headers"] = {
+                "Retry-After": {
+                    "description": "seconds to wait before asking again",
+                    "required": True,
+                    "schema": {"type": "string", "pattern": "^[0-9]+$"},
+                }
+            }
         if status == 401:
             out[status]["headers"] = {
                 "WWW-Authenticate": {

@@ -133,6 +133,11 @@ class MeshSettings(BaseSettings):
     # reconnect and re-resolve: round_robin over a DNS name then reaches replicas added since. 0: never.
     max_connection_age_s: float = 300.0
     turn_timeout_s: float = 600.0  # a whole chat turn
+    # Turns a user or an A2A client may have running on one orchestrator replica at once (their callees'
+    # and subagents' turns are not counted: a tree runs whole); past it a new one is refused (429). 0: no
+    # limit.
+    max_turns: int = 2000
+    retry_after_s: int = 2  # what a refused turn's Retry-After says
     lease_s: float = 30.0  # work in progress whose runner stopped renewing it for this long is settled
     shutdown_grace_s: float = 10.0  # drain in-flight streams on SIGTERM
     log_level: str = "INFO"

@@ -49,6 +49,7 @@ TABLE: dict[str, Row] = {
     "MODEL_TIMEOUT": Row(S.DEADLINE_EXCEEDED, 504, ev.ERROR_CODE_TIMEOUT),
     "MODEL_ERROR": Row(S.UNAVAILABLE, 502, ev.ERROR_CODE_MODEL_ERROR),
     "UNAVAILABLE": Row(S.UNAVAILABLE, 503, ev.ERROR_CODE_UNAVAILABLE),
+    "OVERLOADED": Row(S.RESOURCE_EXHAUSTED, 429, ev.ERROR_CODE_UNAVAILABLE),
     "SHUTDOWN": Row(S.UNAVAILABLE, 503, ev.ERROR_CODE_SHUTDOWN),
     "INTERRUPTED": Row(S.ABORTED, 503, ev.ERROR_CODE_INTERRUPTED),
     "IDLE_TIMEOUT": Row(S.DEADLINE_EXCEEDED, 504, ev.ERROR_CODE_IDLE_TIMEOUT),
@@ -171,6 +172,13 @@ class Unavailable(MeshError):
     reason = "UNAVAILABLE"
 
 
+class Overloaded(MeshError):
+    """The mesh runs as many turns as it may (AGENTMESH_MAX_TURNS): a new one is refused at once, to be
+    asked again shortly (HTTP 429 with Retry-After), never accepted and left to starve."""
+
+    reason = "OVERLOADED"
+
+
 class Shutdown(MeshError):
     reason = "SHUTDOWN"
 
@@ -215,6 +223,7 @@ _BY_REASON: dict[str, type[MeshError]] = {
         ModelError,
         ModelTimeout,
         Unavailable,
+        Overloaded,
         Shutdown,
         Interrupted,
         IdleTimeout,

@@ -207,6 +207,16 @@ class OrchestratorMetrics:
             ["outcome"],
             registry=r,
         )
+        self.refused = Counter(
+            "agentmesh_orchestrator_turns_refused",
+            "Turns refused because the replica ran AGENTMESH_MAX_TURNS of them (HTTP 429)",
+            registry=r,
+        )
+        self.running = Gauge(
+            "agentmesh_orchestrator_entry_turns",
+            "Chat and A2A turns running on this replica (what AGENTMESH_MAX_TURNS bounds)",
+            registry=r,
+        )
         self.reaped = Counter(
             "agentmesh_orchestrator_reaped_rows", "Orphaned rows settled by the reaper", ["kind"], registry=r
         )

@@ -104,7 +104,9 @@ def _request(body: ChatRequest) -> orc.RunTurnRequest:
     )
 
 
-@router.post("/api/chat", response_class=EventSourceResponse, responses={200: SSE, **responses(*WRITE, 409)})
+@router.post(
+    "/api/chat", response_class=EventSourceResponse, responses={200: SSE, **responses(*WRITE, 409, 429)}
+)
 async def chat(
     body: ChatRequest, request: Request, user: str = Depends(current_user), c: Clients = Depends(clients_dep)
 ) -> EventSourceResponse:

@@ -178,7 +178,7 @@ RUN_RESULT = obj(
             "description": "the turn's result as JSON, or its events as SSE with Accept: text/event-stream",
             "content": {"application/json": {"schema": RUN_RESULT}, **SSE["content"]},
         },
-        **responses(*WRITE, 403, 409),
+        **responses(*WRITE, 403, 409, 429),
     },
 )
 async def run(

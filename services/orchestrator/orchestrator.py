@@ -18,7 +18,7 @@ from google.protobuf import field_mask_pb2
 from agentmesh.libs.aio import to_the_end
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.config import DRAIN_SETTLE_S, MeshSettings
-from agentmesh.libs.errors import Cancelled, as_mesh_error, from_rpc_error, rpc
+from agentmesh.libs.errors import Cancelled, Overloaded, as_mesh_error, from_rpc_error, rpc
 from agentmesh.libs.ids import a2a_key, subagent_key, trace_key
 from agentmesh.libs.leases import LeaseKeeper
 from agentmesh.libs.metrics import OrchestratorMetrics
@@ -55,6 +55,7 @@ class Orchestrator:
         self.engine = TurnEngine(clients, leases, metrics)
         self.kinds = Kinds(clients)
         self.orphans = Orphans(self.engine)
+        self.entry_turns = 0  # chat and A2A turns running here (what max_turns bounds)
         # every turn and every subagent batch running here: a drain waits for them, then settles them
         self.turns: set[asyncio.Task[Any]] = set()
 
@@ -67,12 +68,19 @@ class Orchestrator:
     async def run_turn(self, req: orc.RunTurnRequest) -> AsyncIterator[orc.RunTurnResponse]:
         """The turn `req` asks for: `begun` once it began (a turn that does not begin raises), then
         `ended`."""
+        entry = req.WhichOneof("caller") in (None, "chat", "a2a")  # not a callee's or a subagent's
+        if entry:
+            self._admit()
         resolved = await self.kinds.resolve(req)
         began: asyncio.Future[Begun] = asyncio.get_running_loop().create_future()
         began.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, whoever waits
         task = asyncio.create_task(self._turn(resolved, began), name=f"turn:{resolved.turn.stream_key}")
         self.turns.add(task)
         task.add_done_callback(self.turns.discard)
+        if entry:
+            self.entry_turns += 1
+            self.engine.metrics.running.inc()
+            task.add_done_callback(self._left)
         detached = req.WhichOneof("caller") in (None, "chat")
         try:
             begun = await asyncio.shield(began)
@@ -93,6 +101,20 @@ class Orchestrator:
             if not detached and not task.done():  # the caller left: its turn stops, settled
                 task.cancel()
                 await to_the_end(asyncio.gather(task, return_exceptions=True))
+
+    def _admit(self) -> None:
+        """Refuses a new chat or A2A turn at once when this replica runs as many as it may."""
+        limit = self.settings.max_turns
+        if limit and self.entry_turns >= limit:
+            self.engine.metrics.refused.inc()
+            raise Overloaded(
+                f"the mesh is running {limit} turns, as many as it may; "
+                f"try again in {self.settings.retry_after_s} s"
+            )
+
+    def _left(self, _: asyncio.Task[Any]) -> None:
+        self.entry_turns -= 1
+        self.engine.metrics.running.dec()
 
     async def _turn(self, resolved: Resolved, began: asyncio.Future[Begun]) -> orc.TurnEnded | None:
         turn, task = resolved.turn, resolved.task

@@ -27,7 +27,7 @@ STREAMS = {
 # Every operation, with the error statuses it can answer (besides 414 and 431, which every route has).
 ERRORS = {
     ("GET", "/healthz"): set(),
-    ("POST", "/api/chat"): {401, 404, 409, 413, 422, 503, 504},
+    ("POST", "/api/chat"): {401, 404, 409, 413, 422, 429, 503, 504},
     ("POST", "/api/sessions/{session_id}/cancel"): {401, 404, 422, 503, 504},
     ("GET", "/api/agents"): {401, 503, 504},
     ("GET", "/api/agents/options"): {401, 503, 504},
@@ -47,7 +47,7 @@ ERRORS = {
     ("GET", "/api/traces/{trace_id}"): {401, 403, 404, 422, 503, 504},
     ("GET", "/api/traces/{trace_id}/messages"): {401, 403, 404, 422, 503, 504},
     ("POST", "/api/traces/{trace_id}/messages"): {401, 403, 404, 409, 413, 422, 503, 504},
-    ("POST", "/api/traces/{trace_id}/run"): {401, 403, 404, 409, 413, 422, 503, 504},
+    ("POST", "/api/traces/{trace_id}/run"): {401, 403, 404, 409, 413, 422, 429, 503, 504},
 }
 
 
