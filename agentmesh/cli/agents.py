@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import yaml
 
+from agentmesh.cli.common import CliError
 from agentmesh.libs.config import load_settings
 
 OUTPUT_ONLY = ("effectiveSubagentConfig", "owner", "version", "createTime", "updateTime")
@@ -38,10 +39,6 @@ WRITABLE = (
     "subagentConfig",
     "public",
 )
-
-
-class CliError(Exception):
-    """A failure to report on stderr in one line, `agentmesh <command>: <message>` (the command exits 1)."""
 
 
 def add_parser(sub: Any) -> None:
