@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import grpc
 
 from agentmesh.libs.errors import Shutdown
-from agentmesh.libs.streams import Follow
+from agentmesh.libs.streams.follower import Follow
 
 RESUME_HINT = "resume with the last event id (GET /api/sessions/{id}/stream) once the gateway is back"
 

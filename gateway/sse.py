@@ -1,4 +1,4 @@
-"""Server-Sent Events over the stream service's follows (libs.streams), shared by every streaming route.
+"""Server-Sent Events over the stream service's follows (libs/streams/), shared by every streaming route.
 
 Each SSE message carries `id: <offset>`, so a browser resumes with `Last-Event-ID` (or `?lastEventId=`)
 and gets exactly the events after it. A subscription ends after the terminal event (`done` or `error`),
@@ -28,7 +28,7 @@ from agentmesh.libs.clients import Clients
 from agentmesh.libs.config import MeshSettings
 from agentmesh.libs.errors import Interrupted, InvalidArgument, MeshError, NotFound
 from agentmesh.libs.ids import shown
-from agentmesh.libs.streams import Follow, FollowCancelled
+from agentmesh.libs.streams.follower import Follow, FollowCancelled
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 
 RESUME_RETRIES = 3  # resubscriptions after UNAVAILABLE (a stream replica went away) before giving up

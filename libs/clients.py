@@ -22,7 +22,8 @@ from agentmesh.libs.identity import Signer, signer_for
 from agentmesh.libs.peer_http import PeerClients
 from agentmesh.libs.peers import PeerRegistry
 from agentmesh.libs.rpc import channel, end_call_soon
-from agentmesh.libs.streams import Follower, Writer
+from agentmesh.libs.streams.follower import Follower
+from agentmesh.libs.streams.writer import Writer
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2_grpc
 from agentmesh.runtime.v1 import runtime_service_pb2_grpc
 from agentmesh.stream.v1 import stream_service_pb2_grpc

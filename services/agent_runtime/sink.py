@@ -1,23 +1,5 @@
-"""EventSink: the single ordered writer of one stream key.
-
-`emit(event)` queues an event and returns at once; the process's `Writer` (libs/streams.py) carries
-the queued events to the stream service in batches, each sink as one writer of a shared WriteStreams
-call, so per-delta work on the hot path is a list append, and the events of many runs streaming at
-once share each message. A sink's first batch goes at once; later ones may wait a few milliseconds for
-other runs' (AGENTMESH_STREAM__LINGER_MS). A batch nobody waits for goes without asking for an answer
-(`defer_answer`), and a sink sends its next batch while the one before is unanswered; it asks for an
-answer where someone needs the offsets: `await sink.store(e)` (a2a-task-started before the caller's
-panel may open it), `flush()` and the close (an empty batch asks when nothing else is queued). An
-answer carries the offsets of the batches it answers and of every deferred one before it. A sink
-waits for the answer to a batch that asked before it sends another.
-
-Whatever fails, the sink learns of it whether or not it waits for an answer: the stream service
-answers a failed writer with its error (its later batches are not appended), and a call that ends
-tells every writer on it; the sink fails and the run ends with its terminal event. A sink whose call
-ended with every batch answered goes on on a new one; a batch without an answer is never sent twice,
-except after SHUTDOWN (a stopping stream service answers every batch it took, then says SHUTDOWN, and
-the batches still unanswered were not appended) or when the request never reached the service.
-"""
+"""EventSink: the single ordered writer of one stream key, one writer of the process's shared
+WriteStreams call (libs/streams/writer.py). Its batches, answers and failures: docs/design/streams.md."""
 
 from __future__ import annotations
 
@@ -42,7 +24,7 @@ from agentmesh.libs.errors import (
     from_rpc_error,
     is_lost_send,
 )
-from agentmesh.libs.streams import BATCH_BYTES, EVENT_BYTES, Ticket, Writer, WritesCall
+from agentmesh.libs.streams.writer import BATCH_BYTES, EVENT_BYTES, Ticket, Writer, WritesCall
 from agentmesh.stream.v1.stream_service_pb2 import StreamBatch, StreamBatchAnswer, WriteStreamResponse
 
 _MAX_BATCH = 256
@@ -110,7 +92,7 @@ class EventSink:
     def failure(self) -> MeshError | None:
         return self._failure
 
-    # --- what the Writer asks (libs.streams.Batches) ----------------------------------------------
+    # --- what the Writer asks (libs.streams.writer.Batches) ---------------------------------------
 
     def take(self, current: WritesCall, slot: Callable[[WritesCall], tuple[StreamBatch, Ticket]]) -> None:
         """The next batch, when one is due: the queued events, or an empty one asking for the answer

@@ -8,6 +8,7 @@ what a token cost.
 A follow is a backend subscription (`StreamBackend.subscribe`) run in a task of its own; a writer
 writes one key, its batches appended in order by a task of its own. What they produce waits in the
 call's `Outbox`: everything that becomes ready in one pass of the event loop goes out in one response.
+Both sides of the protocol: docs/design/streams.md.
 """
 
 from __future__ import annotations

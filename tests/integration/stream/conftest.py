@@ -31,7 +31,7 @@ from agentmesh.libs.clients import Clients
 from agentmesh.libs.config import MeshSettings, StreamSettings
 from agentmesh.libs.identity import Signer
 from agentmesh.libs.rpc import ServiceServer, channel
-from agentmesh.libs.streams import Follow, Follower
+from agentmesh.libs.streams.follower import Follow, Follower
 from agentmesh.services.stream.backend import StreamBackend
 from agentmesh.services.stream.memory import MemoryBackend
 from agentmesh.services.stream.redis_backend import RedisBackend

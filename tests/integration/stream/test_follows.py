@@ -2,8 +2,8 @@
 follow replays then follows live to its terminal event, reading as the user of its own token; a follow
 fails alone; what becomes ready for several follows at once travels in one response; a follow is sent
 no more than its window beyond what its reader granted back; releases, the caller's half-close and the
-service's stop end what they should. Then the process's Follower (libs/streams.py) over it: what the
-gateway's readers and the orchestrator's turns use, one call for all of a process's follows."""
+service's stop end what they should. Then the process's Follower (libs/streams/follower.py) over it:
+what the gateway's readers and the orchestrator's turns use, one call for all of a process's follows."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from agentmesh.libs import events, identity
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.errors import NotFound, Shutdown, Unauthenticated, Unavailable, from_rpc_error
 from agentmesh.libs.identity import Signer
-from agentmesh.libs.streams import FollowCancelled
+from agentmesh.libs.streams.follower import FollowCancelled
 from agentmesh.services.stream.memory import MemoryBackend
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from tests.integration.stream.conftest import RedisRelay, StreamFactory, StreamHarness, append, close, create

@@ -19,7 +19,7 @@ from agentmesh.libs.clients import Clients
 from agentmesh.libs.errors import Unavailable
 from agentmesh.libs.identity import Signer
 from agentmesh.libs.rpc import channel, wait_serving
-from agentmesh.libs.streams import Follower
+from agentmesh.libs.streams.follower import Follower
 from agentmesh.services.agent_runtime.sink import EventSink
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from agentmesh.stream.v1 import stream_service_pb2_grpc

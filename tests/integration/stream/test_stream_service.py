@@ -1,5 +1,5 @@
 """StreamService over real gRPC, parametrised over the memory and Redis backends. Buffers are read as
-the mesh reads them, by follows on a FollowStreams call (libs.streams.Follower; many follows on one
+the mesh reads them, by follows on a FollowStreams call (libs.streams.follower.Follower; many follows on one
 call: test_follows.py).
 
 No test sleeps against a TTL: on memory the backend's ManualClock is moved; on Redis the keys' PTTL is
@@ -20,7 +20,7 @@ import pytest
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs import events, identity
 from agentmesh.libs.errors import MeshError, from_rpc_error
-from agentmesh.libs.streams import Follow
+from agentmesh.libs.streams.follower import Follow
 from agentmesh.services.stream.backend import BATCH
 from agentmesh.services.stream.memory import MemoryBackend
 from agentmesh.stream.v1 import stream_service_pb2 as pb
