@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import procs
+from bench.harness import Bench, Sizes, cpu_report, write_rules
 from bench.loadgen import LoadGenerator
 from bench.procs import _label
-from bench.scenarios import Bench, Sizes, cpu_report, write_rules
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE.parent / ".agentmesh" / "bench-profile"

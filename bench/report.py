@@ -255,13 +255,13 @@ def markdown(r: dict[str, Any]) -> str:
         if name in sc:
             lines += fn(sc[name])
     if "E" in sc:
-        from bench import scenario_e
+        from bench.scenarios.appends import report as appends
 
-        lines += scenario_e.markdown(sc["E"])
+        lines += appends.markdown(sc["E"])
     if "G" in sc:
-        from bench import scenario_g
+        from bench.scenarios import federation
 
-        lines += scenario_g.markdown(sc["G"])
+        lines += federation.markdown(sc["G"])
     logs = r.get("logs") or {}
     noisy = {k: v for k, v in logs.items() if v.get("lines")}
     if noisy:

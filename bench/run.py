@@ -8,7 +8,7 @@ same scripted model server read directly, measured in one run.
   D  delegate_parallel with 8 subagents of 100 tokens at 50 tok/s: wall time over the slowest
      child's own model time
   E  trace appends per second through the trace service on PostgreSQL (and SQLite) for three shapes,
-     next to the gRPC floor and raw asyncpg ceilings measured in the same run (scenario_e.py)
+     next to the gRPC floor and raw asyncpg ceilings measured in the same run (bench/scenarios/appends/)
 
 With --peers langgraph, the LangGraph agent server (`langgraph dev`, in-memory, from its own
 virtual environment) runs A, B and C in the same run against the same model server.
@@ -38,19 +38,13 @@ from typing import Any
 
 import psutil
 
-from bench import procs, scenario_e, scenario_g
-from bench.scenarios import (
-    QUICK,
-    Bench,
-    Sizes,
-    idle_cpu,
-    scenario_a,
-    scenario_b,
-    scenario_c,
-    scenario_d,
-    scenario_f,
-    write_rules,
-)
+from bench import procs
+from bench.harness import QUICK, Bench, Sizes, idle_cpu, write_rules
+from bench.scenarios import federation
+from bench.scenarios.appends import cases as appends
+from bench.scenarios.concurrent import scenario_c
+from bench.scenarios.multiagent import scenario_d, scenario_f
+from bench.scenarios.streaming import scenario_a, scenario_b
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -192,10 +186,10 @@ async def run_scenarios(bench: Bench, selected: list[str], args: argparse.Namesp
         try:
             if name == "E":
                 z = bench.sizes
-                ctx = scenario_e.Context(args.e_database_url, WORK / "e", z.e_appends, z.e_writers)
-                out["E"] = await scenario_e.run(ctx)
+                ctx = appends.Context(args.e_database_url, WORK / "e", z.e_appends, z.e_writers)
+                out["E"] = await appends.run(ctx)
             elif name == "G":
-                out["G"] = await scenario_g.run(5 if args.quick else 20, WORK / "g")
+                out["G"] = await federation.run(5 if args.quick else 20, WORK / "g")
             else:
                 out[name] = await steps[name](bench)
         except Exception as exc:

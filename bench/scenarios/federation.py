@@ -6,7 +6,7 @@ three ways in the same run, by two meshes on loopback (each with its own SQLite 
   (the first, cold read that fetches all 1,000 messages is reported apart);
 - cache: through the other mesh while the peer is down (`stale: true`, answered from the copy).
 
-`python -m bench.scenario_g [--rounds N]`, or `make bench` (scenario G of bench/run.py).
+`python -m bench.scenarios.federation [--rounds N]`, or `make bench` (scenario G of bench/run.py).
 """
 
 from __future__ import annotations
