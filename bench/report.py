@@ -6,46 +6,13 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from bench.tables import errors, get, num, skipped, table
+
 MESH_PROCESSES = ("gateway", "orchestrator", "agent-runtime", "stream", "trace", "up")
-
-
-def num(value: Any, digits: int = 1, suffix: str = "") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:.{digits}f}{suffix}"
-
-
-def get(d: dict[str, Any] | None, *path: str) -> Any:
-    for key in path:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(key)
-    return d
-
-
-def errors(e: dict[str, int] | None) -> str:
-    return ", ".join(f"{k} x{v}" for k, v in sorted(e.items())) if e else "0"
-
-
-def table(head: list[str], rows: list[list[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join("---" for _ in head) + "|",
-        *("| " + " | ".join(r) + " |" for r in rows),
-    ]
-
-
-def _skipped(s: dict[str, Any]) -> list[str]:
-    if "failed" in s:
-        return [f"FAILED: {s['failed']}", ""]
-    if "skipped" in s:
-        return [f"Skipped: {s['skipped']}", ""]
-    return []
 
 
 def _settled(s: dict[str, Any]) -> str:
@@ -61,7 +28,7 @@ def _settled(s: dict[str, Any]) -> str:
 
 
 def section_a(s: dict[str, Any]) -> list[str]:
-    out = [f"## A: {s.get('what', '')}", "", *_skipped(s)]
+    out = [f"## A: {s.get('what', '')}", "", *skipped(s)]
     if "targets" not in s:
         return out
     turns = f"{s['turns']} turns after {s['warmup']} warm-up, targets interleaved turn by turn"
@@ -91,7 +58,7 @@ def section_a(s: dict[str, Any]) -> list[str]:
 
 
 def section_b(s: dict[str, Any]) -> list[str]:
-    out = [f"## B: {s.get('what', '')}", "", *_skipped(s)]
+    out = [f"## B: {s.get('what', '')}", "", *skipped(s)]
     if "targets" not in s:
         return out
     turns = f"{s['turns']} turns after {s['warmup']} warm-up, targets interleaved turn by turn"
@@ -130,7 +97,7 @@ def _lagged(lg: dict[str, Any]) -> bool:
 
 
 def section_c(s: dict[str, Any]) -> list[str]:
-    out = [f"## C: {s.get('what', '')}", "", *_skipped(s)]
+    out = [f"## C: {s.get('what', '')}", "", *skipped(s)]
     phases = s.get("phases") or []
     if not phases:
         return out
@@ -190,7 +157,7 @@ def section_c(s: dict[str, Any]) -> list[str]:
 
 
 def section_d(s: dict[str, Any]) -> list[str]:
-    out = [f"## D: {s.get('what', '')}", "", *_skipped(s)]
+    out = [f"## D: {s.get('what', '')}", "", *skipped(s)]
     if "p50" not in s:
         return out
     p = s["p50"]
@@ -209,7 +176,7 @@ def section_d(s: dict[str, Any]) -> list[str]:
 
 
 def section_f(s: dict[str, Any]) -> list[str]:
-    out = [f"## F: {s.get('what', '')}", "", *_skipped(s)]
+    out = [f"## F: {s.get('what', '')}", "", *skipped(s)]
     if "local_ms" not in s:
         return out
     out.append(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.scenarios.appends.cases import SHAPES
+from bench.tables import errors, num, skipped, table
 
 TARGET_NAMES = {
     "trace_stream": "trace service, AppendMessageStream (one appender, two streams, shared by the writers)",
@@ -19,9 +20,7 @@ TARGET_NAMES = {
 
 def markdown(s: dict[str, Any]) -> list[str]:
     """Scenario E's section of latest.md."""
-    from bench.report import _skipped, errors, num
-
-    out = [f"## E: trace appends per second ({s.get('what', '')})", "", *_skipped(s)]
+    out = [f"## E: trace appends per second ({s.get('what', '')})", "", *skipped(s)]
     if "cases" not in s:
         return out
     by = {(c["backend"], c["target"], c["shape"]): c for c in s["cases"]}
@@ -47,7 +46,7 @@ def markdown(s: dict[str, Any]) -> list[str]:
                     "ok" if all(c is None or c["check"] == "ok" for c in cells) else "FAILED",
                 ]
             )
-    out += _table(head, rows)
+    out += table(head, rows)
     out += [
         "",
         "CPU per append (ms) of the trace process / this process (load generator, or the store) / "
@@ -67,7 +66,7 @@ def markdown(s: dict[str, Any]) -> list[str]:
                 num(p.get("machine_busy_cores"), 2),
             ]
         )
-    out += _table(["backend", "target", "shape", "CPU ms per append", "machine busy cores"], cpu_rows)
+    out += table(["backend", "target", "shape", "CPU ms per append", "machine busy cores"], cpu_rows)
     g = s.get("goals") or {}
     out += [
         "",
@@ -82,9 +81,3 @@ def markdown(s: dict[str, Any]) -> list[str]:
         "",
     ]
     return out
-
-
-def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    from bench.report import table
-
-    return table(head, rows)
