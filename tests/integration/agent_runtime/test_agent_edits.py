@@ -6,10 +6,8 @@ turn); deleting an agent lets its running turn finish."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +19,7 @@ from agentmesh.libs.config import LLMSettings
 from agentmesh.libs.rpc import ServiceServer
 from agentmesh.mock_llm import MockLLM
 from agentmesh.services.agent_runtime import server as runtime_server
-from tests.mesh import ANY_PORT, BACKENDS, Mesh, chat, mesh_on, sse_events, system_of, wait_until
+from tests.mesh import ANY_PORT, BACKENDS, Mesh, chat, sse_events, system_of, wait_until
 
 SLOW = " ".join(f"w{i}" for i in range(30))
 RULES: dict[str, Any] = {
@@ -39,12 +37,13 @@ class Replicas:
     edit_url: str  # a second gateway, where the edits are made
 
 
-@pytest.fixture(params=BACKENDS)
-async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Replicas]:
-    mesh = await mesh_on(request, tmp_path, rules=RULES)
-    # A user of the test's own: the PostgreSQL database is shared by the run's meshes.
-    mesh.user = f"edits-{uuid.uuid4().hex[:8]}"
-    mesh.api_key = await mesh.new_user(mesh.user)
+# A mesh per test, whose orchestrator has called no runtime yet (see `replicas`), with a user of the
+# test's own: the PostgreSQL database is shared by the run's meshes.
+pytestmark = pytest.mark.mesh(backends=BACKENDS, scope="function", rules=RULES, user="edits")
+
+
+@pytest.fixture
+async def replicas(mesh: Mesh) -> AsyncIterator[Replicas]:
     mock2 = MockLLM(RULES)
     await mock2.start()
     second: ServiceServer | None = None
@@ -62,7 +61,6 @@ async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
     finally:
         if gateway2 is not None:
             await gateway2.stop()
-        await mesh.stop()
         if second is not None:
             await second.stop(1.0)
         await mock2.stop()

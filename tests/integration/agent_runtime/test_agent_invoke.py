@@ -5,7 +5,6 @@ cancellation down the tree, continueFrom; on SQLite + memory and PostgreSQL + Re
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,7 +22,6 @@ from tests.mesh import (
     TEST_CATALOG,
     Mesh,
     chat,
-    mesh_on,
     sse_events,
     system_of,
     wait_request,
@@ -81,13 +79,7 @@ RULES: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-async def mesh(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Mesh]:
-    m = await mesh_on(request, tmp_path_factory.mktemp("invoke"), rules=RULES, catalog=TEST_CATALOG)
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(backends=BACKENDS, rules=RULES, catalog=TEST_CATALOG)
 
 
 @pytest.fixture(autouse=True)

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from tests.mesh import TEST_CATALOG, Mesh, chat, start_mesh
+from tests.mesh import TEST_CATALOG, Mesh, chat
 
-
-@pytest.fixture(scope="module")
-async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
-    m = await start_mesh(tmp_path_factory.mktemp("limits"), catalog=TEST_CATALOG, rules={"rules": []})
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(catalog=TEST_CATALOG, rules={"rules": []})
 
 
 def tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:

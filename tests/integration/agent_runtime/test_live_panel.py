@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from tests.mesh import BACKENDS, TEST_CATALOG, Mesh, mesh_on, sse_events
+from tests.mesh import BACKENDS, TEST_CATALOG, Mesh, sse_events
 
 RUNS = 50
 RULES: dict[str, Any] = {
@@ -31,13 +30,7 @@ RULES: dict[str, Any] = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-async def mesh(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Mesh]:
-    m = await mesh_on(request, tmp_path_factory.mktemp("panel"), rules=RULES, catalog=TEST_CATALOG)
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(backends=BACKENDS, rules=RULES, catalog=TEST_CATALOG)
 
 
 async def one_run(mesh: Mesh, n: int) -> tuple[float, float, str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -29,7 +28,6 @@ from tests.mesh import (
     TEST_CATALOG,
     Mesh,
     chat,
-    mesh_on,
     read_buffer,
     sse_events,
     system_of,
@@ -93,15 +91,7 @@ def rules(*extra: dict[str, Any]) -> dict[str, Any]:
     return {"rules": [*extra, *BASE_RULES], "default": DEFAULT}
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-async def mesh(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Mesh]:
-    m = await mesh_on(
-        request, tmp_path_factory.mktemp("subagents"), rules=rules(), catalog=TEST_CATALOG, subagent=GLOBAL
-    )
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(backends=BACKENDS, rules=rules(), catalog=TEST_CATALOG, subagent=GLOBAL)
 
 
 def subagent_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

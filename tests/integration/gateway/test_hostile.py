@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -26,7 +25,7 @@ from agentmesh.gateway.limits import (
 from agentmesh.gateway.server import http_limits
 from agentmesh.libs import embedded_http
 from agentmesh.libs.config import MeshSettings
-from tests.mesh import TEST_CATALOG, Mesh, chat, start_mesh
+from tests.mesh import TEST_CATALOG, Mesh, chat
 
 WS_UPGRADE = (
     "Host: gateway\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -38,13 +37,7 @@ def error(status: int, reason: str, message: str) -> dict[str, Any]:
     return {"error": {"code": status, "reason": reason, "message": message}}
 
 
-@pytest.fixture(scope="module")
-async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
-    m = await start_mesh(
-        tmp_path_factory.mktemp("gateway-hostile"), catalog=TEST_CATALOG, rules={"rules": []}
-    )
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(catalog=TEST_CATALOG, rules={"rules": []})
 
 
 # ---- raw sockets ---------------------------------------------------------------------------------------

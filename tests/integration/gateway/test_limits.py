@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 import websockets
 
-from tests.mesh import TEST_CATALOG, Mesh, start_mesh
+from tests.mesh import TEST_CATALOG, Mesh
 
-
-@pytest.fixture(scope="module")
-async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
-    m = await start_mesh(tmp_path_factory.mktemp("gateway-limits"), catalog=TEST_CATALOG, rules={"rules": []})
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(catalog=TEST_CATALOG, rules={"rules": []})
 
 
 async def test_message_size_limit(mesh: Mesh) -> None:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import quote
@@ -23,23 +22,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentmesh.gateway.errors import reasons_for
-from tests.mesh import BACKENDS, TEST_CATALOG, Mesh, chat, mesh_on
+from tests.mesh import BACKENDS, TEST_CATALOG, Mesh, chat
 
 EXAMPLES = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-async def mesh(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Mesh]:
-    m = await mesh_on(request, tmp_path_factory.mktemp("gateway-parsers"), catalog=TEST_CATALOG)
-    # A user of its own: PostgreSQL is shared by every mesh of the run (each has an "alice").
-    m.user = f"parsers-{uuid.uuid4().hex[:8]}"
-    m.api_key = await m.new_user(m.user)
-    for i in range(3):  # a few sessions, so that a page token's position falls among real rows
-        await chat(m, "general", f"hello {i}")
-    yield m
-    await m.stop()
+# A user of its own: PostgreSQL is shared by every mesh of the run (each has an "alice").
+pytestmark = pytest.mark.mesh(backends=BACKENDS, catalog=TEST_CATALOG, user="parsers")
+
+
+@pytest.fixture(scope="module", autouse=True)
+async def sessions(mesh: Mesh) -> None:
+    """A few sessions, so that a page token's position falls among real rows."""
+    for i in range(3):
+        await chat(mesh, "general", f"hello {i}")
 
 
 def check_answer(r: httpx.Response, allowed: set[int]) -> None:

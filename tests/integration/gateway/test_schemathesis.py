@@ -16,23 +16,18 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.mesh import BACKENDS, Mesh, chat, mesh_on
+from tests.mesh import BACKENDS, Mesh, chat
 
 BUDGET_S = float(os.environ.get("AGENTMESH_SCHEMATHESIS_S", "40"))
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 
 
-@pytest.fixture(params=BACKENDS)
-async def mesh(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Mesh]:
-    m = await mesh_on(request, tmp_path / "mesh")  # the demo catalog and model rules
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(backends=BACKENDS, scope="function")  # the demo catalog and model rules
 
 
 async def known_ids(mesh: Mesh, key: str) -> dict[str, list[str]]:

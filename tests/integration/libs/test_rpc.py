@@ -28,12 +28,7 @@ from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.stream.v1 import stream_service_pb2_grpc
 from tests.mesh import TEST_CATALOG, Mesh, start_mesh
 
-
-@pytest.fixture(scope="module")
-async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
-    m = await start_mesh(tmp_path_factory.mktemp("rpc"), catalog=TEST_CATALOG, rules={"rules": []})
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(catalog=TEST_CATALOG, rules={"rules": []})
 
 
 async def test_every_outgoing_rpc_gets_a_deadline(mesh: Mesh) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -17,7 +16,7 @@ from agentmesh.libs.ids import parse_stream_key, trace_key
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
-from tests.mesh import BACKENDS, Mesh, chat, mesh_on, sse_events
+from tests.mesh import BACKENDS, Mesh, chat, sse_events
 
 # Paced (20 ms a token): a new session's run calls the model while its turn is stored, and what the
 # model said before the turn's `start` reaches the reader as one merged delta (a top-speed reply: all of it).
@@ -27,13 +26,7 @@ ECHO = {
 }
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-async def mesh(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Mesh]:
-    m = await mesh_on(request, tmp_path_factory.mktemp("mesh"), llm_timeout_s=2.0)
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(backends=BACKENDS, llm_timeout_s=2.0)
 
 
 def assert_turn(events: list[dict], text: str) -> dict:

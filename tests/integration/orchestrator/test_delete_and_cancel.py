@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from tests.mesh import BACKENDS, TEST_CATALOG, Mesh, SseReader, mesh_on, sse_events, wait_live, wait_until
+from tests.mesh import BACKENDS, TEST_CATALOG, Mesh, SseReader, sse_events, wait_live, wait_until
 
 SLOW = 20  # tokens per second: a reply of 200 words takes 10 s
 RULES: dict[str, Any] = {
@@ -51,13 +50,7 @@ RULES: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-async def mesh(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Mesh]:
-    m = await mesh_on(request, tmp_path_factory.mktemp("delete"), rules=RULES, catalog=TEST_CATALOG)
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(backends=BACKENDS, rules=RULES, catalog=TEST_CATALOG)
 
 
 async def test_deleting_a_running_session_ends_every_stream_and_leaves_nothing_readable(mesh: Mesh) -> None:

@@ -5,8 +5,6 @@ reaper closed the new turn's buffer by key, and the turn failed with `stream ...
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from agentmesh.libs import identity
@@ -16,20 +14,15 @@ from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
-from tests.mesh import BACKENDS, Mesh, mesh_on, wait_until
+from tests.mesh import BACKENDS, Mesh, wait_until
 
 LEASE_S = 0.3  # rows: reaped within a fraction of a second once nobody renews them
 
 
-@pytest.fixture(params=BACKENDS)
-async def mesh(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Mesh]:
-    # Rows' leases are short; the live buffer's lease outlasts the test.
-    tmp = tmp_path_factory.mktemp("reaper")
-    m = await mesh_on(request, tmp, lease_s=LEASE_S, stream_options={"lease_s": 60})
-    yield m
-    await m.stop()
+# Rows' leases are short; the live buffer's lease outlasts the test.
+pytestmark = pytest.mark.mesh(
+    backends=BACKENDS, scope="function", lease_s=LEASE_S, stream_options={"lease_s": 60}
+)
 
 
 async def test_reaping_a_dead_turn_leaves_the_sessions_new_turn_streaming(mesh: Mesh) -> None:
