@@ -428,7 +428,7 @@ def system_of(body: dict[str, Any]) -> str:
     return str(body["messages"][0]["content"]) if body["messages"][0]["role"] == "system" else ""
 
 
-BACKENDS = ["sqlite-memory", "postgres-redis"]
+BACKENDS = ["sqlite-memory", "postgres-redis"]  # the backend pairs of the mesh fixtures (tests/conftest.py)
 
 
 def backend_urls(request: Any) -> tuple[str, str]:
@@ -437,14 +437,6 @@ def backend_urls(request: Any) -> tuple[str, str]:
     if request.param == "postgres-redis":
         return request.getfixturevalue("pg_url"), request.getfixturevalue("redis_url")
     return "", ""
-
-
-async def mesh_on(request: Any, tmp: Path, **kwargs: Any) -> Mesh:
-    """A mesh on the backend pair named by `request.param` (one of BACKENDS)."""
-    database_url, redis_url = backend_urls(request)
-    if redis_url:
-        kwargs.update(database_url=database_url, stream_backend="redis", redis_url=redis_url)
-    return await start_mesh(tmp, **kwargs)
 
 
 def process_env(data_dir: Path, ports: Ports, **extra: str) -> dict[str, str]:

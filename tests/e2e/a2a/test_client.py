@@ -23,7 +23,7 @@ from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.e2e.a2a.remote_server import KEY, Remote, start_remote
-from tests.mesh import BACKENDS, Mesh, Ports, chat, mesh_on, sse_events, wait_until
+from tests.mesh import BACKENDS, Mesh, Ports, chat, sse_events, wait_until
 
 CATALOG = Path(__file__).parent / "catalog.yaml"
 RULES: dict[str, Any] = {
@@ -71,14 +71,18 @@ def doomed_port() -> Iterator[int]:
     ports.release()
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-async def mesh(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, remote: Remote
-) -> AsyncIterator[Mesh]:
+pytestmark = pytest.mark.mesh(backends=BACKENDS, rules=RULES)
+
+
+@pytest.fixture(scope="module")
+def mesh_options(
+    tmp_path_factory: pytest.TempPathFactory, remote: Remote, doomed_port: int
+) -> Iterator[dict[str, Any]]:
+    """The test catalog with remote agents: the partner, the partner with a wrong key, a card nobody
+    serves, and one whose server the test kills."""
     tmp = tmp_path_factory.mktemp("a2a-client")
     ports = Ports()
     gone = ports.take()  # reserved, never served: an unreachable card
-    doomed = request.getfixturevalue("doomed_port")
     catalog = yaml.safe_load(CATALOG.read_text())
     catalog["agents"] += [
         {
@@ -98,16 +102,14 @@ async def mesh(
         {
             "slug": "remote-doomed",
             "name": "Doomed",
-            "remote": {"cardUrl": f"http://127.0.0.1:{doomed}", "credentialEnv": "A2A_TEST_KEY"},
+            "remote": {"cardUrl": f"http://127.0.0.1:{doomed_port}", "credentialEnv": "A2A_TEST_KEY"},
         },
     ]
     (tmp / "catalog.yaml").write_text(yaml.safe_dump(catalog))
     mp = pytest.MonkeyPatch()
     mp.setenv("A2A_TEST_KEY", KEY)
     mp.setenv("A2A_TEST_WRONG", "not-the-key")
-    m = await mesh_on(request, tmp, rules=RULES, catalog=tmp / "catalog.yaml")
-    yield m
-    await m.stop()
+    yield {"catalog": tmp / "catalog.yaml"}
     mp.undo()
     ports.release()
 

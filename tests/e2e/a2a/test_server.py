@@ -5,7 +5,7 @@ memory and PostgreSQL + Redis."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any, cast
 
@@ -24,7 +24,7 @@ from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
 from tests.e2e.a2a.clients import Key, sdk_client, state_of, text_message, text_of
-from tests.mesh import BACKENDS, Mesh, mesh_on, wait_until
+from tests.mesh import BACKENDS, Mesh, wait_until
 
 CATALOG = Path(__file__).parent / "catalog.yaml"
 RULES: dict[str, Any] = {
@@ -47,13 +47,7 @@ RULES: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-async def mesh(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Mesh]:
-    m = await mesh_on(request, tmp_path_factory.mktemp("a2a-server"), rules=RULES, catalog=CATALOG)
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(backends=BACKENDS, rules=RULES, catalog=CATALOG)
 
 
 async def task_row(mesh: Mesh, task_id: str) -> tp.A2ATask:

@@ -8,8 +8,6 @@ import asyncio
 import json
 import re
 import sys
-import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.mesh import BACKENDS, Mesh, chat, mesh_on, system_of
+from tests.mesh import BACKENDS, Mesh, chat, system_of
 
 
 @dataclass
@@ -27,14 +25,10 @@ class Result:
     err: str
 
 
-@pytest.fixture(params=BACKENDS)
-async def mesh(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Mesh]:
-    m = await mesh_on(request, tmp_path, rules={"rules": [], "default": {"text": "ok"}})
-    # A user of the test's own: the PostgreSQL database is shared by the run's meshes.
-    m.user = f"cli-{uuid.uuid4().hex[:8]}"
-    m.api_key = await m.new_user(m.user)
-    yield m
-    await m.stop()
+# A mesh per test with a user of the test's own: the PostgreSQL database is shared by the run's meshes.
+pytestmark = pytest.mark.mesh(
+    backends=BACKENDS, scope="function", rules={"rules": [], "default": {"text": "ok"}}, user="cli"
+)
 
 
 async def agents(mesh: Mesh, *args: str, stdin: str | None = None, key: str | None = None) -> Result:

@@ -9,7 +9,7 @@ import json
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from agentmesh import __version__
-from tests.mesh import Mesh, Ports, start_mesh
+from tests.mesh import Mesh, Ports
 
 
 @dataclass
@@ -56,11 +56,7 @@ def ports() -> Iterator[Ports]:
     held.release()
 
 
-@pytest.fixture(scope="module")
-async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
-    m = await start_mesh(tmp_path_factory.mktemp("cli"), rules={"rules": [], "default": {"text": "ok"}})
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(rules={"rules": [], "default": {"text": "ok"}})
 
 
 def mesh_env(mesh: Mesh, data_dir: Path) -> dict[str, str]:

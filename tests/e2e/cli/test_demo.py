@@ -4,26 +4,21 @@ and the general assistant's answers read as prose that uses the tools' results (
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentmesh.mock_llm.rules import brief
-from tests.mesh import Mesh, sse_events, start_mesh
+from tests.mesh import Mesh, sse_events
 
 SLOW = 40.0  # tokens per second: the final answer streams for about two seconds
 
 
 @pytest.fixture(scope="module", params=[0.0, SLOW], ids=["fast", "slowed"])
-async def mesh(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Mesh]:
-    # the demo catalog + the bundled demo rules, at full speed or with the model slowed
-    m = await start_mesh(tmp_path_factory.mktemp("demo"), tokens_per_second=request.param)
-    yield m
-    await m.stop()
+def mesh_options(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The demo catalog and the bundled demo rules, at full speed or with the model slowed."""
+    return {"tokens_per_second": request.param}
 
 
 async def turn(mesh: Mesh, message: str) -> list[dict[str, Any]]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,10 +21,8 @@ from tests.mesh import (
     TREE_RULE,
     ProcessMesh,
     SseReader,
-    backend_urls,
     read_tree,
     sse_events,
-    start_process_mesh,
     wait_live,
     wait_until,
 )
@@ -45,14 +41,8 @@ RULES: dict[str, Any] = {
 }
 
 
-@pytest.fixture(params=BACKENDS)
-async def pmesh(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ProcessMesh]:
-    database_url, redis_url = backend_urls(request)
-    m = await start_process_mesh(
-        tmp_path, RULES, lease_s=LEASE_S, database_url=database_url, redis_url=redis_url
-    )
-    yield m
-    await m.stop()
+# A mesh per test: each kills one of its services.
+pytestmark = pytest.mark.mesh(backends=BACKENDS, scope="function", rules=RULES, lease_s=LEASE_S)
 
 
 def follow(mesh: ProcessMesh, path: str) -> SseReader:
@@ -67,9 +57,9 @@ async def settled(mesh: ProcessMesh, session: str) -> bool:
 
 @pytest.mark.parametrize("victim", ["trace", "stream", "agent-runtime", "orchestrator", "gateway"])
 async def test_a_service_killed_mid_turn_leaves_no_stream_open_and_nothing_pending(
-    pmesh: ProcessMesh, victim: str
+    process_mesh: ProcessMesh, victim: str
 ) -> None:
-    mesh = pmesh
+    mesh = process_mesh
     async with mesh.http(timeout=60) as http:
         post = await http.send(
             http.build_request("POST", "/api/chat", json={"agent": "general", "message": "tree"}), stream=True
@@ -148,24 +138,16 @@ async def test_a_service_killed_mid_turn_leaves_no_stream_open_and_nothing_pendi
     assert again[-1]["type"] == "done", again[-3:]
 
 
-@pytest.fixture(params=BACKENDS)
-async def long_leases(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ProcessMesh]:
-    """A process mesh with the default lease (30 s): what settles a dead turn sooner is knowledge."""
-    database_url, redis_url = backend_urls(request)
-    m = await start_process_mesh(tmp_path, RULES, database_url=database_url, redis_url=redis_url)
-    yield m
-    await m.stop()
-
-
+@pytest.mark.mesh(backends=BACKENDS, scope="function", rules=RULES)  # the default lease (30 s)
 @pytest.mark.parametrize("victim", ["orchestrator", "agent-runtime"])
-async def test_a_process_killed_mid_turn_is_settled_in_seconds(long_leases: ProcessMesh, victim: str) -> None:
+async def test_a_process_killed_mid_turn_is_settled_in_seconds(process_mesh: ProcessMesh, victim: str) -> None:
     """SIGKILL of a process running a tree's turns (a callee and a subagent streaming at 20 tokens/s),
     restarted at once as `agentmesh up` would: whoever learns it settles the tree — the orchestrator
     whose runs' calls broke (a runtime died), or the runtimes whose runs' caller vanished (the
     orchestrator died: they end the buffers and have the restarted orchestrator settle the rows). Every
     reader of every key gets its terminal event within 5 s of the kill, and every row is settled within
     5 s too — long before the 30 s lease."""
-    mesh = long_leases
+    mesh = process_mesh
     async with mesh.http(timeout=60) as http:
         post = await http.send(
             http.build_request("POST", "/api/chat", json={"agent": "general", "message": "tree"}), stream=True

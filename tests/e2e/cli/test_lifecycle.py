@@ -10,7 +10,7 @@ import signal
 import sqlite3
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +21,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentmesh.mock_llm import MockLLM
-from tests.mesh import TREE_RULE, Mesh, Ports, log_file, process_env, sse_events, start_mesh, wait_until
-
-CATALOG = Path(__file__).resolve().parents[2] / "catalogs" / "mesh.yaml"
+from tests.mesh import TEST_CATALOG, TREE_RULE, Mesh, Ports, log_file, process_env, sse_events, wait_until
 
 SERVICES = {
     "trace": "agentmesh.trace.v1.TraceService",
@@ -39,13 +37,10 @@ TRACE_SERVICES = [f"agentmesh.trace.v1.{s}Service" for s in ("Message", "Task", 
 ]
 
 
-@pytest.fixture
-async def mesh(tmp_path: Path) -> AsyncIterator[Mesh]:
-    m = await start_mesh(
-        tmp_path, rules={"rules": [], "default": {"text": "word " * 200, "tokens_per_second": 100}}
-    )
-    yield m
-    await m.stop()
+# A mesh per test: the tests stop it.
+pytestmark = pytest.mark.mesh(
+    scope="function", rules={"rules": [], "default": {"text": "word " * 200, "tokens_per_second": 100}}
+)
 
 
 async def health(target: str, service: str) -> int:
@@ -315,7 +310,7 @@ async def test_sigterm_ends_every_live_stream_with_a_terminal_event_within_the_g
     env.update(
         AGENTMESH_LLM__BASE_URL=mock.base_url,
         AGENTMESH_SHUTDOWN_GRACE_S="3",
-        AGENTMESH_CATALOG=str(CATALOG),
+        AGENTMESH_CATALOG=str(TEST_CATALOG),
     )
     proc, url, key = await _up(env, "--no-mock-llm")
     try:

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentmesh.libs.config import MetricsAddresses
-from tests.mesh import ANY_PORT, BACKENDS, TEST_CATALOG, Mesh, chat, mesh_on, start_mesh
+from tests.mesh import ANY_PORT, BACKENDS, TEST_CATALOG, Mesh, chat, start_mesh
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy/grafana/agentmesh.json"
 RULES: dict[str, Any] = {
@@ -43,16 +43,8 @@ RULES: dict[str, Any] = {
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-@pytest.fixture(params=BACKENDS, scope="module")
-async def mesh(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Mesh]:
-    every = MetricsAddresses(orchestrator=ANY_PORT, agent_runtime=ANY_PORT, trace=ANY_PORT, stream=ANY_PORT)
-    m = await mesh_on(
-        request, tmp_path_factory.mktemp("metrics"), rules=RULES, catalog=TEST_CATALOG, metrics=every
-    )
-    yield m
-    await m.stop()
+EVERY = MetricsAddresses(orchestrator=ANY_PORT, agent_runtime=ANY_PORT, trace=ANY_PORT, stream=ANY_PORT)
+pytestmark = pytest.mark.mesh(backends=BACKENDS, rules=RULES, catalog=TEST_CATALOG, metrics=EVERY)
 
 
 async def scrape(url: str) -> Samples:

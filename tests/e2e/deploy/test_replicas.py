@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,7 +28,6 @@ from tests.mesh import (
     SseReader,
     read_tree,
     sse_events,
-    start_process_mesh,
     wait_live,
     wait_until,
 )
@@ -55,13 +53,10 @@ RULES: dict[str, Any] = {
 REPLICATED = ("gateway", "orchestrator", "agent-runtime", "stream")
 
 
-@pytest.fixture
-async def mesh(tmp_path: Path, pg_url: str, redis_url: str) -> AsyncIterator[ProcessMesh]:
-    m = await start_process_mesh(
-        tmp_path, RULES, database_url=pg_url, redis_url=redis_url, lease_s=LEASE_S, replicas=2, metrics=True
-    )
-    yield m
-    await m.stop()
+# One mesh per test (it kills replicas), on PostgreSQL and Redis: what replicas share.
+pytestmark = pytest.mark.mesh(
+    backends=["postgres-redis"], scope="function", rules=RULES, lease_s=LEASE_S, replicas=2, metrics=True
+)
 
 
 async def handled(mesh: ProcessMesh, name: str, method: str) -> float:
@@ -98,7 +93,8 @@ async def finish(
         await resp.extensions["client"].aclose()
 
 
-async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(mesh: ProcessMesh) -> None:
+async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(process_mesh: ProcessMesh) -> None:
+    mesh = process_mesh
     assert mesh.clients is not None
     # 1. Turns spread over the replicas: each gateway sends turns, each orchestrator's channel spreads
     # its runs over the runtimes, every process appends through either stream replica (the orchestrator

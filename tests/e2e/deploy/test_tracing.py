@@ -25,9 +25,7 @@ from tests.mesh import (
     BACKENDS,
     TREE_RULE,
     ProcessMesh,
-    backend_urls,
     sse_events,
-    start_process_mesh,
     wait_until,
 )
 
@@ -90,31 +88,37 @@ def _value(v: Any) -> Any:
     return getattr(v, which) if which else None
 
 
-@pytest.fixture(params=BACKENDS)
-async def traced(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[tuple[ProcessMesh, Receiver]]:
+pytestmark = pytest.mark.mesh(backends=BACKENDS, scope="function", rules=RULES)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[tuple[Receiver, int]]:
+    """An OTLP/gRPC receiver in this test, and its port."""
     receiver = Receiver()
     server = grpc.aio.server()
     otlp_grpc.add_TraceServiceServicer_to_server(receiver, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    database_url, redis_url = backend_urls(request)
+    try:
+        yield receiver, port
+    finally:
+        await server.stop(None)
+
+
+@pytest.fixture
+def mesh_options(receiver: tuple[Receiver, int]) -> dict[str, Any]:
+    """Every process exports its spans to the receiver."""
     env = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver[1]}",
         "OTEL_BSP_SCHEDULE_DELAY": "100",  # export within a tenth of a second
         "AGENTMESH_LOG_JSON": "true",
     }
-    try:
-        mesh = await start_process_mesh(
-            tmp_path, RULES, extra_env=env, database_url=database_url, redis_url=redis_url
-        )
-        try:
-            yield mesh, receiver
-        finally:
-            await mesh.stop()
-    finally:
-        await server.stop(None)
+    return {"extra_env": env}
+
+
+@pytest.fixture
+def traced(process_mesh: ProcessMesh, receiver: tuple[Receiver, int]) -> tuple[ProcessMesh, Receiver]:
+    return process_mesh, receiver[0]
 
 
 async def turn(mesh: ProcessMesh, message: str, traceparent: str = "") -> list[dict[str, Any]]:

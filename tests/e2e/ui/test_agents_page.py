@@ -6,31 +6,21 @@ the README's picture of the page (tests/e2e/ui/screenshots/agents.png)."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.async_api import Page, expect
 
-from tests.mesh import BACKENDS, Mesh, mesh_on, system_of, wait_request
+from tests.mesh import BACKENDS, Mesh, system_of, wait_request
 
 T = 15_000  # ms: the longest any page condition may take
 FIRST, SECOND = "You are the first prompt.", "You are the second prompt."
 RULES: dict[str, Any] = {"rules": [], "default": {"text": "Reply: {user}"}}
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-async def mesh(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Mesh]:
-    m = await mesh_on(request, tmp_path_factory.mktemp("agents-ui"), rules=RULES)
-    # A user of the module's own: the PostgreSQL database is shared by the run's meshes.
-    m.user = f"page-{uuid.uuid4().hex[:8]}"
-    m.api_key = await m.new_user(m.user)
-    yield m
-    await m.stop()
+# A user of the module's own: the PostgreSQL database is shared by the run's meshes.
+pytestmark = pytest.mark.mesh(backends=BACKENDS, rules=RULES, user="page")
 
 
 async def sign_in(page: Page, mesh: Mesh) -> None:

@@ -6,14 +6,13 @@ GET /api/sessions/{id}/messages?mode=all (every message with its `sequence` and 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from playwright.async_api import Page, Request, Response, expect
 
 from tests.e2e.ui.test_ui import T, send, sign_in
-from tests.mesh import TEST_CATALOG, Mesh, start_mesh
+from tests.mesh import TEST_CATALOG, Mesh
 
 PACE = 30
 SLOW = " ".join(f"again{i}" for i in range(60))  # 2 s at PACE
@@ -28,11 +27,7 @@ RULES: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module")
-async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
-    m = await start_mesh(tmp_path_factory.mktemp("branches-ui"), rules=RULES, catalog=TEST_CATALOG)
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(rules=RULES, catalog=TEST_CATALOG)
 
 
 def chat_post(r: Request) -> bool:

@@ -7,7 +7,6 @@ README's screenshots at 1280 and 375 px wide, light and dark."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from playwright.async_api import Browser, Page, ViewportSize, expect
 
 from tests.e2e.ui.conftest import AXE
 from tests.e2e.ui.test_ui import T, send, sign_in
-from tests.mesh import TEST_CATALOG, Mesh, chat, start_mesh
+from tests.mesh import TEST_CATALOG, Mesh, chat
 
 PACE = 30
 CODE = (
@@ -49,11 +48,7 @@ WIDE: ViewportSize = {"width": 1280, "height": 800}
 NARROW: ViewportSize = {"width": 375, "height": 812}
 
 
-@pytest.fixture(scope="module")
-async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
-    m = await start_mesh(tmp_path_factory.mktemp("layout-ui"), rules=RULES, catalog=TEST_CATALOG)
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(rules=RULES, catalog=TEST_CATALOG)
 
 
 async def open_page(browser: Browser, viewport: ViewportSize, scheme: str) -> Page:

@@ -5,14 +5,13 @@ before the chat goes."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from playwright.async_api import Page, expect
 
 from tests.e2e.ui.test_ui import T, send, sign_in
-from tests.mesh import TEST_CATALOG, Mesh, chat, start_mesh
+from tests.mesh import TEST_CATALOG, Mesh, chat
 
 PACE = 30
 LONG = " ".join(f"word{i}" for i in range(300))  # 10 s at PACE
@@ -22,11 +21,7 @@ RULES: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module")
-async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
-    m = await start_mesh(tmp_path_factory.mktemp("nav-ui"), rules=RULES, catalog=TEST_CATALOG)
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(rules=RULES, catalog=TEST_CATALOG)
 
 
 async def new_session(mesh: Mesh, text: str) -> str:

@@ -5,7 +5,6 @@ buffer expired). The tests also take the README's screenshots."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ from playwright.async_api import Page, Route, expect
 
 from agentmesh.libs.config import StreamSettings
 from tests.e2e.ui.test_ui import T, send, sign_in
-from tests.mesh import TEST_CATALOG, Mesh, start_mesh, wait_until
+from tests.mesh import TEST_CATALOG, Mesh, wait_until
 
 STORY = "A story told slowly: " + " ".join(f"word{i}" for i in range(60))
 CODE = "```python\ndef fizzbuzz(n):\n    return 'fizz' * (n % 3 == 0) + 'buzz' * (n % 5 == 0) or str(n)\n```"
@@ -47,17 +46,10 @@ RULES: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module")
-async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
-    # Closed buffers expire after a second: a history older than that has only its stored traces.
-    m = await start_mesh(
-        tmp_path_factory.mktemp("panel-ui"),
-        rules=RULES,
-        catalog=TEST_CATALOG,
-        stream=StreamSettings(ttl_s=1.0, heartbeat_s=5),
-    )
-    yield m
-    await m.stop()
+# Closed buffers expire after a second: a history older than that has only its stored traces.
+pytestmark = pytest.mark.mesh(
+    rules=RULES, catalog=TEST_CATALOG, stream=StreamSettings(ttl_s=1.0, heartbeat_s=5)
+)
 
 
 async def test_a_refused_call_never_opens_the_panel(page: Page, mesh: Mesh) -> None:

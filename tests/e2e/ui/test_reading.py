@@ -7,14 +7,13 @@ the sidebar finds a chat by its title or its content."""
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from playwright.async_api import Page, Route, expect
 
 from tests.e2e.ui.test_ui import T, send, sign_in
-from tests.mesh import TEST_CATALOG, Mesh, chat, start_mesh
+from tests.mesh import TEST_CATALOG, Mesh, chat
 
 PACE = 30
 CODE = 'def greet(name: str) -> str:\n    # say hello\n    return f"hello {name}"\n'
@@ -64,11 +63,7 @@ PNG = base64.b64decode(
 )
 
 
-@pytest.fixture(scope="module")
-async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
-    m = await start_mesh(tmp_path_factory.mktemp("reading-ui"), rules=RULES, catalog=TEST_CATALOG)
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(rules=RULES, catalog=TEST_CATALOG)
 
 
 async def test_code_is_highlighted_and_copied(page: Page, mesh: Mesh) -> None:

@@ -5,14 +5,13 @@ callee and subagent can still be opened, and failures are said in sentences for 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from playwright.async_api import Page, expect
 
 from tests.e2e.ui.test_ui import T, send, sign_in
-from tests.mesh import TEST_CATALOG, Mesh, start_mesh
+from tests.mesh import TEST_CATALOG, Mesh
 
 PACE = 30  # words a second: a reader's pace, so that a test can act while a reply is written
 LONG = " ".join(f"word{i}" for i in range(400))  # ~13 s at PACE: it never ends by itself in a test
@@ -50,11 +49,7 @@ RULES: dict[str, Any] = {
 TRANSPORT = ("HTTP", "500", "grpc", "Traceback", "127.0.0.1", "StatusCode")
 
 
-@pytest.fixture(scope="module")
-async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
-    m = await start_mesh(tmp_path_factory.mktemp("truth-ui"), rules=RULES, catalog=TEST_CATALOG)
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(rules=RULES, catalog=TEST_CATALOG)
 
 
 async def stored_assistant(mesh: Mesh, session_id: str) -> dict[str, Any]:

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.async_api import Locator, Page, Route, expect
 
-from tests.mesh import Mesh, start_mesh
+from tests.mesh import Mesh
 
 CATALOG = Path(__file__).resolve().parents[2] / "catalogs" / "mesh.yaml"
 T = 15_000  # ms: the longest any page condition may take
@@ -85,11 +84,7 @@ RULES: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module")
-async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
-    m = await start_mesh(tmp_path_factory.mktemp("ui"), rules=RULES, catalog=CATALOG)
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(rules=RULES, catalog=CATALOG)
 
 
 async def sign_in(page: Page, mesh: Mesh, key: str | None = None) -> None:

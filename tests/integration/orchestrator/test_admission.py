@@ -15,9 +15,7 @@ import pytest
 import websockets
 from prometheus_client import generate_latest
 
-from tests.mesh import BACKENDS, TREE_RULE, Mesh, chat, mesh_on, sse_events
-
-CATALOG = Path(__file__).resolve().parents[2] / "catalogs" / "mesh.yaml"
+from tests.mesh import BACKENDS, TEST_CATALOG, TREE_RULE, Mesh, chat, sse_events
 SLOW = {"text": "slow " * 60, "tokens_per_second": 30}
 RULES: dict[str, Any] = {
     "rules": [
@@ -31,11 +29,9 @@ RULES: dict[str, Any] = {
 }
 
 
-@pytest.fixture(params=BACKENDS)
-async def mesh(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Mesh]:
-    m = await mesh_on(request, tmp_path, rules=RULES, catalog=CATALOG, max_turns=2, retry_after_s=3)
-    yield m
-    await m.stop()
+pytestmark = pytest.mark.mesh(
+    rules=RULES, catalog=TEST_CATALOG, backends=BACKENDS, scope="function", max_turns=2, retry_after_s=3
+)
 
 
 def refused_count(mesh: Mesh) -> float:
