@@ -16,6 +16,8 @@ from urllib.parse import urlparse
 import asyncpg
 import psutil
 
+from agentmesh.libs.ids import new_message_id
+
 Append = Callable[[int, str, str], Awaitable[Any]]  # (writer, owner, session id) -> acknowledged
 
 
@@ -311,6 +313,7 @@ class RawPg:
                     "owner": owner,
                     "content": content,
                     "now": datetime.now(UTC),
+                    "mid": new_message_id(),
                 }
                 row = await self.conns[i].fetchrow(sql, *(values[n] for n in names))
                 if row is None:

@@ -140,7 +140,9 @@ async def test_a_service_killed_mid_turn_leaves_no_stream_open_and_nothing_pendi
 
 @pytest.mark.mesh(backends=BACKENDS, scope="function", rules=RULES)  # the default lease (30 s)
 @pytest.mark.parametrize("victim", ["orchestrator", "agent-runtime"])
-async def test_a_process_killed_mid_turn_is_settled_in_seconds(process_mesh: ProcessMesh, victim: str) -> None:
+async def test_a_process_killed_mid_turn_is_settled_in_seconds(
+    process_mesh: ProcessMesh, victim: str
+) -> None:
     """SIGKILL of a process running a tree's turns (a callee and a subagent streaming at 20 tokens/s),
     restarted at once as `agentmesh up` would: whoever learns it settles the tree — the orchestrator
     whose runs' calls broke (a runtime died), or the runtimes whose runs' caller vanished (the

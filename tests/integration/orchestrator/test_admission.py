@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +14,7 @@ import websockets
 from prometheus_client import generate_latest
 
 from tests.mesh import BACKENDS, TEST_CATALOG, TREE_RULE, Mesh, chat, sse_events
+
 SLOW = {"text": "slow " * 60, "tokens_per_second": 30}
 RULES: dict[str, Any] = {
     "rules": [
