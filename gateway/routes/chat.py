@@ -60,8 +60,8 @@ class ChatRequest(BaseModel):
         json_schema_extra={"pattern": MESSAGE_PATTERN},  # checked below, with a clearer message
         examples=["hello"],
     )
-    session_id: str | None = Field(
-        default=None,
+    session_id: str = Field(
+        default="",
         validation_alias=AliasChoices("traceId", "sessionId"),
         serialization_alias="traceId",
         pattern=ID_PATTERN,
@@ -96,7 +96,7 @@ class ChatRequest(BaseModel):
 
 def _request(body: ChatRequest) -> orc.RunTurnRequest:
     return orc.RunTurnRequest(
-        trace_id=body.session_id or "",
+        trace_id=body.session_id,
         agent=body.agent,
         input=body.message,
         parent_sequence=body.parent_sequence,
