@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
-import grpc
 import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -31,8 +30,6 @@ from agentmesh.libs.ids import shown
 from agentmesh.libs.streams.follower import Follow, FollowCancelled
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 
-RESUME_RETRIES = 3  # resubscriptions after UNAVAILABLE (a stream replica went away) before giving up
-RESUME_BACKOFF_S = 0.25
 NO_BUFFER = {"active": False, "reason": "no-buffer"}
 _OFFSET = re.compile(OFFSET_PATTERN)  # ASCII digits only (str.isdigit() also takes "²"), as documented
 
@@ -81,54 +78,40 @@ async def follow(
 ) -> AsyncIterator[ev.Event]:
     """Yields the events of `key` after `from_offset`, replay then live, up to the terminal one.
 
-    A stream replica going away (UNAVAILABLE) is followed again from the last offset; any other failure
-    is yielded as a final `error` event (code = the lowercase reason); the gateway's shutdown ends it
-    with `shutdown`; `interrupt`, once it has a result, ends it with that event (the turn's end as its
-    orchestrator reported it, when the buffer will not tell). `started`: the first follow, made by
-    `subscribe(clients, key, from_offset, idle_timeout_ms)` before the caller began reading.
+    A stream service that went away is followed again from the last offset by the follow itself
+    (docs/design/streams.md#reconnects); any other failure is yielded as a final `error` event (code =
+    the lowercase reason); the gateway's shutdown ends it with `shutdown`; `interrupt`, once it has a
+    result, ends it with that event (the turn's end as its orchestrator reported it, when the buffer
+    will not tell). `started`: the follow, made by `subscribe(clients, key, from_offset,
+    idle_timeout_ms)` before the caller began reading.
     """
-    last = from_offset
-    retries = RESUME_RETRIES
-    resumed = bool(from_offset)  # a reading that began before (or a follow made again)
+    handle = started or subscribe(clients, key, from_offset, idle_timeout_ms)
     drain = drain or Drain()
-    while True:
-        handle, started = started or subscribe(clients, key, last, idle_timeout_ms), None
-        if interrupt is not None:
-            interrupt.add_done_callback(lambda _, handle=handle: handle.cancel())  # type: ignore[misc]
-        try:
-            with drain.cancels(handle):
-                async for event in handle:
-                    yield event
-                    if event.offset:
-                        last = event.offset
-                        retries = RESUME_RETRIES
-            return
-        except MeshError as err:
-            if interrupt is not None and interrupt.done():
-                yield interrupt.result()
-                return
-            if isinstance(err, FollowCancelled) and drain.draining:
-                yield events.error(drain.farewell())
-                return
-            if err.grpc_code == grpc.StatusCode.UNAVAILABLE and retries > 0:
-                await asyncio.sleep(RESUME_BACKOFF_S * (RESUME_RETRIES - retries + 1))
-                retries -= 1
-                resumed = True
-                continue
-            if resumed and isinstance(err, NotFound):
-                # The buffer this reader followed is gone (with the in-memory stream service that held
-                # it, restarted; or a newer buffer of the key replaced it): the live stream is lost,
-                # the turn's stored reply is not.
-                lost = Interrupted(
+    if interrupt is not None:
+        interrupt.add_done_callback(lambda _: handle.cancel())
+    try:
+        with drain.cancels(handle):
+            async for event in handle:
+                yield event
+    except MeshError as err:
+        if interrupt is not None and interrupt.done():
+            yield interrupt.result()
+        elif isinstance(err, FollowCancelled) and drain.draining:
+            yield events.error(drain.farewell())
+        elif from_offset and isinstance(err, NotFound):
+            # The buffer this reader followed before is gone (with the in-memory stream service that
+            # held it, restarted; or a newer buffer of the key replaced it): the live stream is lost,
+            # the turn's stored reply is not.
+            yield events.error(
+                Interrupted(
                     f"the stream {shown(key)} this reader followed is gone (its stream service restarted, "
                     "or a newer turn replaced it); what was stored is in the history"
                 )
-                yield events.error(lost)
-                return
+            )
+        else:
             yield events.error(err)
-            return
-        finally:
-            handle.cancel()
+    finally:
+        handle.cancel()
 
 
 async def sse_events(

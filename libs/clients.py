@@ -23,6 +23,7 @@ from agentmesh.libs.peer_http import PeerClients
 from agentmesh.libs.peers import PeerRegistry
 from agentmesh.libs.rpc import channel, end_call_soon
 from agentmesh.libs.streams.follower import Follower
+from agentmesh.libs.streams.reconnect import Reconnect
 from agentmesh.libs.streams.writer import Writer
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2_grpc
 from agentmesh.runtime.v1 import runtime_service_pb2_grpc
@@ -96,13 +97,21 @@ class Clients:
     @cached_property
     def follows(self) -> Follower:
         """Follows of stream buffers, every one of this process on one FollowStreams call."""
-        return Follower(lambda: self.stream, self.signer, self.settings.stream_rpc_timeout_s / 2)
+        life_s = self.settings.stream_rpc_timeout_s / 2
+        return Follower(lambda: self.stream, self.signer, life_s, self._reconnect())
 
     @cached_property
     def writes(self) -> Writer:
         """Writes to stream buffers (EventSinks), every one of this process on one WriteStreams call."""
         life_s = self.settings.stream_rpc_timeout_s / 2
-        return Writer(lambda: self.stream, life_s, self.settings.stream.linger_ms / 1000)
+        return Writer(lambda: self.stream, life_s, self.settings.stream.linger_ms / 1000, self._reconnect())
+
+    def _reconnect(self) -> Reconnect:
+        """The wait for the stream service, after a call to it failed as it went away."""
+        return Reconnect(
+            lambda: self.channel(self.settings.addresses.stream).channel_ready(),
+            self.settings.stream.reconnect_s,
+        )
 
     @cached_property
     def orchestrator(self) -> orchestrator_service_pb2_grpc.OrchestratorServiceStub:

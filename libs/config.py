@@ -62,6 +62,9 @@ class StreamSettings(BaseModel):
     # A process's writes (its runs' events) go out at most this often once a batch went, so that the
     # events of many runs streaming at once share a message; a buffer's first batch goes at once.
     linger_ms: float = 10.0
+    # A stream service that went away (restarted, a replica lost): writers and followers wait this long
+    # for one to answer again, then go on from where they were (docs/design/streams.md#reconnects).
+    reconnect_s: float = 15.0
 
 
 class SubagentDefaults(BaseModel):

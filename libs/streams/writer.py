@@ -13,8 +13,9 @@ from typing import Any, Protocol
 import grpc
 
 from agentmesh.libs import identity
-from agentmesh.libs.errors import Unavailable
+from agentmesh.libs.errors import MeshError, Unavailable, from_rpc_error
 from agentmesh.libs.rpc import MAX_MESSAGE_BYTES
+from agentmesh.libs.streams.reconnect import Reconnect, went_away
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from agentmesh.stream.v1 import stream_service_pb2_grpc
 
@@ -40,18 +41,14 @@ class Feed:
 
     def __init__(self) -> None:
         self._items: collections.deque[Any] = collections.deque()
-        self.put_count = 0  # requests put
-        self.written = 0  # requests gRPC wrote (it asks for the next one only once it wrote one)
         self._ended = False
         self._taker: asyncio.Future[None] | None = None  # gRPC waits for a request
         self._writer: asyncio.Future[None] | None = None  # the writer waits until gRPC takes one
 
-    def put(self, item: Any) -> int:
-        """Queues `item`; returns its number (1, 2, ...: compare with `written`)."""
+    def put(self, item: Any) -> None:
+        """Queues `item`."""
         self._items.append(item)
-        self.put_count += 1
         _wake(self._taker)
-        return self.put_count
 
     def end(self) -> None:
         """Nothing more after what was put (gRPC half-closes once it took that); releases `room()`."""
@@ -75,7 +72,6 @@ class Feed:
                 item = self._items.popleft()
                 _wake(self._writer)
                 yield item
-                self.written += 1
             elif self._ended:
                 return
             else:
@@ -83,31 +79,21 @@ class Feed:
                 await self._taker
 
 
-class Ticket:
-    """The request a batch went in: `seq` once it was put on its call's feed (0 before)."""
-
-    __slots__ = ("seq",)
-
-    def __init__(self) -> None:
-        self.seq = 0
-
-
 class _Request:
     """A WriteStreams request being filled, its size counted batch by batch (each is filled after
     `add` hands it out, so it is counted at the next `add` or `full`)."""
 
-    __slots__ = ("_bytes", "_last", "request", "ticket")
+    __slots__ = ("_bytes", "_last", "request")
 
     def __init__(self) -> None:
         self.request = pb.WriteStreamsRequest()
-        self.ticket = Ticket()
         self._bytes = 0
         self._last: pb.StreamBatch | None = None
 
-    def add(self) -> tuple[pb.StreamBatch, Ticket]:
+    def add(self) -> pb.StreamBatch:
         self._count()
         self._last = self.request.batches.add()
-        return self._last, self.ticket
+        return self._last
 
     def full(self) -> bool:
         self._count()
@@ -122,15 +108,18 @@ class _Request:
 class Batches(Protocol):
     """What `Writer` asks of each writer it carries (services/agent_runtime/sink.py's EventSink)."""
 
-    def take(self, current: WritesCall, slot: Callable[[WritesCall], tuple[pb.StreamBatch, Ticket]]) -> None:
+    def take(self, current: WritesCall, slot: Callable[[WritesCall], pb.StreamBatch]) -> None:
         """Puts the writer's next batch, if it has one due, in `slot(call)`: on `current`, or on the
         call it is bound to while that one still owes it answers."""
 
     def answered(self, call: WritesCall, answer: pb.StreamBatchAnswer) -> None:
         """An answer to the writer's batches on `call` (offsets, or its failure)."""
 
-    def call_ended(self, call: WritesCall, error: BaseException | None) -> None:
-        """`call` ended (`error`: how, when it failed) with the writer still bound to it."""
+    def call_ended(self, call: WritesCall, error: BaseException) -> None:
+        """`call` ended (`error`: how) with the writer still bound to it."""
+
+    def unreachable(self, error: MeshError) -> None:
+        """The stream service did not answer again within the reconnect budget: the writer fails."""
 
 
 class Writer:
@@ -143,11 +132,18 @@ class Writer:
     bind to a new one, while those that still await answers on the old one finish there."""
 
     def __init__(
-        self, stub: Callable[[], stream_service_pb2_grpc.StreamServiceStub], life_s: float, linger_s: float
+        self,
+        stub: Callable[[], stream_service_pb2_grpc.StreamServiceStub],
+        life_s: float,
+        linger_s: float,
+        reconnect: Reconnect,
     ) -> None:
         self._stub = stub
         self._life_s = life_s
         self._linger_s = linger_s
+        self._reconnect = reconnect
+        self._down = False  # the last call failed as the service went away: wait before the next
+        self._closed = False
         self._ready: dict[Batches, None] = {}
         self._urgent = False
         self._waiter: asyncio.Future[None] | None = None
@@ -159,6 +155,9 @@ class Writer:
 
     def ready(self, writer: Batches, urgent: bool = False) -> None:
         """`writer` has a batch due (or an answer to ask for)."""
+        if self._closed:
+            writer.unreachable(Unavailable("the process closed its stream writes"))
+            return
         self._ready[writer] = None
         self._urgent = self._urgent or urgent
         if self._task is None or self._task.done():
@@ -173,11 +172,16 @@ class Writer:
             if call is not None:
                 call.retire()
             with identity.acting_as(""):  # the call is the mesh's; each writer carries its user
-                call = self._call = WritesCall(self._stub().WriteStreams, self._calls.discard)
+                call = self._call = WritesCall(self._stub().WriteStreams, self._call_done, self._reconnect)
             self._calls.add(call)
             timer = loop.call_at(call.opened + self._life_s, self._retire, call)
             call.reader.add_done_callback(lambda _: timer.cancel())
         return call
+
+    def _call_done(self, call: WritesCall) -> None:
+        self._calls.discard(call)
+        if went_away(call.error) and not self._closed:
+            self._down = True
 
     def _retire(self, call: WritesCall) -> None:
         """`call`'s life is over, even if nothing is sent: the writers that owe it answers ask for
@@ -213,6 +217,12 @@ class Writer:
             if delay > 0 and not self._urgent:
                 await self._wait("linger", delay)
                 continue
+            if self._down:  # the writers of the failed call send again once the service answers
+                back = await self._reconnect.wait()
+                self._down = False
+                if not back:
+                    self._give_up()
+                    continue
             current = self.current()
             await current.room()  # gRPC took the last request: what queued meanwhile goes in this one
             if current.done() or current.retired:  # (retired meanwhile: new writers go to a new call)
@@ -224,7 +234,7 @@ class Writer:
         ready, self._ready = self._ready, {}
         requests: dict[WritesCall, list[_Request]] = {}
 
-        def slot(call: WritesCall) -> tuple[pb.StreamBatch, Ticket]:
+        def slot(call: WritesCall) -> pb.StreamBatch:
             queued = requests.setdefault(call, [])
             if not queued or queued[-1].full():
                 queued.append(_Request())
@@ -236,11 +246,18 @@ class Writer:
         finally:  # what was taken goes, whatever a writer's take raised
             for call, queued in requests.items():
                 for request in queued:
-                    request.ticket.seq = call.send(request.request)
+                    call.send(request.request)
             if requests:
                 self._last = asyncio.get_running_loop().time()
 
+    def _give_up(self) -> None:
+        ready, self._ready = self._ready, {}
+        err = Unavailable(f"the stream service did not answer for {self._reconnect.budget_s:g} s")
+        for writer in ready:
+            writer.unreachable(err)
+
     async def aclose(self) -> None:
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
         self._call = None
@@ -256,9 +273,11 @@ class WritesCall:
     """One WriteStreams call: requests put on its feed, a task reading the answers and routing them to
     the writers bound to it (each under an id of this call), and telling them when the call ends."""
 
-    def __init__(self, method: Any, on_done: Callable[[WritesCall], None]) -> None:
+    def __init__(self, method: Any, on_done: Callable[[WritesCall], None], reconnect: Reconnect) -> None:
         loop = asyncio.get_running_loop()
         self.opened = loop.time()
+        self._reconnect = reconnect
+        self.error: MeshError | None = None  # how it failed, once it did
         self.feed = Feed()
         self._ids = itertools.count(1)
         self.writers: dict[int, Batches] = {}
@@ -302,21 +321,18 @@ class WritesCall:
     async def room(self) -> None:
         await self.feed.room()
 
-    def send(self, request: pb.WriteStreamsRequest) -> int:
-        return self.feed.put(request)
-
-    def delivered(self, ticket: Ticket) -> bool:
-        """The request of `ticket` reached the service (gRPC wrote it)."""
-        return 0 < ticket.seq <= self.feed.written
+    def send(self, request: pb.WriteStreamsRequest) -> None:
+        self.feed.put(request)
 
     def cancel(self) -> None:
         self.feed.end()
         self.call.cancel()
 
     async def _read(self) -> None:
-        error: BaseException | None = None
+        error: BaseException = Unavailable("the stream service ended the write call")
         try:
             while (response := await self.call.read()) is not grpc.aio.EOF:
+                self._reconnect.reset()
                 for answer in response.answers:
                     writer = self.writers.get(answer.writer)
                     if writer is not None:
@@ -327,6 +343,8 @@ class WritesCall:
             error = Unavailable("the write call was cancelled")
         finally:
             self.feed.end()
+            if self.writers:  # (a call half-closed once its writers left ends without owing any)
+                self.error = error if isinstance(error, MeshError) else from_rpc_error(error)  # type: ignore[arg-type]
             writers, self.writers = list(self.writers.values()), {}
             for writer in writers:
                 writer.call_ended(self, error)

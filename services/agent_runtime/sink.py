@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,12 +20,12 @@ from agentmesh.libs.errors import (
     Internal,
     MeshError,
     ResourceExhausted,
-    Shutdown,
     from_reason,
     from_rpc_error,
     is_lost_send,
 )
-from agentmesh.libs.streams.writer import BATCH_BYTES, EVENT_BYTES, Ticket, Writer, WritesCall
+from agentmesh.libs.streams.reconnect import went_away
+from agentmesh.libs.streams.writer import BATCH_BYTES, EVENT_BYTES, Writer, WritesCall
 from agentmesh.stream.v1.stream_service_pb2 import StreamBatch, StreamBatchAnswer, WriteStreamResponse
 
 _MAX_BATCH = 256
@@ -38,7 +39,6 @@ class _Sent:
 
     entries: list[_Entry]
     asked: bool  # it asked for its answer (no defer_answer): an answer ends with it
-    ticket: Ticket  # the request it went in
 
 
 class EventSink:
@@ -52,6 +52,10 @@ class EventSink:
         # binds to a call, so that after a stream service's restart it fails instead of writing into a
         # newer buffer of its key (another turn's).
         self._since = since
+        # Its name as the buffer's producer, and how many events it handed out in batches: a batch sent
+        # again after its call failed unanswered is stored once (WriteStreamRequest.producer).
+        self._producer = secrets.token_hex(8)
+        self._sequence = 0
         self._flush_wanted = False  # someone waits until everything emitted is stored
         self._pending: list[_Entry] = []
         self._unanswered: collections.deque[_Sent] = collections.deque()
@@ -64,7 +68,6 @@ class EventSink:
         self._last_sent = False  # the writer's last batch went: the service forgets it once answered
         self._finished = False  # the last batch was answered (or there was nothing to write)
         self._failure: MeshError | None = None
-        self._shutdowns = 0  # SHUTDOWNs with no answer since the last one
 
     def emit(self, event: events_pb2.Event) -> None:
         """Queues `event` (dropped once the sink failed or closed: `failure` tells why)."""
@@ -94,7 +97,7 @@ class EventSink:
 
     # --- what the Writer asks (libs.streams.writer.Batches) ---------------------------------------
 
-    def take(self, current: WritesCall, slot: Callable[[WritesCall], tuple[StreamBatch, Ticket]]) -> None:
+    def take(self, current: WritesCall, slot: Callable[[WritesCall], StreamBatch]) -> None:
         """The next batch, when one is due: the queued events, or an empty one asking for the answer
         that a flush or the close waits for. On `current`, or on the call this sink is bound
         to while that one owes it answers (a batch goes after the one before it on the same call)."""
@@ -132,17 +135,20 @@ class EventSink:
             or (self._flush_wanted and not self._pending)
             or len(self._unanswered) + 1 >= _MAX_UNANSWERED
         )
-        item, ticket = slot(call)
+        item = slot(call)
         item.writer = self._id
         if announce:
             item.batch.key = self.key
             item.batch.since = self._since
             item.identity = self._signer.mint(self._user) if self._user else ""
         item.batch.events.extend(event for event, _ in entries)
+        item.batch.producer = self._producer
+        item.batch.sequence = self._sequence
+        self._sequence += len(entries)
         item.batch.defer_answer = not asked
         item.last = last
         self._last_sent = last
-        self._unanswered.append(_Sent(entries, asked, ticket))
+        self._unanswered.append(_Sent(entries, asked))
         self._sent_any = True
         if self._pending and not asked:
             self.writer.ready(self)
@@ -179,35 +185,31 @@ class EventSink:
         except MeshError as err:
             self._fail(err)
             return
-        self._shutdowns = 0
         self._progress()
 
-    def call_ended(self, call: WritesCall, error: BaseException | None) -> None:
-        """The call this sink is bound to ended: the sink goes on on another one, unless a batch of it
-        may or may not have been appended (then the sink fails with how the call ended)."""
+    def call_ended(self, call: WritesCall, error: BaseException) -> None:
+        """The call this sink is bound to ended: the sink goes on on another one. What it sent that was
+        not answered is sent again when the service went away (restarted, stopping) or the request
+        never left; stored once, as its producer's (the Writer waits for the service meanwhile, within
+        the reconnect budget). Another failure is the sink's."""
         if call is not self._call or self._failure is not None or self._finished:
             return
         self._call = None
         if self._unanswered:
-            lost = (
-                isinstance(error, grpc.aio.AioRpcError)
-                and is_lost_send(error)
-                and not any(call.delivered(sent.ticket) for sent in self._unanswered)
-            )
-            if error is None:
-                error = Internal(f"the stream service ended the write call of {self.key} early")
+            lost = isinstance(error, grpc.aio.AioRpcError) and is_lost_send(error)
             failed = error if isinstance(error, MeshError) else from_rpc_error(error)  # type: ignore[arg-type]
-            if not (lost or isinstance(failed, Shutdown)):
+            if not (lost or went_away(failed)):
                 self._fail(failed)
                 return
-            if self._shutdowns:
-                self._fail(Shutdown(f"the stream service kept shutting down under the writer of {self.key}"))
-                return
-            self._shutdowns += 1
-            # Not appended (SHUTDOWN says so; a request that never left, likewise): sent again.
-            self._pending[:0] = [entry for sent in self._unanswered for entry in sent.entries]
+            again = [entry for sent in self._unanswered for entry in sent.entries]
+            self._pending[:0] = again
+            self._sequence -= len(again)
             self._unanswered.clear()
         self._progress()
+
+    def unreachable(self, error: MeshError) -> None:
+        if self._failure is None and not self._finished:
+            self._fail(error)
 
     # --- state ---------------------------------------------------------------------------------------
 
@@ -259,8 +261,10 @@ class EventSink:
             raise Internal(
                 f"the stream service answered {len(offsets)} offsets for the batches of {self.key}"
             )
-        if offsets:
-            self._since = offsets[-1]
+        for offset in reversed(offsets):  # ("": an event stored before, by a batch sent again)
+            if offset:
+                self._since = offset
+                break
 
     def _fail(self, err: MeshError) -> None:
         self._failure = err

@@ -22,6 +22,7 @@ from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs import events
 from agentmesh.libs.config import StreamSettings
 from agentmesh.libs.errors import (
+    FailedPrecondition,
     IdleTimeout,
     Interrupted,
     InvalidArgument,
@@ -120,6 +121,14 @@ def written_elsewhere(key: str, since: str) -> Interrupted:
     )
 
 
+def gap(key: str, sequence: int, held: int) -> FailedPrecondition:
+    """A producer's batch starting past the events the buffer holds from it: some were never stored."""
+    return FailedPrecondition(
+        f"a batch for {key} starts at event {sequence} of its producer, but the buffer holds {held} of "
+        "its events: the ones between were never stored"
+    )
+
+
 def _consume(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
@@ -145,13 +154,24 @@ class StreamBackend(abc.ABC):
 
     @abc.abstractmethod
     async def append(
-        self, key: str, batch: Sequence[ev.Event], writer: str = "", since: str = ""
+        self,
+        key: str,
+        batch: Sequence[ev.Event],
+        writer: str = "",
+        since: str = "",
+        producer: str = "",
+        sequence: int = 0,
     ) -> list[str]:
         """Appends to an open buffer (renewing its lease), returns one offset per event.
 
+        With a `producer`, `sequence` is the index of the batch's first event among the producer's
+        events in this buffer: the events the buffer already holds from it are skipped (their offsets
+        are ""), so a batch sent again is stored once (WriteStreamRequest.producer); a sequence past
+        them is a gap (FailedPrecondition).
+
         NotFound (no buffer, or a `writer` who is not its owner; "" is the mesh itself), Interrupted
-        (`since`, an offset of the buffer meant, is an earlier buffer's: `written_elsewhere`),
-        FailedPrecondition (closed), ResourceExhausted (over max_events).
+        (`since`, an offset of the buffer meant, is an earlier buffer's, or that buffer is gone:
+        `written_elsewhere`), FailedPrecondition (closed; a gap), ResourceExhausted (over max_events).
         """
 
     @abc.abstractmethod

@@ -27,6 +27,7 @@ from agentmesh.services.stream.backend import (
     Cursor,
     StreamBackend,
     StreamInfo,
+    gap,
     interrupted,
     replaced,
     validate_key,
@@ -68,6 +69,8 @@ class _Buffer:
     # Below every offset of this buffer: an offset under it belongs to an earlier buffer of the key
     # (one lost with a restarted process, or closed and replaced), whose reader must not resume here.
     base: int = field(default_factory=_next_offset)
+    # Events held per producer (WriteStreamRequest.producer): a batch sent again is stored once.
+    produced: dict[str, int] = field(default_factory=dict)
 
     def push(self, event: ev.Event) -> str:
         n = _next_offset()
@@ -254,6 +257,8 @@ class MemoryBackend(StreamBackend):
 
     def _writable(self, key: str, writer: str, since: str) -> _Buffer:
         buf = self._get(validate_key(key))
+        if buf is None and since:
+            raise written_elsewhere(key, since)
         if buf is None or (writer and writer != buf.owner):
             raise NotFound(f"no stream buffer {key}")
         if since and parse_offset(since) < buf.base:
@@ -261,21 +266,34 @@ class MemoryBackend(StreamBackend):
         return buf
 
     async def append(
-        self, key: str, batch: Sequence[ev.Event], writer: str = "", since: str = ""
+        self,
+        key: str,
+        batch: Sequence[ev.Event],
+        writer: str = "",
+        since: str = "",
+        producer: str = "",
+        sequence: int = 0,
     ) -> list[str]:
         buf = self._writable(key, writer, since)
         if buf.closed:
             raise FailedPrecondition(f"stream {key} is closed")
         buf.expire_in(self.clock(), self.settings.lease_s)  # its writer is alive
-        if len(buf.events) + len(batch) > self.settings.max_events:
+        held = 0
+        if producer:
+            held = buf.produced.get(producer, 0) - sequence
+            if held < 0:
+                raise gap(key, sequence, buf.produced.get(producer, 0))
+        if len(buf.events) + len(batch) - held > self.settings.max_events:
             raise ResourceExhausted(
                 f"stream {key} is full: {len(buf.events)} events, appending {len(batch)} would pass "
                 f"the cap of {self.settings.max_events}"
             )
-        offsets = [buf.push(event) for event in batch]
-        if offsets:
+        offsets = [""] * min(held, len(batch)) + [buf.push(event) for event in batch[held:]]
+        if producer:
+            buf.produced[producer] = max(buf.produced.get(producer, 0), sequence + len(batch))
+        if len(batch) > held:
             buf.notify()
-            self.metrics.appended_to(key, len(offsets))
+            self.metrics.appended_to(key, len(batch) - held)
         return offsets
 
     async def close(

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from agentmesh.libs.errors import InvalidArgument, MeshError, Shutdown, Unavailable, as_mesh_error
+from agentmesh.libs.errors import InvalidArgument, MeshError, Shutdown, as_mesh_error
 from agentmesh.libs.ids import shown
 from agentmesh.services.stream.backend import StreamBackend
 from agentmesh.stream.v1 import stream_service_pb2 as pb
@@ -324,7 +324,9 @@ class WriteCall:
             batch = item.batch
             try:
                 writer.since = batch.since or writer.since
-                offsets = await self.backend.append(writer.key, batch.events, writer.user, writer.since)
+                offsets = await self.backend.append(
+                    writer.key, batch.events, writer.user, writer.since, batch.producer, batch.sequence
+                )
             except Shutdown:
                 writer.queue.appendleft(item)  # not taken: the writer sends it again elsewhere
                 return
@@ -362,8 +364,8 @@ class WriteCall:
 
     async def stop(self) -> None:
         """The service stops: no batch is taken any more; those taken are answered (their offsets). A
-        batch still being appended after STOP_WAIT_S may be stored or not: its writer fails with
-        UNAVAILABLE, which it does not send again (after SHUTDOWN it would: a duplicate if stored)."""
+        batch still being appended after STOP_WAIT_S may be stored or not: it stays unanswered, and its
+        writer sends it again after SHUTDOWN, stored once (WriteStreamRequest.producer)."""
         self._stopping = True
         tasks = [w.task for w in self.writers.values() if w.task is not None and not w.task.done()]
         if tasks:  # a batch being appended is finished; one awaiting its start ends (Shutdown)
@@ -373,10 +375,6 @@ class WriteCall:
                 self._answer(writer, pb.WriteStreamResponse(offsets=writer.deferred))
             if writer.task is not None and not writer.task.done():
                 writer.task.cancel()
-                self._fail(writer, Unavailable(
-                    f"the stream service stopped while appending to {shown(writer.key, 80)}: the batch "
-                    "may or may not be stored"
-                ))  # fmt: skip
 
     def close(self) -> None:
         for writer in self.writers.values():

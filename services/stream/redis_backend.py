@@ -41,6 +41,7 @@ from agentmesh.services.stream.backend import (
     Cursor,
     StreamBackend,
     StreamInfo,
+    gap,
     interrupted,
     replaced,
     validate_key,
@@ -106,21 +107,37 @@ local function replaced(meta, since)
 end
 """
 
-# KEYS: meta, stream, leases. ARGV: max_events, open_ttl_ms, writer, lease_ms, key, since, payloads...
+# KEYS: meta, stream, leases. ARGV: max_events, open_ttl_ms, writer, lease_ms, key, since, producer,
+# sequence, payloads... A producer's count of events held is the meta field `p:<producer>`: the events of
+# a batch sent again that the buffer holds are skipped (answered '').
 _APPEND = (
     _NOW
     + _SINCE
     + """
 local closed = redis.call('HGET', KEYS[1], 'closed')
-if not closed or redis.call('HGET', KEYS[1], 'deleted') == '1' then return {'missing'} end
+if not closed or redis.call('HGET', KEYS[1], 'deleted') == '1' then
+  if ARGV[6] ~= '' then return {'replaced'} end
+  return {'missing'}
+end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[3] then return {'missing'} end
 if replaced(KEYS[1], ARGV[6]) then return {'replaced'} end
 if closed == '1' then return {'closed'} end
+local held = 0
+if ARGV[7] ~= '' then
+  local count = tonumber(redis.call('HGET', KEYS[1], 'p:' .. ARGV[7]) or '0')
+  held = count - tonumber(ARGV[8])
+  if held < 0 then return {'gap', tostring(count)} end
+end
+local first = 9 + held
 local n = redis.call('XLEN', KEYS[2])
 local out = {'full', tostring(n)}
-if n + #ARGV - 6 <= tonumber(ARGV[1]) then
+if n + #ARGV - first + 1 <= tonumber(ARGV[1]) then
   out = {'ok'}
-  for i = 7, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i]) end
+  for i = 9, math.min(first - 1, #ARGV) do out[#out + 1] = '' end
+  for i = first, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i]) end
+  if ARGV[7] ~= '' and #ARGV >= first then
+    redis.call('HSET', KEYS[1], 'p:' .. ARGV[7], tonumber(ARGV[8]) + #ARGV - 8)
+  end
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
@@ -375,7 +392,13 @@ class RedisBackend(StreamBackend):
             raise FailedPrecondition(f"{key} holds another user's buffer")
 
     async def append(
-        self, key: str, batch: Sequence[ev.Event], writer: str = "", since: str = ""
+        self,
+        key: str,
+        batch: Sequence[ev.Event],
+        writer: str = "",
+        since: str = "",
+        producer: str = "",
+        sequence: int = 0,
     ) -> list[str]:
         keys = self._keys(validate_key(key))
         payloads = [e.SerializeToString() for e in batch]
@@ -386,6 +409,8 @@ class RedisBackend(StreamBackend):
             self._lease_ms(),
             key,
             _padded(since),
+            producer,
+            sequence,
             *payloads,
         ]
         with _reachable():
@@ -397,13 +422,16 @@ class RedisBackend(StreamBackend):
             raise written_elsewhere(key, since)
         if status == "closed":
             raise FailedPrecondition(f"stream {key} is closed")
+        if status == "gap":
+            raise gap(key, sequence, int(reply[1]))
         if status == "full":
             raise ResourceExhausted(
                 f"stream {key} is full: {reply[1]} events, appending {len(batch)} would pass "
                 f"the cap of {self.settings.max_events}"
             )
-        self.metrics.appended_to(key, len(batch))
-        return reply[1:]
+        offsets = reply[1:]
+        self.metrics.appended_to(key, sum(1 for offset in offsets if offset))
+        return offsets
 
     async def close(
         self, key: str, terminal: ev.Event, writer: str = "", since: str = ""

@@ -186,3 +186,51 @@ async def test_a_process_killed_mid_turn_is_settled_in_seconds(
     assert loop.time() - killed < 5 and waited < 5
     tree = await read_tree(mesh, session)
     assert tree is not None and not tree.open_rows
+
+
+async def test_a_stream_service_restarted_mid_turn(process_mesh: ProcessMesh) -> None:
+    """SIGKILL of the stream service mid-turn, restarted at once as `agentmesh up` would. On Redis the
+    buffers outlive it: every writer and reader reconnects and goes on from its offset, so each reader
+    of the tree ends `done` with its run's whole text exactly once. On the memory backend the buffers
+    died with it: each reader ends with a clear `interrupted` and the tree is settled."""
+    mesh = process_mesh
+    on_redis = mesh.env.get("AGENTMESH_STREAM__BACKEND") == "redis"
+    async with mesh.http(timeout=60) as http:
+        post = await http.send(
+            http.build_request("POST", "/api/chat", json={"agent": "general", "message": "tree"}), stream=True
+        )
+        lines = sse_events(post)
+        task_id = sub_id = session = ""
+        async with asyncio.timeout(20):
+            async for event in lines:
+                session = session or event["traceId"]
+                task_id = event.get("taskId", task_id)
+                if event["type"] == "subagent-update" and event["subagent"]["status"] == "running":
+                    sub_id = event["subagent"]["id"]
+                if task_id and sub_id:
+                    break
+        readers = [
+            follow(mesh, f"/api/sessions/{session}/stream"),
+            follow(mesh, f"/api/agents/a2a/stream?taskId={task_id}"),
+            follow(mesh, f"/api/subagents/{sub_id}/stream"),
+        ]
+        await wait_live(readers[1:], 15)
+        await mesh.kill("stream")
+        await mesh.start("stream")
+        async with asyncio.timeout(BOUND_S):
+            await asyncio.gather(*(r.task for r in readers))
+        await post.aclose()
+
+    def text(reader: SseReader) -> str:
+        return "".join(e["textDelta"] for e in reader.events if e["type"] == "text-delta")
+
+    if on_redis:
+        for reader in readers:
+            assert reader.end.get("type") == "done", (reader.path, reader.events[-3:])
+        assert text(readers[1]) == "callee " * WORDS
+        assert text(readers[2]) == "subagent " * WORDS
+        assert text(readers[0]).endswith("after " * WORDS)
+    else:
+        for reader in readers:
+            assert reader.end.get("code") == "interrupted", (reader.path, reader.events[-3:])
+    await wait_until(lambda: settled(mesh, session), LEASE_S * 6, "the tree settled")

@@ -32,6 +32,7 @@ from agentmesh.libs.config import MeshSettings, StreamSettings
 from agentmesh.libs.identity import Signer
 from agentmesh.libs.rpc import ServiceServer, channel
 from agentmesh.libs.streams.follower import Follow, Follower
+from agentmesh.libs.streams.reconnect import Reconnect
 from agentmesh.services.stream.backend import StreamBackend
 from agentmesh.services.stream.memory import MemoryBackend
 from agentmesh.services.stream.redis_backend import RedisBackend
@@ -123,7 +124,8 @@ async def stream_factory(
         settings.addresses.stream = server.target
         ch = channel(server.target, signer, unary_timeout_s=5.0, stream_timeout_s=30.0)
         stub = stream_service_pb2_grpc.StreamServiceStub(ch)
-        follows = Follower(lambda: stub, signer, settings.stream_rpc_timeout_s / 2)
+        reconnect = Reconnect(ch.channel_ready, 1.0)  # a service that went away fails its follows soon
+        follows = Follower(lambda: stub, signer, settings.stream_rpc_timeout_s / 2, reconnect)
         harness = StreamHarness(backend, server, ch, stub, settings, clock, follows)
         started.append(harness)
         return harness

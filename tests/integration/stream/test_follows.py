@@ -223,6 +223,7 @@ async def test_a_stop_ends_every_follow_shutdown(stream_factory: StreamFactory, 
 def clients_for(h: StreamHarness, signer: Signer) -> Clients:
     settings = h.settings.model_copy(deep=True)
     settings.addresses.stream = h.server.target
+    settings.stream.reconnect_s = 1.0  # a service stopped for good fails its follows soon
     return Clients(settings, signer)
 
 

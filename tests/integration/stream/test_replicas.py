@@ -20,6 +20,7 @@ from agentmesh.libs.errors import Unavailable
 from agentmesh.libs.identity import Signer
 from agentmesh.libs.rpc import channel, wait_serving
 from agentmesh.libs.streams.follower import Follower
+from agentmesh.libs.streams.reconnect import Reconnect
 from agentmesh.services.agent_runtime.sink import EventSink
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from agentmesh.stream.v1 import stream_service_pb2_grpc
@@ -104,7 +105,7 @@ async def test_two_replicas_survive_a_killed_writer(
         resp = await stub.AppendEvents(pb.AppendEventsRequest(key=key, events=batch), wait_for_ready=True)
         return list(resp.offsets)
 
-    follows = Follower(lambda: b, signer, 30.0)
+    follows = Follower(lambda: b, signer, 30.0, Reconnect(ch_b.channel_ready, 5.0))
 
     async def subscriber() -> None:
         with identity.acting_as("alice"):  # the owner follows through the other replica
@@ -150,12 +151,13 @@ async def test_two_replicas_survive_a_killed_writer(
         await ch_b.close()
 
 
-async def test_a_writer_whose_stream_service_is_killed_fails_at_once(
+async def test_a_writer_and_a_reader_go_on_across_a_restart_of_their_stream_service(
     spawn: Spawn, ports: Ports, signer: Signer, unique: str
 ) -> None:
-    """The runtime's EventSink writing through WriteStreams when its stream service is SIGKILLed: the next
-    batch fails the sink with `unavailable` (its run then ends with that terminal event, see
-    tests/e2e/cli/test_faults.py), and nothing waits for a deadline."""
+    """The runtime's EventSink writing and a reader following one buffer when their only stream service
+    (on Redis) is SIGKILLed and started again: both go on from where they were once it answers, and the
+    reader gets every event once, in order: nothing lost, nothing repeated (the events written while it
+    was down included)."""
     port = ports.take()
     proc = await spawn(port)
     settings = service_settings()
@@ -166,12 +168,64 @@ async def test_a_writer_whose_stream_service_is_killed_fails_at_once(
         with identity.acting_as("alice"):
             await clients.stream.CreateStream(pb.CreateStreamRequest(key=key))
             sink = EventSink(clients, key)
+            follow = clients.follows.follow(key)
+        texts = [str(i) for i in range(60)]
+        for text in texts[:10]:
+            await sink.store(events.reasoning_delta(text))
+        got: list[ev.Event] = []
+        reading = asyncio.get_running_loop().create_future()
+
+        async def read() -> None:
+            async for event in follow:
+                got.append(event)
+                if len(got) == 10:
+                    reading.set_result(None)
+
+        reader = asyncio.create_task(read())
+        await asyncio.wait_for(reading, 10)
+        proc.kill()
+        assert await asyncio.wait_for(proc.wait(), 10) == -signal.SIGKILL
+        for text in texts[10:30]:
+            sink.emit(events.reasoning_delta(text))  # while the service is down
+        await spawn(port)
+        for text in texts[30:]:
+            sink.emit(events.reasoning_delta(text))
+        await asyncio.wait_for(sink.aclose(), 20)
+        assert sink.failure is None
+        with identity.acting_as("alice"):
+            await clients.stream.CloseStream(pb.CloseStreamRequest(key=key, done=ev.StreamDone()))
+        await asyncio.wait_for(reader, 20)
+        deltas = [e.reasoning_delta.reasoning_delta for e in got if e.HasField("reasoning_delta")]
+        assert deltas == texts, "every event once, in order"
+        assert got[-1].HasField("done")
+        assert follow.resumed
+    finally:
+        await clients.close()
+
+
+async def test_a_writer_whose_stream_service_stays_away_fails_after_the_reconnect_budget(
+    spawn: Spawn, ports: Ports, signer: Signer, unique: str
+) -> None:
+    """The same sink when its stream service does not come back: it fails `unavailable` once the
+    reconnect budget (AGENTMESH_STREAM__RECONNECT_S) is spent (its run then ends with that terminal
+    event, see tests/e2e/cli/test_faults.py), not at the call's deadline (an hour)."""
+    port = ports.take()
+    proc = await spawn(port)
+    settings = service_settings()
+    settings.addresses.stream = f"127.0.0.1:{port}"
+    settings.stream.reconnect_s = 1.0
+    clients = Clients(settings, signer)
+    key = f"trace:{unique}"
+    try:
+        with identity.acting_as("alice"):
+            await clients.stream.CreateStream(pb.CreateStreamRequest(key=key))
+            sink = EventSink(clients, key)
         stored = [await sink.store(events.reasoning_delta(str(i))) for i in range(3)]
         proc.kill()
         assert await asyncio.wait_for(proc.wait(), 10) == -signal.SIGKILL
         sink.emit(events.reasoning_delta("lost"))
-        with pytest.raises(Unavailable):
-            await asyncio.wait_for(sink.flush(), 10)  # long before the call's deadline (an hour)
+        with pytest.raises(Unavailable, match="did not answer for 1 s"):
+            await asyncio.wait_for(sink.flush(), 10)  # the budget, long before the call's deadline
         assert isinstance(sink.failure, Unavailable)
         with pytest.raises(Unavailable):
             await sink.store(events.reasoning_delta("after"))  # a failed sink refuses at once

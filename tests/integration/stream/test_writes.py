@@ -24,6 +24,7 @@ from agentmesh.libs import events, identity
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.errors import (
     Cancelled,
+    FailedPrecondition,
     Interrupted,
     ResourceExhausted,
     Shutdown,
@@ -58,6 +59,10 @@ SERVICE = "agentmesh.stream.v1.StreamService"
 
 def texts(got: list[ev.Event]) -> list[str]:
     return [e.reasoning_delta.reasoning_delta for e in got if events.kind(e) == "reasoning_delta"]
+
+
+def thoughts(*texts: str) -> list[ev.Event]:
+    return [events.reasoning_delta(t) for t in texts]
 
 
 class Writes:
@@ -242,12 +247,12 @@ async def test_a_bad_batch_fails_its_writer_with_a_clear_error(
     assert (await info(stream, mine)).length == (1 if n == 2 else 0)
 
 
-async def test_an_append_that_outlasts_the_stop_fails_its_writer_unavailable_never_shutdown(
+async def test_an_append_that_outlasts_the_stop_stays_unanswered_and_is_stored_once_when_sent_again(
     stream_factory: StreamFactory, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A batch stored whose append has not returned when the stop's wait runs out (a slow backend): its
-    writer fails UNAVAILABLE ("may or may not be stored"), where SHUTDOWN would have it sent again, a
-    duplicate. Another writer's deferred batch is still answered with its offset."""
+    """A batch stored whose append has not returned when the stop's wait runs out (a slow backend)
+    stays unanswered: its writer sends it again after SHUTDOWN, with the same producer and sequence,
+    and the buffer keeps it once. Another writer's deferred batch is still answered with its offset."""
     monkeypatch.setattr(mux, "STOP_WAIT_S", 0.2)
     h = await stream_factory()
     slow, other = f"trace:{unique}-slow", f"trace:{unique}-other"
@@ -256,8 +261,10 @@ async def test_an_append_that_outlasts_the_stop_fails_its_writer_unavailable_nev
     stored, never = asyncio.Event(), asyncio.Event()
     real = h.backend.append
 
-    async def append_then_hang(key: str, batch: Any, writer: str = "", since: str = "") -> list[str]:
-        offsets = await real(key, batch, writer, since)
+    async def append_then_hang(
+        key: str, batch: Any, writer: str = "", since: str = "", producer: str = "", sequence: int = 0
+    ) -> list[str]:
+        offsets = await real(key, batch, writer, since, producer, sequence)
         if key == slow:
             stored.set()
             await never.wait()  # its answer is lost (a backend that applied it and then stalled)
@@ -265,16 +272,39 @@ async def test_an_append_that_outlasts_the_stop_fails_its_writer_unavailable_nev
 
     monkeypatch.setattr(h.backend, "append", append_then_hang)
     writes = Writes(h)
-    writes.send(batch(1, "s1", key=slow), batch(2, "o1", key=other, defer=True))
+    first = batch(1, "s1", key=slow)
+    first.batch.producer, first.batch.sequence = "p1", 0
+    writes.send(first, batch(2, "o1", key=other, defer=True))
     await asyncio.wait_for(stored.wait(), 10)
     await wait_until(lambda: _length(h, other, 1), what="the deferred batch stored")
     await asyncio.wait_for(h.server.stop(30.0), 5)
     assert await asyncio.wait_for(writes.reader, 10) == grpc.StatusCode.UNAVAILABLE
     assert isinstance(from_rpc_error(writes.error), Shutdown), writes.error
-    [failed] = writes.answers[1]
-    assert failed.error_reason == "UNAVAILABLE" and "may or may not be stored" in failed.error_message
+    assert 1 not in writes.answers  # neither stored nor failed, as far as its writer knows
     assert [len(x.answer.offsets) for x in writes.answers[2]] == [1]
-    assert (await h.backend.info(slow)).length == 1  # stored once; its writer will not send it again
+    again = await real(slow, first.batch.events, "", "", "p1", 0)  # what its writer does next
+    assert again == [""]
+    assert (await h.backend.info(slow)).length == 1
+
+
+async def test_a_producers_batch_sent_again_is_stored_once_and_a_gap_is_refused(
+    stream: StreamHarness, unique: str
+) -> None:
+    """The backend keeps, per producer, how many of its events a buffer holds: a batch sent again is
+    skipped (offsets ""), one overlapping in part stores only its new events, one starting past them
+    is a gap (FailedPrecondition); another producer counts apart."""
+    key = f"trace:{unique}"
+    await create(stream, key)
+    b = stream.backend
+    first = await b.append(key, thoughts("a", "b"), producer="p", sequence=0)
+    assert all(first) and len(first) == 2
+    assert await b.append(key, thoughts("a", "b"), producer="p", sequence=0) == ["", ""]
+    overlap = await b.append(key, thoughts("b", "c"), producer="p", sequence=1)
+    assert overlap[0] == "" and as_int(overlap[1]) > as_int(first[1])
+    with pytest.raises(FailedPrecondition, match="never stored"):
+        await b.append(key, thoughts("e"), producer="p", sequence=4)
+    assert all(await b.append(key, thoughts("x"), producer="q", sequence=0))
+    assert texts(await collect(stream, key, idle_timeout_ms=200)) == ["a", "b", "c", "x"]
 
 
 async def _length(h: StreamHarness, key: str, n: int) -> bool:
@@ -489,19 +519,21 @@ async def test_a_closed_buffer_under_the_writer_cancels_the_run_unasked(
     ]
 
 
-async def test_a_stream_service_gone_fails_the_sink(
+async def test_a_stream_service_gone_for_longer_than_the_reconnect_budget_fails_the_sink(
     stream_factory: StreamFactory, signer: Signer, unique: str
 ) -> None:
+    """The stream service stops and does not come back: the sink's writer waits out its reconnect
+    budget (stream.reconnect_s), then the sink fails UNAVAILABLE naming how long it waited."""
     h = await stream_factory()
     key = f"trace:{unique}"
     await create(h, key)
-    clients = clients_for(h, signer)
+    clients = clients_for(h, signer, reconnect_s=0.5)
     try:
         sink = EventSink(clients, key)
         await sink.store(events.text_delta("a"))
         await h.server.stop(1.0)
         sink.emit(events.text_delta("b"))
-        with pytest.raises(Unavailable):
+        with pytest.raises(Unavailable, match="did not answer"):
             await asyncio.wait_for(sink.flush(), 10)
         sink.cancel()
     finally:
