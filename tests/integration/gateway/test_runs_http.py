@@ -1,7 +1,8 @@
 """GET /api/runs on a real mesh at a slowed model pace, on both backend pairs: a chat turn and the
 agent-invoke callee it starts are listed running while they stream, then done with their end times and
 tokens; subagents are listed with their supervisor's turn as parent; a running turn stopped through the
-cancel route ends cancelled; filters and bad input; another user's runs never appear."""
+cancel route ends cancelled; an A2A task served to a client is listed, and stopped with CancelTask;
+filters and bad input; another user's runs never appear."""
 
 from __future__ import annotations
 
@@ -152,3 +153,37 @@ async def test_no_key_no_runs(mesh: Mesh) -> None:
     async with httpx.AsyncClient(base_url=mesh.url) as http:
         resp = await http.get("/api/runs")
     assert resp.status_code == 401
+
+
+async def a2a_call(mesh: Mesh, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    async with mesh.http() as http:
+        resp = await http.post(
+            "/a2a/coder", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+        )
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert "result" in body, body
+    return dict(body["result"])
+
+
+async def test_an_a2a_task_served_to_a_client_is_listed_and_stopped_with_cancel_task(mesh: Mesh) -> None:
+    message = {
+        "role": "user",
+        "parts": [{"kind": "text", "text": "write fizzbuzz"}],
+        "messageId": "m1",
+        "kind": "message",
+    }
+    task = await a2a_call(mesh, "message/send", {"message": message, "configuration": {"blocking": False}})
+    running = await wait_until(
+        lambda: _task_run(mesh, task["id"], "running"), what="the A2A task listed running"
+    )
+    assert (running["kind"], running["agent"], running["parentTraceId"]) == ("a2a", "coder", "")
+    await a2a_call(mesh, "tasks/cancel", {"id": task["id"]})  # what the runs page's Stop sends
+    cancelled = await wait_until(
+        lambda: _task_run(mesh, task["id"], "cancelled"), what="the A2A task listed cancelled"
+    )
+    assert cancelled["messageId"] == running["messageId"] and cancelled["endTime"]
+
+
+async def _task_run(mesh: Mesh, task_id: str, state: str) -> dict[str, Any] | None:
+    return next((r for r in await runs(mesh, kind="a2a", state=state) if r["taskId"] == task_id), None)
