@@ -14,7 +14,7 @@ from agentmesh.gateway.a2a import routes as a2a_routes
 from agentmesh.gateway.drain import Drain
 from agentmesh.gateway.limits import BodyLimitMiddleware, HeadLimitMiddleware, TraceGZipMiddleware
 from agentmesh.gateway.metrics import Metrics, MetricsMiddleware, metrics_endpoint
-from agentmesh.gateway.routes import agents, chat, sessions, streams, traces, ui
+from agentmesh.gateway.routes import agents, chat, runs, sessions, streams, traces, ui
 from agentmesh.libs import telemetry
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.config import MeshSettings
@@ -71,6 +71,7 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
         app.add_route("/metrics", metrics_endpoint, methods=["GET"], include_in_schema=False)
     app.include_router(chat.router)
     app.include_router(sessions.router)
+    app.include_router(runs.router)
     app.include_router(traces.router)
     app.include_router(streams.router)  # before agents: /api/agents/a2a/stream
     app.include_router(agents.router)

@@ -18,6 +18,7 @@ from agentmesh.trace.v1 import trace_pb2 as tp
 _COMPONENTS = {
     "Session": tp.Trace.DESCRIPTOR,
     "Message": tp.Message.DESCRIPTOR,
+    "Run": tp.Run.DESCRIPTOR,
     "Agent": ag.Agent.DESCRIPTOR,
     "AgentOptions": ags.GetAgentOptionsResponse.DESCRIPTOR,
 }
@@ -25,6 +26,7 @@ _REFS = {desc.full_name: f"#/components/schemas/{name}" for name, desc in _COMPO
 
 SESSION = {"$ref": "#/components/schemas/Session"}
 MESSAGE = {"$ref": "#/components/schemas/Message"}
+RUN = {"$ref": "#/components/schemas/Run"}
 TRACE = SESSION  # a session is a trace as a user sees it: one resource
 AGENT = {"$ref": "#/components/schemas/Agent"}
 AGENT_OPTIONS = {"$ref": "#/components/schemas/AgentOptions"}

@@ -53,6 +53,35 @@ SUBAGENT_FIELDS = frozenset(
 )
 
 
+# What a run's state is, from its assistant message (trace.proto Run): a pending one runs; a failed
+# one whose error is `interrupted` was settled after its process stopped.
+RUN_STATE_OF_STATUS: dict[int, int] = {
+    tp.MESSAGE_STATUS_PENDING: tp.RUN_STATE_RUNNING,
+    tp.MESSAGE_STATUS_COMPLETED: tp.RUN_STATE_DONE,
+    tp.MESSAGE_STATUS_FAILED: tp.RUN_STATE_FAILED,
+    tp.MESSAGE_STATUS_CANCELLED: tp.RUN_STATE_CANCELLED,
+}
+INTERRUPTED_CODE = "interrupted"  # the error code of a run whose process stopped (libs/errors.py)
+
+
+def run_state(status: int, error_code: str) -> int:
+    """A run's state from its message's status and its error's code."""
+    state = RUN_STATE_OF_STATUS.get(status, tp.RUN_STATE_DONE)  # unset: stored as completed
+    if state == tp.RUN_STATE_FAILED and error_code == INTERRUPTED_CODE:
+        return tp.RUN_STATE_INTERRUPTED
+    return state
+
+
+def run_kind(source: int, caller_trace_id: str) -> int:
+    """What started a run, from its message's provenance: a person (chat), a delegation (subagent), an
+    agent-invoke call from a trace of this mesh (callee), or an A2A client (a2a: no caller trace)."""
+    if source == tp.MESSAGE_SOURCE_SUBAGENT:
+        return tp.RUN_KIND_SUBAGENT
+    if source == tp.MESSAGE_SOURCE_A2A:
+        return tp.RUN_KIND_CALLEE if caller_trace_id else tp.RUN_KIND_A2A
+    return tp.RUN_KIND_CHAT
+
+
 @dataclass(frozen=True)
 class Cursor:
     """Where the previous page ended: the ordering time and the id of its last row (a page token,

@@ -18,6 +18,7 @@ from agentmesh.libs.rpc import Registration, ServiceServer, server_settings
 from agentmesh.services.trace.agents import load_catalog
 from agentmesh.services.trace.handlers.agents import AgentHandler
 from agentmesh.services.trace.handlers.messages import MessageHandler
+from agentmesh.services.trace.handlers.runs import RunHandler
 from agentmesh.services.trace.handlers.subagents import SubagentHandler
 from agentmesh.services.trace.handlers.tasks import TaskHandler
 from agentmesh.services.trace.handlers.traces import TraceHandler
@@ -78,7 +79,7 @@ async def build(
                     trace_service_pb2,
                     "TraceService",
                     trace_service_pb2_grpc.add_TraceServiceServicer_to_server,
-                    TraceServicer(TraceHandler(federated)),
+                    TraceServicer(TraceHandler(federated), RunHandler(stores.runs)),
                 ),
                 Registration.of(
                     message_service_pb2,

@@ -10,6 +10,7 @@ import { errorText } from "./errors.js";
 import { InvokePanel } from "./invoke-panel.js";
 import { imageSettings } from "./markdown.js";
 import { ChatView } from "./messages.js";
+import { RunsBadge, RunsPage, streamUrl } from "./runs.js";
 import { Sidebar } from "./sidebar.js";
 
 const $ = (id) => document.getElementById(id);
@@ -43,6 +44,7 @@ const chat = new ChatController({
   view,
   panel,
   onTrace: (id) => {
+    runsBadge.refresh(); // the turn's runs are stored now
     if (id === sessionId) return;
     setSession(id, { replace: true }); // the "new chat" entry of the history becomes this chat
     sidebar.loadSessions().catch(notice);
@@ -50,6 +52,7 @@ const chat = new ChatController({
   onBusy: (busy) => {
     $("send").disabled = busy;
     $("cancel").hidden = !busy;
+    runsBadge.watch(busy); // a turn began or ended: the count of running work changes
   },
   onEnd: () => sidebar.loadSessions().catch(notice),
   onRefused: (err, { message, kind }) => {
@@ -215,6 +218,7 @@ async function enter() {
   }
   $("signin").hidden = true;
   $("app").hidden = false;
+  runsBadge.start();
   await route();
 }
 
@@ -224,6 +228,9 @@ async function route() {
   const agentSlug = agentsFromHash();
   if (agentSlug !== null) return openAgents(agentSlug || null, { push: false });
   closeAgents();
+  const runsState = runsFromHash();
+  if (runsState !== null) return openRuns(runsState, { push: false });
+  closeRuns();
   if (id) {
     if (id !== sessionId || missing || !view.root.querySelector(".msg")) await openSession(id, { push: false });
   } else newChat({ push: false });
@@ -234,6 +241,7 @@ window.addEventListener("popstate", () => {
 });
 
 onUnauthorized((err) => {
+  runsBadge.stop();
   leaveChat();
   auth.clear();
   showSignin(err.message);
@@ -245,6 +253,7 @@ $("signin-form").addEventListener("submit", (event) => {
   enter();
 });
 $("sign-out").addEventListener("click", () => {
+  runsBadge.stop();
   newChat();
   auth.clear();
   showSignin();
@@ -263,9 +272,14 @@ $("cancel").addEventListener("click", () => chat.cancel().catch(notice));
 
 // ---- Small screens: the sidebar is a drawer behind the header's menu button.
 
+/** The menu button on screen: the chat's, or the runs page's own while it shows. */
+function menuButton() {
+  return [...document.querySelectorAll("button.menu")].find((b) => b.getClientRects().length) ?? $("menu");
+}
+
 function openDrawer() {
   document.body.classList.add("sidebar-open");
-  $("menu").setAttribute("aria-expanded", "true");
+  document.querySelectorAll("button.menu").forEach((b) => b.setAttribute("aria-expanded", "true"));
   $("scrim").hidden = false;
   $("new-chat").focus();
 }
@@ -273,12 +287,13 @@ function openDrawer() {
 function closeDrawer() {
   if (!document.body.classList.contains("sidebar-open")) return false;
   document.body.classList.remove("sidebar-open");
-  $("menu").setAttribute("aria-expanded", "false");
+  document.querySelectorAll("button.menu").forEach((b) => b.setAttribute("aria-expanded", "false"));
   $("scrim").hidden = true;
   return true;
 }
 
-$("menu").addEventListener("click", () => (document.body.classList.contains("sidebar-open") ? closeDrawer() : openDrawer()));
+const toggleDrawer = () => (document.body.classList.contains("sidebar-open") ? closeDrawer() : openDrawer());
+$("menu").addEventListener("click", toggleDrawer);
 $("scrim").addEventListener("click", closeDrawer);
 
 // ---- Escape closes what lies on top: the drawer, then the panel (a dialog closes itself).
@@ -286,7 +301,7 @@ $("scrim").addEventListener("click", closeDrawer);
 document.addEventListener("keydown", (event) => {
   if (event.key !== "Escape" || event.defaultPrevented || $("confirm").open) return;
   if (closeDrawer()) {
-    $("menu").focus();
+    menuButton().focus();
     event.preventDefault();
   } else if (panel.open) {
     panel.hide();
@@ -335,6 +350,7 @@ function agentsFromHash() {
 }
 
 async function openAgents(slug = null, { push = true } = {}) {
+  closeRuns();
   leaveChat();
   view.clear();
   sessionId = null;
@@ -358,6 +374,56 @@ $("open-agents").addEventListener("click", () => openAgents());
 $("new-chat").addEventListener("click", closeAgents, true); // before newChat() runs
 $("sessions").addEventListener("click", (e) => e.target.closest(".session-open") && closeAgents(), true);
 $("sign-out").addEventListener("click", closeAgents, true);
+
+
+// ---- The runs page (#/runs, #/runs/<state>): the caller's running and recent runs; it takes the
+// chat's place like the agents page. A chat turn's link opens its chat; any other run opens in the panel.
+
+const runsBadge = new RunsBadge($("runs-badge"));
+const runsPage = new RunsPage({
+  root: $("runs-page"),
+  onOpenRun: (run) => {
+    const name = `${run.agent}${run.title && run.title !== run.agent ? ` · ${run.title}` : ""}`;
+    panel.openTrace({ name, traceId: run.traceId, taskId: run.taskId, streamUrl: streamUrl(run), opener: document.activeElement });
+  },
+  onCount: (n) => {
+    if (n !== runsBadge.count) runsBadge.refresh();
+  },
+  onMenu: () => toggleDrawer(),
+});
+
+function runsFromHash() {
+  const m = /^#\/runs(?:\/(.+))?$/.exec(location.hash);
+  return m ? decodeURIComponent(m[1] ?? "") : null;
+}
+
+async function openRuns(state = "", { push = true } = {}) {
+  closeAgents();
+  leaveChat();
+  view.clear();
+  sessionId = null;
+  missing = false;
+  sidebar.setActive(null);
+  if (push) history.pushState(null, "", state ? `#/runs/${enc(state)}` : "#/runs");
+  $("runs-page").hidden = false;
+  document.querySelector("main.chat").hidden = true;
+  document.body.classList.add("runs-open");
+  document.title = "Runs · agentmesh";
+  closeDrawer();
+  await runsPage.open(state).catch(notice);
+}
+
+function closeRuns() {
+  runsPage.close();
+  $("runs-page").hidden = true;
+  if ($("agents-page").hidden) document.querySelector("main.chat").hidden = false;
+  document.body.classList.remove("runs-open");
+}
+
+$("open-runs").addEventListener("click", () => openRuns());
+$("new-chat").addEventListener("click", closeRuns, true); // before newChat() runs
+$("sessions").addEventListener("click", (e) => e.target.closest(".session-open") && closeRuns(), true);
+$("sign-out").addEventListener("click", closeRuns, true);
 
 if (auth.key) enter();
 else showSignin();

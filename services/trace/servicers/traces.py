@@ -9,8 +9,9 @@ import grpc
 
 from agentmesh.libs.errors import grpc_errors
 from agentmesh.libs.identity import current_user
+from agentmesh.services.trace.handlers.runs import RunHandler
 from agentmesh.services.trace.handlers.traces import TraceHandler
-from agentmesh.services.trace.store.base import Deleted
+from agentmesh.services.trace.store.base import Deleted, RunQuery
 from agentmesh.trace.v1 import trace_service_pb2 as ts
 from agentmesh.trace.v1 import trace_service_pb2_grpc
 
@@ -24,8 +25,9 @@ def _deleted(cls: type, d: Deleted) -> object:
 
 
 class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, traces: TraceHandler) -> None:
+    def __init__(self, traces: TraceHandler, runs: RunHandler) -> None:
         self.traces = traces
+        self.runs = runs
 
     @grpc_errors
     async def CreateTrace(self, request: ts.CreateTraceRequest, context: Ctx) -> ts.CreateTraceResponse:
@@ -64,3 +66,9 @@ class TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
     async def SetTraceHead(self, request: ts.SetTraceHeadRequest, context: Ctx) -> ts.SetTraceHeadResponse:
         trace = await self.traces.set_head(current_user(), request.trace_id, request.head_sequence)
         return ts.SetTraceHeadResponse(trace=trace)
+
+    @grpc_errors
+    async def ListRuns(self, request: ts.ListRunsRequest, context: Ctx) -> ts.ListRunsResponse:
+        query = RunQuery(state=request.state, kind=request.kind, agent=request.agent)
+        runs, token = await self.runs.list(current_user(), query, request.page_size, request.page_token)
+        return ts.ListRunsResponse(runs=runs, next_page_token=token)

@@ -285,6 +285,25 @@ class TaskStore(abc.ABC):
         clients' calls) that match `query`, newest first (by create time, then id), after `after`."""
 
 
+@dataclass(frozen=True)
+class RunQuery:
+    """Which runs to list: filters (0 or empty: any)."""
+
+    state: int = 0  # a RunState
+    kind: int = 0  # a RunKind
+    agent: str = ""
+
+
+class RunStore(abc.ABC):
+    """Runs (trace.proto Run): the assistant messages of the owner's traces of this mesh (never of a
+    cached copy of a peer's), with what started them, under the same terms as TraceStore's."""
+
+    @abc.abstractmethod
+    async def list_runs(self, owner: str, query: RunQuery, limit: int, after: Cursor | None) -> list[tp.Run]:
+        """At most `limit` of the owner's runs that match `query`, newest first (by start time, then
+        message id), after `after` (its id: a message id)."""
+
+
 # A change of one subagent, given its row as stored and the time of the change: the row as it is to be.
 SubagentChange = Callable[[tp.SubagentSession, datetime], tp.SubagentSession]
 

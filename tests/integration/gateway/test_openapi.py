@@ -38,6 +38,7 @@ ERRORS = {
     ("POST", "/api/agents/{slug}/clone"): {401, 404, 409, 413, 422, 503, 504},
     ("GET", "/api/sessions"): {401, 422, 503, 504},
     ("DELETE", "/api/sessions"): {401, 503, 504},
+    ("GET", "/api/runs"): {401, 422, 503, 504},
     ("GET", "/api/sessions/{session_id}"): {401, 404, 422, 503, 504},
     ("PATCH", "/api/sessions/{session_id}"): {401, 404, 413, 422, 503, 504},
     ("DELETE", "/api/sessions/{session_id}"): {401, 404, 422, 503, 504},
@@ -123,6 +124,18 @@ def test_the_bounds_the_gateway_checks(document: dict[str, Any]) -> None:
     assert (page_size["minimum"], page_size["maximum"]) == (0, 200)
     page_token = parameter(listing, "page_token")["schema"]
     assert (page_token["maxLength"], page_token["pattern"]) == (512, "^[A-Za-z0-9_-]*$")
+    runs = operation(document, "GET", "/api/runs")
+    assert parameter(runs, "page_token")["schema"] == page_token
+    assert parameter(runs, "state")["schema"]["anyOf"][0]["enum"] == [
+        "running",
+        "done",
+        "failed",
+        "cancelled",
+        "interrupted",
+    ]
+    assert parameter(runs, "kind")["schema"]["anyOf"][0]["enum"] == ["chat", "callee", "subagent", "a2a"]
+    agent = parameter(runs, "agent")["schema"]
+    assert (agent["pattern"], agent["maxLength"]) == (f"^(?:{SLUG_PATTERN})?$", 100)
     for method, path in ERRORS:
         for p in operation(document, method, path).get("parameters", []):
             if p["name"] in ("session_id", "subagent_id", "taskId"):
@@ -154,6 +167,7 @@ def test_the_bounds_the_gateway_checks(document: dict[str, Any]) -> None:
     [
         ("Session", tp.Trace(id="t", create_time={"seconds": 1})),
         ("Message", tp.Message()),
+        ("Run", tp.Run(start_time={"seconds": 1})),
         ("Agent", ag.Agent()),
         ("Agent", ag.Agent(subagent_config=ag.SubagentConfig(enabled=True))),
     ],

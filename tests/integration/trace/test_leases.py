@@ -29,6 +29,7 @@ from agentmesh.trace.v1 import (
 from agentmesh.trace.v1 import subagent_service_pb2 as sbs
 from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
 from tests.conftest import service_settings
 from tests.integration.trace.conftest import TraceStubs, append, error_of, new_trace
 
@@ -104,6 +105,11 @@ async def test_an_expired_placeholder_is_settled_once_and_its_buffer_named(trace
     assert settled.status == tp.MESSAGE_STATUS_FAILED and settled.metadata["error"]["code"] == "interrupted"
     assert (await message(stub, owner, done.id)).status == tp.MESSAGE_STATUS_COMPLETED, "finished work stays"
     assert await reap(leases) == ls.ReapExpiredResponse(), "settled once"
+    # Its run is listed interrupted, with the time it was settled as its end.
+    with identity.acting_as(owner):
+        listed = (await stub.traces.ListRuns(ts.ListRunsRequest(state=tp.RUN_STATE_INTERRUPTED))).runs
+    assert [r.message_id for r in listed] == [orphan.id]
+    assert listed[0].HasField("end_time") and "stopped" in listed[0].error
 
 
 async def test_tasks_subagents_and_child_traces_are_settled_with_their_buffers(trace_with_lease, unique):

@@ -1,5 +1,5 @@
 """The Alembic migrations on both databases: upgrade from empty through 0001, 0002 (with rows in the
-tables 0002 changes), 0003, 0004 and 0005 (the same rows, renamed), match the models, downgrade step by
+tables 0002 changes), 0003, 0004, 0005 (the same rows, renamed) and 0006, match the models, downgrade step by
 step to base, upgrade again."""
 
 from __future__ import annotations
@@ -166,10 +166,10 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
 
     # 0005: one word, trace: the table and the columns that named a trace by a session are renamed,
     # with their indexes and constraints; the rows stay.
-    await migrate(empty_engine)
+    await migrate(empty_engine, "0005")
     assert await _revision(empty_engine) == "0005"
-    tables, diff = await _state(empty_engine)
-    assert TABLES <= tables and "sessions" not in tables and diff == []
+    tables = (await _state(empty_engine))[0]
+    assert TABLES <= tables and "sessions" not in tables
     assert {"trace_id", "caller_trace_id"} <= await _columns(empty_engine, "messages")
     assert {"trace_id", "caller_trace_id"} <= await _columns(empty_engine, "a2a_tasks")
     assert {"trace_id", "child_trace_id"} <= await _columns(empty_engine, "subagent_sessions")
@@ -188,8 +188,19 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
                     " VALUES ('t-1', 1, 'user', '', '', '', 0, 0, 0, 'completed')"
                 )
             )
+    # 0006: the end time of a run; the rows stay, without one.
+    await migrate(empty_engine)
+    assert await _revision(empty_engine) == "0006"
+    tables, diff = await _state(empty_engine)
+    assert TABLES <= tables and diff == []
+    assert await _rows(empty_engine, "SELECT count(*) FROM messages WHERE ended_at IS NOT NULL") == [(0,)]
+    assert "ix_messages_runs" in {
+        ix["name"] for ix in await _inspect(empty_engine, lambda i: i.get_indexes("messages"))
+    }
     await migrate(empty_engine)  # idempotent at head
-    assert await _revision(empty_engine) == "0005"
+    assert await _revision(empty_engine) == "0006"
+    await downgrade(empty_engine, "0005")
+    assert "ended_at" not in await _columns(empty_engine, "messages")
     await downgrade(empty_engine, "0004")
     assert "traces" not in (await _state(empty_engine))[0]
     assert "session_id" in await _columns(empty_engine, "messages")
@@ -218,4 +229,4 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
 
     await migrate(empty_engine)
     tables, diff = await _state(empty_engine)
-    assert TABLES <= tables and diff == [] and await _revision(empty_engine) == "0005"
+    assert TABLES <= tables and diff == [] and await _revision(empty_engine) == "0006"

@@ -243,3 +243,33 @@ def test_messages_to_append_together():
     ]:
         with pytest.raises(InvalidArgument, match=f"^{message}"):
             domain.check_messages(trace_id, messages, new_trace=new)
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "state"),
+    [
+        (tp.MESSAGE_STATUS_PENDING, "", tp.RUN_STATE_RUNNING),
+        (tp.MESSAGE_STATUS_COMPLETED, "", tp.RUN_STATE_DONE),
+        (tp.MESSAGE_STATUS_UNSPECIFIED, "", tp.RUN_STATE_DONE),
+        (tp.MESSAGE_STATUS_FAILED, "model_error", tp.RUN_STATE_FAILED),
+        (tp.MESSAGE_STATUS_FAILED, "interrupted", tp.RUN_STATE_INTERRUPTED),
+        (tp.MESSAGE_STATUS_CANCELLED, "cancelled", tp.RUN_STATE_CANCELLED),
+        (tp.MESSAGE_STATUS_CANCELLED, "interrupted", tp.RUN_STATE_CANCELLED),
+    ],
+)
+def test_run_state(status, code, state):
+    assert domain.run_state(status, code) == state
+
+
+@pytest.mark.parametrize(
+    ("source", "caller_trace", "kind"),
+    [
+        (tp.MESSAGE_SOURCE_USER, "", tp.RUN_KIND_CHAT),
+        (tp.MESSAGE_SOURCE_UNSPECIFIED, "", tp.RUN_KIND_CHAT),
+        (tp.MESSAGE_SOURCE_SUBAGENT, "t-1", tp.RUN_KIND_SUBAGENT),
+        (tp.MESSAGE_SOURCE_A2A, "t-1", tp.RUN_KIND_CALLEE),
+        (tp.MESSAGE_SOURCE_A2A, "", tp.RUN_KIND_A2A),
+    ],
+)
+def test_run_kind(source, caller_trace, kind):
+    assert domain.run_kind(source, caller_trace) == kind

@@ -13,6 +13,7 @@ from agentmesh.services.trace.store.sql.copies import SqlCopyStore
 from agentmesh.services.trace.store.sql.keys import SqlKeyStore
 from agentmesh.services.trace.store.sql.leases import SqlLeaseStore
 from agentmesh.services.trace.store.sql.messages import SqlMessageStore
+from agentmesh.services.trace.store.sql.runs import SqlRunStore
 from agentmesh.services.trace.store.sql.subagents import SqlSubagentStore
 from agentmesh.services.trace.store.sql.tasks import SqlTaskStore
 from agentmesh.services.trace.store.sql.traces import SqlTraceStore
@@ -30,6 +31,7 @@ class SqlStores:
     keys: SqlKeyStore
     leases: SqlLeaseStore
     copies: SqlCopyStore
+    runs: SqlRunStore
 
     @classmethod
     def open(
@@ -45,4 +47,5 @@ class SqlStores:
             keys=SqlKeyStore(db),
             leases=SqlLeaseStore(db, lease_s),
             copies=SqlCopyStore(db),
+            runs=SqlRunStore(db),
         )

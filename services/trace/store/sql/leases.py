@@ -81,6 +81,7 @@ class SqlLeaseStore(LeaseStore):
                 stored.status = "failed"
                 stored.meta = {**(stored.meta or {}), "error": INTERRUPTED}
                 stored.lease_until = None
+                stored.ended_at = stamp
                 if row.kind == "chat":
                     keys.add(trace_key(row.trace_id))
                 elif row.kind == "a2a" and row.a2a_task_id:

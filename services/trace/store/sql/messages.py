@@ -120,6 +120,8 @@ class SqlMessageStore(MessageStore):
             values["output_tokens"] = message.usage.output_tokens
         if "status" in fields:
             values["status"] = name_of(MSG_STATUS, message.status, "message status")
+            if message.status != tp.MESSAGE_STATUS_PENDING:  # the run's end (its final status)
+                values["ended_at"] = now()
         if self.db.sqlite:  # concurrent updates in one transaction (its single writer)
             return await self.updates.update(Update(owner, message.id, values))
         owned = select(_S.c.id).where(self.db.owned(owner))

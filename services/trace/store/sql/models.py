@@ -146,6 +146,13 @@ class MessageRow(Base):
             sqlite_where=text("status = 'pending'"),
             postgresql_where=text("status = 'pending'"),
         ),
+        Index(
+            "ix_messages_runs",
+            "created_at",
+            "id",
+            sqlite_where=text("role = 'assistant'"),
+            postgresql_where=text("role = 'assistant'"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -167,6 +174,7 @@ class MessageRow(Base):
     caller_trace_id: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = _created()
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # of a pending one
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # when it left pending
 
     caller_agent: Mapped[AgentRow | None] = relationship(lazy="joined")
 
