@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import redis.asyncio as aioredis
+from google.protobuf import json_format
 
 from agentmesh.auth.v1 import auth_service_pb2 as au
 from agentmesh.gateway.app import create_app
@@ -596,6 +597,14 @@ class Tree:
         ]
         running = (ev.SUBAGENT_STATUS_QUEUED, ev.SUBAGENT_STATUS_RUNNING)
         out += [f"subagent {s.id}" for s in self.subagents if s.status in running]
+        for m in self.messages:  # the cards stored in a turn's anchor (metadata.subagents)
+            batches = json_format.MessageToDict(m.metadata).get("subagents", [])
+            out += [
+                f"card {item.get('id')} of message {m.id}"
+                for batch in batches
+                for item in batch.get("items", [])
+                if item.get("status") in ("queued", "running")
+            ]
         return out
 
 
@@ -609,9 +618,13 @@ async def read_tree(mesh: ProcessMesh, session: str) -> Tree | None:
     try:
         with identity.acting_as(mesh.user):
             c = mesh.clients
-            every = ms.PATH_MODE_ALL
+            every, full = ms.PATH_MODE_ALL, ms.MESSAGE_VIEW_FULL  # (as the web UI reads a chat)
             msgs = list(
-                (await c.messages.ListMessages(ms.ListMessagesRequest(trace_id=session, mode=every))).messages
+                (
+                    await c.messages.ListMessages(
+                        ms.ListMessagesRequest(trace_id=session, mode=every, view=full)
+                    )
+                ).messages
             )
             tasks = (await c.tasks.ListA2ATasks(tks.ListA2ATasksRequest(caller_trace_id=session))).tasks
             subs = (

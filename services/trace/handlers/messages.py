@@ -38,13 +38,31 @@ def checked(append: Append) -> Append:
     return append
 
 
+OPEN_CARDS = frozenset({"queued", "running"})
+
+
+def _cards_behind(message: tp.Message) -> bool:
+    """The anchor's turn ended, but a card it wrote back still runs: written before its row ended (the
+    run learned its end no more, its process or the trace service died)."""
+    if message.status == tp.MESSAGE_STATUS_PENDING:
+        return False
+    for batch in message.metadata.fields["subagents"].list_value.values:
+        for item in batch.struct_value.fields["items"].list_value.values:
+            if item.struct_value.fields["status"].string_value in OPEN_CARDS:
+                return True
+    return False
+
+
 async def restore_subagents(
     subagents: SubagentStore, owner: str, trace_id: str, messages: Sequence[tp.Message]
 ) -> None:
-    """Rebuilds `metadata.subagents` of the assistant messages that lack it from the rows anchored to
-    them (docs/requirements.md#subagent-history-restore: a turn that died before writing it back)."""
+    """Rebuilds `metadata.subagents` of the assistant messages that lack it, or whose cards still run
+    though their turn ended, from the rows anchored to them (docs/requirements.md#subagent-history-
+    restore: the rows are the truth of a subagent's end)."""
     lacking = [
-        m for m in messages if m.role == tp.MESSAGE_ROLE_ASSISTANT and "subagents" not in m.metadata.fields
+        m
+        for m in messages
+        if m.role == tp.MESSAGE_ROLE_ASSISTANT and ("subagents" not in m.metadata.fields or _cards_behind(m))
     ]
     if not lacking:
         return

@@ -139,14 +139,15 @@ async def test_a_service_killed_mid_turn_leaves_no_stream_open_and_nothing_pendi
 
 
 @pytest.mark.mesh(backends=BACKENDS, scope="function", rules=RULES)  # the default lease (30 s)
-@pytest.mark.parametrize("victim", ["orchestrator", "agent-runtime"])
+@pytest.mark.parametrize("victim", ["orchestrator", "agent-runtime", "trace"])
 async def test_a_process_killed_mid_turn_is_settled_in_seconds(
     process_mesh: ProcessMesh, victim: str
 ) -> None:
     """SIGKILL of a process running a tree's turns (a callee and a subagent streaming at 20 tokens/s),
     restarted at once as `agentmesh up` would: whoever learns it settles the tree — the orchestrator
     whose runs' calls broke (a runtime died), or the runtimes whose runs' caller vanished (the
-    orchestrator died: they end the buffers and have the restarted orchestrator settle the rows). Every
+    orchestrator died: they end the buffers and have the restarted orchestrator settle the rows); the
+    trace service dying leaves no run without its process, and the tree's rows and cards end. Every
     reader of every key gets its terminal event within 5 s of the kill, and every row is settled within
     5 s too — long before the 30 s lease."""
     mesh = process_mesh
@@ -173,19 +174,31 @@ async def test_a_process_killed_mid_turn_is_settled_in_seconds(
         ]
         await wait_live(readers[1:], 15)
         loop = asyncio.get_running_loop()
-        killed = loop.time()
+        killed = loop.time()  # (the readers' `_t` is on the same monotonic clock)
         await mesh.kill(victim)
-        await mesh.start(victim)
-        async with asyncio.timeout(5):
+        restart = asyncio.create_task(mesh.start(victim))  # as `agentmesh up` restarts it, meanwhile
+        settling = asyncio.create_task(wait_until(lambda: settled(mesh, session), BOUND_S, "the tree"))
+        # A run's own process died: its readers end `error` within 5 s. The trace service died: no run
+        # lost its process, so the runs go on to their end (their writes wait for the restarted one).
+        async with asyncio.timeout(BOUND_S):
             await asyncio.gather(*(r.task for r in readers))
-        waited = loop.time() - killed
+        waited = max(r.end["_t"] for r in readers) - killed
+        await restart
+        back = loop.time()  # the restarted process serves (its start is slow on a loaded machine)
+        await settling
+        settled_at = loop.time()
         await post.aclose()
+    ends = ("done", "error") if victim == "trace" else ("error",)
     for reader in readers:
-        assert reader.end.get("type") == "error", (reader.path, reader.events[-3:])
-    await wait_until(lambda: settled(mesh, session), max(0.5, 5 - (loop.time() - killed)), "the tree settled")
-    assert loop.time() - killed < 5 and waited < 5
+        assert reader.end.get("type") in ends, (reader.path, reader.events[-3:])
+    assert victim == "trace" or waited < 5, waited
     tree = await read_tree(mesh, session)
-    assert tree is not None and not tree.open_rows
+    assert tree is not None and not tree.open_rows, tree.open_rows if tree else "no tree"
+    # Every row and card ends within 5 s: of the kill when the caller settles them (a runtime died),
+    # of the restart when the restarted process does (an orchestrator: EndOrphanedTurn; the trace
+    # service: the runs' own writes, once they ended).
+    since = {"agent-runtime": killed, "orchestrator": back}.get(victim, max(back, killed + waited))
+    assert settled_at - since < 5, (victim, settled_at - since)
 
 
 async def test_a_stream_service_restarted_mid_turn(process_mesh: ProcessMesh) -> None:

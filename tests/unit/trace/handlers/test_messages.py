@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs.errors import InvalidArgument, MeshError, NotFound
 from agentmesh.services.trace import domain
 from agentmesh.services.trace.handlers.messages import MessageHandler
@@ -177,3 +178,39 @@ async def test_the_full_view_restores_subagent_batches(
     assert batch.struct_value.fields["title"].string_value == "b"
     (card,) = batch.struct_value.fields["items"].list_value.values
     assert card.struct_value.fields["name"].string_value == "a"
+
+
+async def test_the_full_view_shows_a_card_that_ended_after_its_turn_wrote_it_back(
+    traces: TraceHandler, messages: MessageHandler, subagents: SubagentHandler, unique: str
+) -> None:
+    """The turn ended with a card still running in its metadata (it learned the subagent's end no more:
+    its process or the trace service died), and the row ended later: the full view shows the row's end;
+    an unfinished turn's cards are left as written."""
+    owner = f"u-{unique}"
+    trace = await _trace(traces, owner)
+    _, anchor = await messages.append_finished(owner, trace.id, [user("split"), assistant("")])
+    (row,), _ = await subagents.create(
+        owner,
+        [
+            tp.SubagentSession(
+                trace_id=trace.id, parent_message_id=anchor.id, name="a", goal="g", batch_title="b"
+            )
+        ],
+    )
+    stale = {"title": "b", "items": [{"id": row.id, "name": "a", "status": "running"}]}
+    anchor.metadata.update({"subagents": [stale]})
+    await messages.update(owner, anchor, ["metadata"])
+    for status in (ev.SUBAGENT_STATUS_RUNNING, ev.SUBAGENT_STATUS_COMPLETED):
+        row.status = status
+        await subagents.update(owner, row, ["status"])
+
+    def status(page: MessagePage) -> str:
+        (batch,) = page.messages[1].metadata.fields["subagents"].list_value.values
+        (card,) = batch.struct_value.fields["items"].list_value.values
+        return card.struct_value.fields["status"].string_value
+
+    assert status(await messages.list(owner, MessageQuery(trace.id))) == "running"  # as stored
+    assert status(await messages.list(owner, MessageQuery(trace.id), ms.MESSAGE_VIEW_FULL)) == "completed"
+    anchor.status = tp.MESSAGE_STATUS_PENDING
+    await messages.update(owner, anchor, ["status"])
+    assert status(await messages.list(owner, MessageQuery(trace.id), ms.MESSAGE_VIEW_FULL)) == "running"
