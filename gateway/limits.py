@@ -37,7 +37,7 @@ HEAD_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 60.0
 
 
-async def _answer(scope: Scope, send: Send, err: MeshError, close: bool = False) -> None:
+async def answer_error(scope: Scope, send: Send, err: MeshError, close: bool = False) -> None:
     """The JSON error as the whole response; for a WebSocket handshake, its HTTP answer (ASGI
     `websocket.http.response`). `close`: the connection closes after it."""
     body = json.dumps(err.json_body()).encode()
@@ -88,7 +88,7 @@ class HeadLimitMiddleware:
         if scope["type"] in ("http", "websocket"):
             err = head_error(scope)
             if err is not None:
-                await _answer(scope, send, err, close=True)  # nothing more is read from this client
+                await answer_error(scope, send, err, close=True)  # nothing more is read from this client
                 return
         await self.app(scope, receive, send)
 
@@ -112,7 +112,7 @@ class BodyLimitMiddleware:
         too_large = ResourceExhausted(f"request body over {self.max_bytes} bytes")
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await _answer(scope, send, too_large)
+            await answer_error(scope, send, too_large)
             return
         deadline = asyncio.get_running_loop().time() + self.timeout_s
         seen = 0
@@ -148,7 +148,7 @@ class BodyLimitMiddleware:
             if failed is None:
                 await send(message)
             elif message["type"] == "http.response.start":  # whatever the app made of the cut body
-                await _answer(scope, send, failed, close=failed.http_status == 408)
+                await answer_error(scope, send, failed, close=failed.http_status == 408)
 
         await self.app(scope, counted, answer)
 

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from google.protobuf.descriptor import EnumDescriptor
 
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.libs import jsonbound
 from agentmesh.libs.errors import InvalidArgument
 from agentmesh.libs.ids import check_local_id, is_local_id
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -87,6 +88,7 @@ def known(enum: EnumDescriptor, number: int, default: int) -> int:
 def check_message(message: tp.Message) -> None:
     """What a message to append needs: who wrote it (source and status default to user and completed)."""
     need_enum(tp.MessageRole.DESCRIPTOR, message.role, "message role")
+    jsonbound.check_struct(message.metadata)  # the JSON bound of every entry: depth, finite numbers
 
 
 def check_messages(trace_id: str, messages: Sequence[tp.Message], *, new_trace: bool = False) -> None:
