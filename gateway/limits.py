@@ -7,6 +7,8 @@
   MAX_HEAD_BYTES while still incomplete (a plain 400 and close; gateway/server.py `http_limits`).
 - Request body: at most MAX_BODY_BYTES, else 413 before the app reads it whole; complete within
   BODY_TIMEOUT_S of the request's start, else 408 and close.
+- A WebSocket upgrade meets the same head limits, with the same 414/431 JSON answers
+  (HeadTimeoutProtocol.handle_websocket_upgrade), before the `websockets` parser sees it.
 - WebSocket: a message of at most MAX_BODY_BYTES, else the socket closes with 1009 (uvicorn's
   `ws_max_size`, gateway/server.py).
 - Time: a connection has HEAD_TIMEOUT_S to send a whole request head after connecting or after its
@@ -208,6 +210,32 @@ class HeadTimeoutProtocol(H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._watch_head()
+
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        """An upgrade whose head breaks the limits gets the documented 414/431 JSON here: handed to the
+        `websockets` implementation, its own parser would answer 400 text/plain ("line too long")."""
+        path, _, query = event.target.partition(b"?")
+        scope = {
+            "type": "websocket",
+            "method": event.method.decode("latin-1"),
+            "raw_path": path,
+            "query_string": query,
+            "headers": list(self.headers),
+        }
+        err = head_error(scope)
+        if err is None:
+            super().handle_websocket_upgrade(event)
+            return
+        body = json.dumps(err.json_body()).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        self.transport.write(self.conn.send(h11.Response(status_code=err.http_status, headers=headers)))
+        self.transport.write(self.conn.send(h11.Data(data=body)))
+        self.transport.write(self.conn.send(h11.EndOfMessage()))
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._head_timer is not None:
