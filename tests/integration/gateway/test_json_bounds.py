@@ -9,18 +9,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import websockets
+from a2a.types import a2a_pb2 as a2a
+from a2a.utils.constants import TransportProtocol
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentmesh.libs import identity
 from agentmesh.libs.jsonbound import MAX_DEPTH
 from agentmesh.trace.v1 import task_service_pb2 as tks
+from tests.e2e.a2a.clients import sdk_client, text_message
 from tests.mesh import BACKENDS, Mesh, chat
 
 CATALOG = Path(__file__).parents[2] / "e2e" / "a2a" / "catalog.yaml"
@@ -344,3 +348,26 @@ async def test_hypothesis_on_websocket_messages(mesh: Mesh) -> None:
             one()
 
     await asyncio.to_thread(run)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        pytest.param(text_message("a\x00b"), id="nul-text"),
+        pytest.param(text_message("hi", depth=math.nan), id="nan-depth"),
+        pytest.param(text_message("hi", depth=math.inf), id="inf-depth"),
+    ],
+)
+async def test_the_a2a_grpc_binding_refuses_alike(mesh: Mesh, message: a2a.SendMessageRequest) -> None:
+    """The gRPC binding shares the check: invalid params (INVALID_ARGUMENT), no task, no internals."""
+    before = await task_count(mesh)
+    client = await sdk_client(f"{mesh.url}/a2a/echo", mesh.api_key, TransportProtocol.GRPC)
+    try:
+        with pytest.raises(Exception) as refused:
+            _ = [r async for r in client.send_message(message)]
+    finally:
+        await client.close()
+    text = f"{refused.value!r} {refused.value}"
+    assert "InvalidParams" in text or "INVALID_ARGUMENT" in text or "nvalid params" in text, text[:500]
+    no_internals(text)
+    assert await task_count(mesh) == before
