@@ -142,9 +142,9 @@ class LLM:
                         out.model = chunk["model"]
                     for choice in chunk.get("choices") or ():
                         delta = choice.get("delta") or {}
-                        content = delta.get("content")
+                        content = _text(delta.get("content"))
                         tool_calls = delta.get("tool_calls")
-                        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                        reasoning = _text(delta.get("reasoning_content") or delta.get("reasoning"))
                         if content or tool_calls or reasoning:
                             deltas += 1
                             if not first:
@@ -162,9 +162,9 @@ class LLM:
                                 call.id = tc["id"]
                             function = tc.get("function") or {}
                             if function.get("name"):
-                                call.name += function["name"]
+                                call.name += _text(function["name"])
                             if function.get("arguments"):
-                                call.arguments += function["arguments"]
+                                call.arguments += _text(function["arguments"])
                         if choice.get("finish_reason"):
                             out.finish_reason = FINISH_REASONS.get(
                                 choice["finish_reason"], ev.FINISH_REASON_STOP
@@ -312,6 +312,12 @@ def _hung_up(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _text(value: Any) -> Any:
+    """A model's text with U+0000 as U+FFFD: no database of the mesh stores NUL, and a reply is not
+    refused for one character (docs/http-api.md#json-bounds)."""
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) and "\x00" in value else value
 
 
 _TLS_FAILURES = (aiohttp.ClientConnectorCertificateError, aiohttp.ClientConnectorSSLError)  # reached

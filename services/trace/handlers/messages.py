@@ -135,6 +135,7 @@ class MessageHandler:
         fields = domain.check_mask(paths, domain.MESSAGE_FIELDS)
         if "metadata" in fields:
             jsonbound.check_struct(message.metadata)
+        domain.check_text(message, [f for f in domain.TEXT_FIELDS if f in fields])
         if "status" in fields:
             need_enum(tp.MessageStatus.DESCRIPTOR, message.status, "message status")
         need_owner(owner)

@@ -17,9 +17,8 @@ from agentmesh.libs.errors import MeshError
 from agentmesh.trace.v1 import trace_pb2 as tp
 from tests.mesh import BACKENDS, TEST_CATALOG, Mesh, chat
 
-pytestmark = pytest.mark.mesh(
-    catalog=TEST_CATALOG, rules={"rules": [], "default": {"text": "ok"}}, scope="function", backends=BACKENDS
-)
+RULES = {"rules": [{"user": "^nul please$", "text": "a\x00b"}], "default": {"text": "ok"}}
+pytestmark = pytest.mark.mesh(catalog=TEST_CATALOG, rules=RULES, scope="function", backends=BACKENDS)
 TRANSPORT_WORDS = ("ipv4:", "ipv6:", "127.0.0.1", "Connection refused", "Connect call failed", "Error(")
 
 
@@ -99,3 +98,14 @@ async def test_ten_concurrent_appends_to_random_ids_log_no_traceback(
     assert all(isinstance(a, MeshError) and a.reason == "NOT_FOUND" for a in grpc_answers), grpc_answers
     assert not [r for r in caplog.records if r.exc_info]
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) <= 20
+
+
+async def test_a_model_reply_with_nul_is_stored_on_both_databases(mesh: Mesh) -> None:
+    """The trace service refuses U+0000 on both databases (PostgreSQL cannot store it); a model that
+    sends one has it replaced by U+FFFD, and its turn completes alike on both."""
+    events = await chat(mesh, "general", "nul please")
+    kinds = [e["type"] for e in events]
+    assert "finish" in kinds and "error" not in kinds, events[-3:]
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{events[0]['traceId']}/messages")).json()["messages"]
+    assert (messages[-1]["status"], messages[-1]["content"]) == ("completed", "a\ufffdb")
