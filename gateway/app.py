@@ -12,6 +12,7 @@ from agentmesh.gateway import errors, openapi
 from agentmesh.gateway.a2a import mount as a2a_server
 from agentmesh.gateway.a2a import routes as a2a_routes
 from agentmesh.gateway.drain import Drain
+from agentmesh.gateway.jsonbody import JsonBoundMiddleware
 from agentmesh.gateway.limits import BodyLimitMiddleware, HeadLimitMiddleware, TraceGZipMiddleware
 from agentmesh.gateway.metrics import Metrics, MetricsMiddleware, metrics_endpoint
 from agentmesh.gateway.routes import agents, chat, runs, sessions, streams, traces, ui
@@ -53,6 +54,7 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     app.state.metrics = Metrics()
     app.state.metrics_server = None
     app.state.undocumented_paths = a2a_routes.PATHS
+    app.add_middleware(JsonBoundMiddleware)  # the JSON bound on API bodies (libs/jsonbound.py)
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(HeadLimitMiddleware)  # a head over the limits reaches no route (still counted)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)

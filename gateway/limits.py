@@ -7,6 +7,8 @@
   MAX_HEAD_BYTES while still incomplete (a plain 400 and close; gateway/server.py `http_limits`).
 - Request body: at most MAX_BODY_BYTES, else 413 before the app reads it whole; complete within
   BODY_TIMEOUT_S of the request's start, else 408 and close.
+- A WebSocket upgrade meets the same head limits, with the same 414/431 JSON answers
+  (HeadTimeoutProtocol.handle_websocket_upgrade), before the `websockets` parser sees it.
 - WebSocket: a message of at most MAX_BODY_BYTES, else the socket closes with 1009 (uvicorn's
   `ws_max_size`, gateway/server.py).
 - Time: a connection has HEAD_TIMEOUT_S to send a whole request head after connecting or after its
@@ -37,7 +39,7 @@ HEAD_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 60.0
 
 
-async def _answer(scope: Scope, send: Send, err: MeshError, close: bool = False) -> None:
+async def answer_error(scope: Scope, send: Send, err: MeshError, close: bool = False) -> None:
     """The JSON error as the whole response; for a WebSocket handshake, its HTTP answer (ASGI
     `websocket.http.response`). `close`: the connection closes after it."""
     body = json.dumps(err.json_body()).encode()
@@ -88,7 +90,7 @@ class HeadLimitMiddleware:
         if scope["type"] in ("http", "websocket"):
             err = head_error(scope)
             if err is not None:
-                await _answer(scope, send, err, close=True)  # nothing more is read from this client
+                await answer_error(scope, send, err, close=True)  # nothing more is read from this client
                 return
         await self.app(scope, receive, send)
 
@@ -112,7 +114,7 @@ class BodyLimitMiddleware:
         too_large = ResourceExhausted(f"request body over {self.max_bytes} bytes")
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await _answer(scope, send, too_large)
+            await answer_error(scope, send, too_large)
             return
         deadline = asyncio.get_running_loop().time() + self.timeout_s
         seen = 0
@@ -148,7 +150,7 @@ class BodyLimitMiddleware:
             if failed is None:
                 await send(message)
             elif message["type"] == "http.response.start":  # whatever the app made of the cut body
-                await _answer(scope, send, failed, close=failed.http_status == 408)
+                await answer_error(scope, send, failed, close=failed.http_status == 408)
 
         await self.app(scope, counted, answer)
 
@@ -208,6 +210,32 @@ class HeadTimeoutProtocol(H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._watch_head()
+
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        """An upgrade whose head breaks the limits gets the documented 414/431 JSON here: handed to the
+        `websockets` implementation, its own parser would answer 400 text/plain ("line too long")."""
+        path, _, query = event.target.partition(b"?")
+        scope = {
+            "type": "websocket",
+            "method": event.method.decode("latin-1"),
+            "raw_path": path,
+            "query_string": query,
+            "headers": list(self.headers),
+        }
+        err = head_error(scope)
+        if err is None:
+            super().handle_websocket_upgrade(event)
+            return
+        body = json.dumps(err.json_body()).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        self.transport.write(self.conn.send(h11.Response(status_code=err.http_status, headers=headers)))
+        self.transport.write(self.conn.send(h11.Data(data=body)))
+        self.transport.write(self.conn.send(h11.EndOfMessage()))
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._head_timer is not None:

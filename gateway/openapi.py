@@ -111,13 +111,43 @@ def agent_links(pointer: str) -> dict[str, Any]:
     return links(AGENT_OPERATIONS, "slug", pointer)
 
 
+# FastAPI's OpenAPI model holds every bound as a float (`maximum: 9.223372036854776e+18` for 2**63 - 1):
+# the bounds of integer schemas are written back as the integers they were. A float at or past 2**53 is
+# not exact, so it maps back through the bounds the routes use; any other is refused.
+_BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_EXACT = {float(v): v for v in (2**31 - 1, 2**32 - 1, 2**53 - 1, 2**53, 2**63 - 1, 2**64 - 1)}
+
+
+def _integer_bounds(node: Any) -> None:
+    """Every integer schema under `node` with its bounds as JSON integers."""
+    if isinstance(node, list):
+        for item in node:
+            _integer_bounds(item)
+        return
+    if not isinstance(node, dict):
+        return
+    if node.get("type") == "integer":
+        for key in _BOUND_KEYS:
+            value = node.get(key)
+            if isinstance(value, float):
+                if value in _EXACT:
+                    node[key] = _EXACT[value]
+                elif value.is_integer() and abs(value) < 2**53:
+                    node[key] = int(value)
+                else:
+                    raise ValueError(f"an integer bound the document cannot state exactly: {value!r}")
+    for value in node.values():
+        _integer_bounds(value)
+
+
 def install(app: FastAPI) -> None:
-    """Adds the resource components to the app's document."""
+    """Adds the resource components to the app's document, and states integer bounds as integers."""
     base = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             document = base()
+            _integer_bounds(document)
             schemas = document.setdefault("components", {}).setdefault("schemas", {})
             for name, desc in _COMPONENTS.items():
                 schemas[name] = json_schema(desc, _REFS)

@@ -12,10 +12,12 @@ are A2A's.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from a2a.types import a2a_pb2 as a2a
 
+from agentmesh.libs.errors import InvalidArgument
 from agentmesh.trace.v1 import trace_pb2 as tp
 
 OFFSET_KEY = "offset"
@@ -68,10 +70,13 @@ def metadata_str(metadata: Any, key: str) -> str:
 
 
 def metadata_depth(metadata: Any) -> int:
-    """`metadata.depth` of a message, within 0..MAX_DEPTH (0 when absent or not a number)."""
+    """`metadata.depth` of a message, within 0..MAX_DEPTH (0 when absent or not a number); a number
+    that is not finite (NaN, Infinity, 1e400) is InvalidArgument."""
     if metadata is None or DEPTH_KEY not in metadata.fields:
         return 0
     value = metadata.fields[DEPTH_KEY]
     if value.WhichOneof("kind") != "number_value":
         return 0
+    if not math.isfinite(value.number_value):
+        raise InvalidArgument("metadata.depth must be a finite number")
     return max(0, min(MAX_DEPTH, int(value.number_value)))

@@ -48,6 +48,7 @@ TABLE: dict[str, Row] = {
     "DEADLINE_EXCEEDED": Row(S.DEADLINE_EXCEEDED, 504, ev.ERROR_CODE_TIMEOUT),
     "MODEL_TIMEOUT": Row(S.DEADLINE_EXCEEDED, 504, ev.ERROR_CODE_TIMEOUT),
     "MODEL_ERROR": Row(S.UNAVAILABLE, 502, ev.ERROR_CODE_MODEL_ERROR),
+    "MODEL_UNREACHABLE": Row(S.UNAVAILABLE, 502, ev.ERROR_CODE_MODEL_UNREACHABLE),
     "UNAVAILABLE": Row(S.UNAVAILABLE, 503, ev.ERROR_CODE_UNAVAILABLE),
     "OVERLOADED": Row(S.RESOURCE_EXHAUSTED, 429, ev.ERROR_CODE_UNAVAILABLE),
     "SHUTDOWN": Row(S.UNAVAILABLE, 503, ev.ERROR_CODE_SHUTDOWN),
@@ -162,6 +163,12 @@ class ModelError(MeshError):
     reason = "MODEL_ERROR"
 
 
+class ModelUnreachable(MeshError):
+    """The model endpoint could not be reached (connection refused, no route, unknown host)."""
+
+    reason = "MODEL_UNREACHABLE"
+
+
 class ModelTimeout(MeshError):
     """The model request timed out."""
 
@@ -221,6 +228,7 @@ _BY_REASON: dict[str, type[MeshError]] = {
         DepthExceeded,
         DeadlineExceeded,
         ModelError,
+        ModelUnreachable,
         ModelTimeout,
         Unavailable,
         Overloaded,
@@ -301,9 +309,23 @@ def from_rpc_error(exc: grpc.RpcError) -> MeshError:
     if not reason and is_lost_send(exc):
         code = grpc.StatusCode.UNAVAILABLE  # the call's own status is unknown: gone, as far as we can tell
     cls = _BY_REASON.get(reason) or _BY_GRPC.get(code, Internal)
-    if not reason and code == grpc.StatusCode.UNAVAILABLE:  # transport words ("Socket closed") say little
-        message = f"a service of the mesh is unavailable ({message or 'no answer'}); try again shortly"
+    if not reason and code in _TRANSPORT_WORDS:
+        # gRPC's own words (an address: "ipv4:127.0.0.1:50313: Failed to connect ... Connection refused",
+        # "Socket closed", "Exception calling application") go to the log, never to a user or a message
+        log.info("rpc failed: %s: %s", code.name, message)
+        message = _TRANSPORT_WORDS[code]
     return cls(message or code.name)
+
+
+# What a failed call without our ErrorInfo says to a user, by its status: gRPC's own details name
+# addresses and library internals.
+_TRANSPORT_WORDS: dict[grpc.StatusCode, str] = {
+    S.UNAVAILABLE: "a service of the mesh is unavailable; try again shortly",
+    S.UNKNOWN: "internal error",
+    S.INTERNAL: "internal error",
+    S.DATA_LOSS: "internal error",
+    S.UNIMPLEMENTED: "internal error",
+}
 
 
 T = TypeVar("T")
@@ -323,7 +345,8 @@ def as_mesh_error(exc: BaseException) -> MeshError:
         return exc
     if isinstance(exc, grpc.aio.AioRpcError):
         return from_rpc_error(exc)
-    return Internal(f"{type(exc).__name__}: {exc}")
+    log.error("internal error: %s: %s", type(exc).__name__, exc)  # Python's words stay in the log
+    return Internal("internal error")
 
 
 async def _abort(context: grpc.aio.ServicerContext, err: MeshError) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agentmesh.libs.errors import Unauthenticated
+from agentmesh.libs.files import private_dir
 
 HEADER = "x-agentmesh-identity"
 TOKEN_TTL_S = 300.0
@@ -162,7 +163,7 @@ def load_secret(explicit: str, data_dir: Path, create: bool = True) -> bytes:
         return explicit.encode()
     path = data_dir / SECRET_FILE
     if not path.exists() and create:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(data_dir)
         tmp = data_dir / f".{SECRET_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:

@@ -29,9 +29,27 @@ _ACCESS_FIELDS = ("client", "method", "path", "http_version", "status")
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
 
 
+# Secrets that can reach a log line (an access line's query string, a header echoed in an error): the
+# value after apiKey=, token=, key=, secret=, password= (query strings, forms), after "Bearer ", and any
+# agentmesh API key (am_...), wherever it stands.
+_SECRET_PARAM = re.compile(
+    r"(?i)\b((?:api[_-]?key|access[_-]?token|token|key|secret|password|authorization)=)[^&\s\"'#]+"
+)
+_BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]+")
+_API_KEY = re.compile(r"\bam_[A-Za-z0-9_-]{8,}")
+REDACTED = "[redacted]"
+
+
+def redact(text: str) -> str:
+    """`text` with every secret it shows replaced by [redacted]."""
+    text = _SECRET_PARAM.sub(rf"\1{REDACTED}", text)
+    text = _BEARER.sub(rf"\1{REDACTED}", text)
+    return _API_KEY.sub(f"am_{REDACTED}", text)
+
+
 def plain(text: str) -> str:
-    """`text` without terminal escape sequences (colours, cursor moves)."""
-    return _ANSI.sub("", text) if "\x1b" in text else text
+    """`text` without terminal escape sequences (colours, cursor moves) and with its secrets redacted."""
+    return redact(_ANSI.sub("", text) if "\x1b" in text else text)
 
 
 class JsonFormatter(logging.Formatter):
@@ -52,7 +70,7 @@ class JsonFormatter(logging.Formatter):
         if trace_id:
             out["trace_id"], out["span_id"] = trace_id, span_id
         if record.name == "uvicorn.access" and isinstance(record.args, tuple) and len(record.args) == 5:
-            out.update(zip(_ACCESS_FIELDS, record.args, strict=True))
+            out.update(zip(_ACCESS_FIELDS, (_field(arg) for arg in record.args), strict=True))
         for key, value in record.__dict__.items():
             if key not in _RESERVED and key not in _DROPPED and not key.startswith("_"):
                 out[key] = _field(value)

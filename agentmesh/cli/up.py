@@ -16,6 +16,7 @@ import httpx
 from agentmesh.cli.common import create_key, dev_key_file, key_works
 from agentmesh.cli.serve import SERVICES
 from agentmesh.libs.config import load_settings
+from agentmesh.libs.files import private_dir, write_private
 
 if TYPE_CHECKING:
     from agentmesh.supervisor import Supervisor
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  another mesh may be running: stop it, or start this one on other ports: {move}",
               file=sys.stderr)  # fmt: skip
         return 1
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.data_dir)
     load_secret(settings.mesh_secret, settings.data_dir)  # every child reads the same mesh secret
     # The children write to this stderr: JSON lines, or text when it is a terminal (libs/log.py).
     setup_logging("up", settings.log_level, settings.log_json)
@@ -153,8 +154,7 @@ def run(args: argparse.Namespace) -> int:
         key = key_file.read_text().strip() if key_file.exists() else ""
         if not key or not asyncio.run(key_works(settings, key)):
             key = asyncio.run(create_key(settings, "dev"))
-            key_file.write_text(key + "\n")
-            key_file.chmod(0o600)
+            write_private(key_file, key + "\n")
         print(f"\nagentmesh is up at {url}\n  development API key (user dev): {key}\n", flush=True)
         if bundled:
             speed = f", {args.tokens_per_second:g} tokens/s" if args.tokens_per_second is not None else ""

@@ -21,11 +21,11 @@ from agentmesh.gateway.a2a.calls import INBOUND_KEY, addressed_agent, header
 from agentmesh.gateway.a2a.events import status, to_a2a
 from agentmesh.gateway.drain import Drain
 from agentmesh.gateway.turns import Started, start_turn, turn_events
-from agentmesh.libs import events, telemetry
+from agentmesh.libs import events, jsonbound, telemetry
 from agentmesh.libs.a2a import TRACEPARENT_KEY, metadata_depth, metadata_str
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.config import MeshSettings
-from agentmesh.libs.errors import MeshError, NotFound, rpc
+from agentmesh.libs.errors import InvalidArgument, MeshError, NotFound, rpc
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 
 log = logging.getLogger(__name__)
@@ -57,11 +57,17 @@ class InboundTasks(SimpleRequestContextBuilder):
         if len(text) > MAX_INPUT_CHARS:
             raise InvalidParamsError(message=f"the message is longer than {MAX_INPUT_CHARS} characters")
         metadata = params.message.metadata
+        try:  # refused before any task exists: the JSON bound, over gRPC too (libs/jsonbound.py)
+            jsonbound.check(text, "the message's text")
+            jsonbound.check_struct(metadata, "the message's metadata")
+            depth = metadata_depth(metadata)
+        except InvalidArgument as err:
+            raise InvalidParamsError(message=err.message) from err
         request = orc.RunTurnRequest(
             trace_id=context_id or "",
             agent=slug,
             input=text,
-            a2a=orc.A2ACaller(message_id=params.message.message_id, depth=metadata_depth(metadata)),
+            a2a=orc.A2ACaller(message_id=params.message.message_id, depth=depth),
         )
         # A traceparent header continued the trace already (the gateway's request span); a client that
         # sends one only in the message's metadata is continued here.

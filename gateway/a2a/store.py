@@ -8,6 +8,7 @@ from __future__ import annotations
 from a2a.server.context import ServerCallContext
 from a2a.server.tasks import TaskStore
 from a2a.types import a2a_pb2 as a2a
+from a2a.utils.errors import InvalidParamsError
 
 from agentmesh.gateway.a2a.calls import addressed_agent
 from agentmesh.gateway.a2a.events import agent_text
@@ -44,17 +45,20 @@ class MeshTaskStore(TaskStore):
         return None if row is None else await self.to_a2a(row, with_messages=False)
 
     async def list(self, params: a2a.ListTasksRequest, context: ServerCallContext) -> a2a.ListTasksResponse:
-        resp = await rpc(
-            self.clients.tasks.ListA2ATasks(
-                tks.ListA2ATasksRequest(
-                    callee_agent=addressed_agent(context),
-                    trace_id=params.context_id,
-                    state=from_a2a_state(params.status),
-                    page_size=params.page_size,
-                    page_token=params.page_token,
+        try:
+            resp = await rpc(
+                self.clients.tasks.ListA2ATasks(
+                    tks.ListA2ATasksRequest(
+                        callee_agent=addressed_agent(context),
+                        trace_id=params.context_id,
+                        state=from_a2a_state(params.status),
+                        page_size=params.page_size,
+                        page_token=params.page_token,
+                    )
                 )
             )
-        )
+        except InvalidArgument as err:  # a pageToken we did not issue, a page size out of range
+            raise InvalidParamsError(message=err.message) from err
         full = params.include_artifacts or params.history_length > 0
         tasks = [await self.to_a2a(row, with_messages=full) for row in resp.tasks]
         whole = not params.page_token and not resp.next_page_token  # one page holds them all

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -31,7 +30,7 @@ from agentmesh.gateway.openapi import obj, ok
 from agentmesh.gateway.params import ID_PATTERN, MESSAGE_PATTERN, NO_NUL, SessionId
 from agentmesh.gateway.sse import drain_options, sse_message
 from agentmesh.gateway.turns import start_turn, turn_events
-from agentmesh.libs import events
+from agentmesh.libs import events, jsonbound
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.errors import (
     FailedPrecondition,
@@ -202,10 +201,14 @@ async def ws(socket: WebSocket) -> None:
     try:
         while True:
             try:
-                data = await socket.receive_json()
-                await handle(data)
-            except (json.JSONDecodeError, KeyError, ValueError):
+                # the JSON bound of every entry (libs/jsonbound.py): a breach is an error message, not a
+                # closed socket
+                await handle(jsonbound.loads(await socket.receive_text()))
+            except (KeyError, ValueError):  # a binary message, or text that is not JSON
                 await send(_ws_error(InvalidArgument("messages must be JSON objects")))
+            except jsonbound.BoundError as err:
+                log.warning("websocket message refused: %s", err.message)
+                await send(_ws_error(err))
             except MeshError as err:
                 await send(_ws_error(err))
     except (WebSocketDisconnect, RuntimeError):  # RuntimeError: receive after the farewell closed it

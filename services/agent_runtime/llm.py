@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from openai import AsyncOpenAI
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs import telemetry
 from agentmesh.libs.config import LLMSettings
-from agentmesh.libs.errors import ModelError, ModelTimeout
+from agentmesh.libs.errors import ModelError, ModelTimeout, ModelUnreachable
 from agentmesh.libs.metrics import RuntimeMetrics
 
 log = logging.getLogger(__name__)
@@ -141,9 +142,9 @@ class LLM:
                         out.model = chunk["model"]
                     for choice in chunk.get("choices") or ():
                         delta = choice.get("delta") or {}
-                        content = delta.get("content")
+                        content = _text(delta.get("content"))
                         tool_calls = delta.get("tool_calls")
-                        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                        reasoning = _text(delta.get("reasoning_content") or delta.get("reasoning"))
                         if content or tool_calls or reasoning:
                             deltas += 1
                             if not first:
@@ -161,9 +162,9 @@ class LLM:
                                 call.id = tc["id"]
                             function = tc.get("function") or {}
                             if function.get("name"):
-                                call.name += function["name"]
+                                call.name += _text(function["name"])
                             if function.get("arguments"):
-                                call.arguments += function["arguments"]
+                                call.arguments += _text(function["arguments"])
                         if choice.get("finish_reason"):
                             out.finish_reason = FINISH_REASONS.get(
                                 choice["finish_reason"], ev.FINISH_REASON_STOP
@@ -179,12 +180,19 @@ class LLM:
         except openai.APITimeoutError as exc:
             if _hung_up(exc):  # the transport calls any closed connection a timeout: it is not one
                 raise ModelError(f"model {model} failed: the model server closed the connection") from exc
+            if _unreachable(exc):  # aiohttp's refused connection reaches the client as a timeout too
+                outcome = "unreachable"
+                raise _unreachable_error(model, exc) from exc
             outcome = "timeout"
-            raise ModelTimeout(f"model {model} timed out: {exc}") from exc
+            raise ModelTimeout(f"model {model} timed out") from exc
         except openai.APIStatusError as exc:
             raise ModelError(f"model {model} failed with HTTP {exc.status_code}: {exc.message}") from exc
         except openai.APIError as exc:
-            raise ModelError(f"model {model} failed: {exc}") from exc
+            if _unreachable(exc):
+                outcome = "unreachable"
+                raise _unreachable_error(model, exc) from exc
+            log.warning("model request failed", extra={"model": model, "error": _chain(exc)})
+            raise ModelError(f"model {model} failed: the connection to the model server broke") from exc
         except ValueError as exc:  # a chunk that is not JSON
             raise ModelError(f"model {model} sent a chunk that is not JSON: {exc}") from exc
         except Exception as exc:
@@ -192,10 +200,11 @@ class LLM:
             # client maps those of the request alone): a read timeout, a connection that broke.
             if not _from_transport(exc):
                 raise
+            log.warning("model request failed", extra={"model": model, "error": _chain(exc)})
             if _timed_out(exc) and not _hung_up(exc):
                 outcome = "timeout"
-                raise ModelTimeout(f"model {model} timed out: {type(exc).__name__} {exc}") from exc
-            raise ModelError(f"model {model} failed: connection error: {type(exc).__name__} {exc}") from exc
+                raise ModelTimeout(f"model {model} timed out") from exc
+            raise ModelError(f"model {model} failed: the connection to the model server broke") from exc
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
@@ -303,6 +312,47 @@ def _hung_up(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _text(value: Any) -> Any:
+    """A model's text with U+0000 as U+FFFD: no database of the mesh stores NUL, and a reply is not
+    refused for one character (docs/http-api.md#json-bounds)."""
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) and "\x00" in value else value
+
+
+_TLS_FAILURES = (aiohttp.ClientConnectorCertificateError, aiohttp.ClientConnectorSSLError)  # reached
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """The connection to the model server could not be opened at all: refused, no route, unknown host
+    (a connection that timed out while opening is a timeout, one that closed later a model error)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError | socket.gaierror) or (
+            isinstance(seen, aiohttp.ClientConnectorError)
+            and not isinstance(seen.os_error, TimeoutError)
+            and not isinstance(seen, _TLS_FAILURES)
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _chain(exc: BaseException) -> str:
+    """What the transport said, cause by cause, for the log (never for the user: it names addresses)."""
+    parts: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(parts) < 6:
+        parts.append(f"{type(seen).__name__}: {seen}")
+        seen = seen.__cause__ or seen.__context__
+    return " <- ".join(parts)[:2000]
+
+
+def _unreachable_error(model: str, exc: BaseException) -> ModelUnreachable:
+    """The user's words for a model server that cannot be reached; the transport's words go to the log
+    (one line for the request, after the client's own retries)."""
+    log.warning("model server unreachable", extra={"model": model, "error": _chain(exc)})
+    return ModelUnreachable(f"model {model} could not be reached: the model server is not answering")
 
 
 def _timed_out(exc: BaseException) -> bool:

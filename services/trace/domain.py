@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from google.protobuf.descriptor import EnumDescriptor
 
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.libs import jsonbound
 from agentmesh.libs.errors import InvalidArgument
 from agentmesh.libs.ids import check_local_id, is_local_id
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -113,9 +114,22 @@ def known(enum: EnumDescriptor, number: int, default: int) -> int:
     return number if number and number in enum.values_by_number else default
 
 
+TEXT_FIELDS = ("content", "thinking", "model")
+
+
+def check_text(message: tp.Message, fields: Sequence[str] = TEXT_FIELDS) -> None:
+    """No U+0000 in a message's text: PostgreSQL cannot store it, so it is refused on every database
+    alike (docs/http-api.md#json-bounds)."""
+    for name in fields:
+        if "\x00" in getattr(message, name):
+            raise InvalidArgument(f"a message's {name} must not contain U+0000")
+
+
 def check_message(message: tp.Message) -> None:
     """What a message to append needs: who wrote it (source and status default to user and completed)."""
     need_enum(tp.MessageRole.DESCRIPTOR, message.role, "message role")
+    check_text(message)
+    jsonbound.check_struct(message.metadata)  # the JSON bound of every entry: depth, finite numbers
 
 
 def check_messages(trace_id: str, messages: Sequence[tp.Message], *, new_trace: bool = False) -> None:

@@ -10,6 +10,7 @@ from agentmesh.agents.v1 import agent_service_pb2, agent_service_pb2_grpc
 from agentmesh.auth.v1 import auth_service_pb2, auth_service_pb2_grpc
 from agentmesh.leases.v1 import lease_service_pb2, lease_service_pb2_grpc
 from agentmesh.libs.config import MeshSettings
+from agentmesh.libs.files import private_dir
 from agentmesh.libs.identity import Signer, signer_for
 from agentmesh.libs.metrics import PeerMetrics, TraceStoreMetrics
 from agentmesh.libs.peer_http import PeerClients
@@ -53,7 +54,7 @@ async def build(
     if peer_registry.store.internal_url and not settings.database_url:
         url = settings.model_copy(update={"database_url": peer_registry.store.internal_url}).sqlalchemy_url
     if url.startswith("sqlite"):
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(settings.data_dir)
     engine = create_engine(url)
     registry = CollectorRegistry()
     time_queries(engine, TraceStoreMetrics(registry))

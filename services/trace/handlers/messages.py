@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from agentmesh.libs import events
+from agentmesh.libs import events, jsonbound
 from agentmesh.libs.errors import InvalidArgument, MeshError
 from agentmesh.libs.ids import TraceRef
 from agentmesh.services.trace import domain
@@ -151,6 +151,9 @@ class MessageHandler:
     async def update(self, owner: str, message: tp.Message, paths: Sequence[str]) -> tp.Message:
         """Changes content, thinking, metadata, model, usage and/or status, as the update mask says."""
         fields = domain.check_mask(paths, domain.MESSAGE_FIELDS)
+        if "metadata" in fields:
+            jsonbound.check_struct(message.metadata)
+        domain.check_text(message, [f for f in domain.TEXT_FIELDS if f in fields])
         if "status" in fields:
             need_enum(tp.MessageStatus.DESCRIPTOR, message.status, "message status")
         need_owner(owner)

@@ -92,19 +92,39 @@ def request_line_of(size: int, path: str = "/api/sessions") -> str:
 # ---- the request head --------------------------------------------------------------------------------
 
 
-async def test_fifty_websocket_upgrades_with_a_9kb_request_line_get_400_and_closed_sockets(
+async def test_fifty_websocket_upgrades_with_a_9kb_request_line_get_the_json_414_and_closed_sockets(
     mesh: Mesh,
 ) -> None:
     """The issue's probe: `GET /api/ws?apiKey=am_<9,000 x A>`; with uvicorn's websockets-sansio this
-    answered nothing and 50 such sockets stayed open after 150 s."""
+    answered nothing and 50 such sockets stayed open after 150 s; then the `websockets` parser answered
+    400 text/plain ("line too long"), not the documented 414 JSON (issue 39, point 5)."""
     port = mesh.gateway.port  # type: ignore[union-attr]
     upgrade = f"GET /api/ws?apiKey=am_{'A' * 9000} HTTP/1.1\r\n{WS_UPGRADE}\r\n".encode()
     started = time.monotonic()
     answers = await asyncio.gather(*(exchange(port, upgrade, timeout=10) for _ in range(50)))
     elapsed = time.monotonic() - started
-    assert [status for status, _, _ in answers] == [400] * 50
-    assert all(b"line too long" in body for _, _, body in answers)
+    assert [status for status, _, _ in answers] == [414] * 50
+    for _, headers, body in answers:
+        assert (headers["content-type"], headers["connection"]) == ("application/json", "close")
+        assert json.loads(body) == error(414, "RESOURCE_EXHAUSTED", "request line over 8192 bytes")
     assert elapsed < 10  # every socket closed by the gateway (exchange fails on one left open)
+
+
+async def test_a_websocket_upgrade_beyond_the_parsers_own_limits_gets_the_json_431(mesh: Mesh) -> None:
+    """A header line over 8 KiB, or more headers than the `websockets` parser takes (128): the
+    documented 431 JSON, not its 400 text/plain."""
+    port = mesh.gateway.port  # type: ignore[union-attr]
+    long_line = f"X-Long: {'v' * MAX_LINE_BYTES}\r\n"
+    many = "".join(f"X-H{i}: v\r\n" for i in range(150))
+    for extra, message in (
+        (long_line, f"request header 'x-long' over {MAX_LINE_BYTES} bytes"),
+        (many, f"more than {MAX_HEADERS} request headers"),
+    ):
+        status, headers, body = await exchange(
+            port, f"GET /api/ws HTTP/1.1\r\n{WS_UPGRADE}{extra}\r\n".encode()
+        )
+        assert (status, headers["content-type"]) == (431, "application/json"), body[:200]
+        assert json.loads(body) == error(431, "RESOURCE_EXHAUSTED", message)
 
 
 async def test_request_line_up_to_8_kib_is_served_and_beyond_is_414(mesh: Mesh) -> None:
@@ -303,10 +323,10 @@ async def test_every_401_says_bearer(mesh: Mesh) -> None:
     ("body", "message"),
     [
         (b'{"agent": "general", "message": "\xff\xfe"}', "request body is not valid UTF-8"),
-        (b"[" * 100_000 + b"]" * 100_000, "request body JSON is nested too deeply"),
+        (b"[" * 100_000 + b"]" * 100_000, "invalid request: body: nested deeper than 32 levels"),
         (
             b'{"title": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_001,
-            "request body JSON is nested too deeply",
+            "invalid request: body: nested deeper than 32 levels",
         ),
     ],
     ids=["invalid-utf8", "nested-100000-arrays", "nested-100000-objects"],
@@ -443,19 +463,19 @@ async def test_hostile_if_match_is_a_422(mesh: Mesh, if_match: bytes, shown: str
 
 
 @pytest.mark.parametrize(
-    "body",
+    ("body", "message"),
     [
-        b"[" * 100_000 + b"]" * 100_000,
-        b'{"name": ' + b"9" * 5000 + b"}",
-        b'{"limits": {"maxSteps": NaN}}',
-        b"\xff",
+        (b"[" * 100_000 + b"]" * 100_000, "invalid request: body: nested deeper than 32 levels"),
+        (b'{"name": ' + b"9" * 5000 + b"}", "invalid request: body: an integer has more than 20 digits"),
+        (b'{"limits": {"maxSteps": NaN}}', "invalid request: body: NaN is not a JSON number"),
+        (b"\xff", "the body must be a JSON object: an agent"),
     ],
     ids=["nested-100000", "5000-digit-number", "NaN", "invalid-utf8"],
 )
-async def test_agent_bodies_that_are_not_json_are_a_422(mesh: Mesh, body: bytes) -> None:
+async def test_agent_bodies_that_are_not_json_are_a_422(mesh: Mesh, body: bytes, message: str) -> None:
+    """The JSON bound (libs/jsonbound.py) answers first, for every route alike; then the route's parser."""
     async with mesh.http() as http:
         r = await http.post("/api/agents", content=body, headers={"content-type": "application/json"})
-    message = "the body must be a JSON object: an agent"
     assert (r.status_code, r.json()) == (422, error(422, "INVALID_ARGUMENT", message))
 
 

@@ -186,3 +186,33 @@ async def test_the_document_is_served_as_json(tmp_path: Path) -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as http:
         r = await http.get("/openapi.json")
     assert r.headers["content-type"] == "application/json" and r.json()["openapi"].startswith("3.1")
+
+
+def _integer_schemas(node: Any) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    if isinstance(node, dict):
+        if node.get("type") == "integer":
+            found.append(node)
+        for value in node.values():
+            found += _integer_schemas(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += _integer_schemas(value)
+    return found
+
+
+def test_integer_bounds_are_integers(document: dict[str, Any]) -> None:
+    """Issue 39, point 5: parentSequence's maximum read 9.223372036854776e+18 (2**63, not 2**63 - 1)."""
+    bounds = [
+        (key, schema[key])
+        for schema in _integer_schemas(document)
+        for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+        if key in schema
+    ]
+    assert bounds and all(type(value) is int for _, value in bounds), [
+        b for b in bounds if type(b[1]) is not int
+    ]
+    append = document["components"]["schemas"]["AppendBody"]["properties"]["parentSequence"]["anyOf"][0]
+    assert append["maximum"] == 2**63 - 1
+    chat = document["components"]["schemas"]["ChatRequest"]["properties"]["parentSequence"]["anyOf"][0]
+    assert chat["maximum"] == 2**53 - 1

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import subprocess
 import time
+from typing import Any
 
 import asyncpg
 import grpc
@@ -181,6 +182,54 @@ async def test_concurrent_turns_and_appends_keep_each_turn_together(trace_stub, 
     assert {m.id: m for m in stored} == answered
 
 
+REFUSED = "refused by the database"
+
+
+async def refuse_on_postgres(trace_backend, content: str) -> None:
+    """On PostgreSQL, a trigger that fails any insert of a message with `content`."""
+    if trace_backend.name != "postgres":
+        return
+    conn = await asyncpg.connect(trace_backend.database_url)
+    try:
+        await conn.execute(
+            f"""
+            CREATE OR REPLACE FUNCTION refuse_test_content() RETURNS trigger AS $$
+            BEGIN
+              IF NEW.content = '{content}' THEN RAISE EXCEPTION 'refused'; END IF;
+              RETURN NEW;
+            END $$ LANGUAGE plpgsql;
+            DROP TRIGGER IF EXISTS refuse_test_content ON messages;
+            CREATE TRIGGER refuse_test_content BEFORE INSERT ON messages
+              FOR EACH ROW EXECUTE FUNCTION refuse_test_content();
+            """
+        )
+    finally:
+        await conn.close()
+
+
+async def test_nul_in_text_is_invalid_argument_on_both_databases(trace_stub, unique, message_stub):
+    """Issue 39, point 4: PostgreSQL refused it (INTERNAL), SQLite stored it."""
+    owner = f"u-{unique}"
+    trace = await new_trace(trace_stub, owner)
+    stored = await append(message_stub, owner, trace.id, "fine")
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("a\x00b", {}),
+        ("ok", {"thinking": "\x00"}),
+        ("ok", {"model": "m\x00"}),
+    ]
+    for content, extra in cases:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await append(message_stub, owner, trace.id, content, **extra)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
+    with identity.acting_as(owner), pytest.raises(grpc.aio.AioRpcError) as updated:
+        await message_stub.UpdateMessage(
+            ms.UpdateMessageRequest(
+                message=tp.Message(id=stored.id, content="\x00"), update_mask={"paths": ["content"]}
+            )
+        )
+    assert updated.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
 async def test_refused_appends_among_concurrent_ones_fail_alone(
     trace_stub, trace_backend, unique, message_stub
 ):
@@ -193,8 +242,10 @@ async def test_refused_appends_among_concurrent_ones_fail_alone(
     good = [append(message_stub, owner, mine.id, f"ok {i}") for i in range(30)]
     intruders = [append(message_stub, owner, theirs.id, f"intruder {i}") for i in range(10)]
     strays = [append(message_stub, owner, mine.id, f"stray {i}", parent=500 + i) for i in range(10)]
-    # PostgreSQL refuses NUL in text (SQLite stores it): a statement-level failure of a batch.
-    nul = [append(message_stub, owner, mine.id, "nul \x00 inside")]
+    # A statement-level failure of a batch: PostgreSQL refuses this content (a trigger; SQLite stores it).
+    # (NUL, which PostgreSQL alone refused, is refused by the service on both now.)
+    await refuse_on_postgres(trace_backend, REFUSED)
+    nul = [append(message_stub, owner, mine.id, REFUSED)]
     results = await asyncio.gather(*good, *intruders, *strays, *nul, return_exceptions=True)
     ok, intruded, strayed, (odd,) = results[:30], results[30:40], results[40:50], results[50:]
     assert all(isinstance(m, tp.Message) for m in ok), ok

@@ -67,7 +67,29 @@ def test_a_foreign_status_maps_by_code() -> None:
     plain = grpc.aio.AioRpcError(grpc.StatusCode.NOT_FOUND, grpc.aio.Metadata(), grpc.aio.Metadata(), "gone")
     assert isinstance(from_rpc_error(plain), NotFound)
     odd = grpc.aio.AioRpcError(grpc.StatusCode.DATA_LOSS, grpc.aio.Metadata(), grpc.aio.Metadata(), "")
-    assert isinstance(from_rpc_error(odd), Internal) and from_rpc_error(odd).message == "DATA_LOSS"
+    assert isinstance(from_rpc_error(odd), Internal) and from_rpc_error(odd).message == "internal error"
+
+
+def test_grpc_words_stay_out_of_the_message() -> None:
+    """Issue 39, point 5: the transport's details (an address, "Connection refused") reached users and
+    were stored in assistant messages; they go to the log."""
+    refused = (
+        "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:50313: Connection refused"
+    )
+    down = grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), refused
+    )
+    err = from_rpc_error(down)
+    assert isinstance(err, errors.Unavailable)
+    assert err.message == "a service of the mesh is unavailable; try again shortly"
+    crashed = grpc.aio.AioRpcError(
+        grpc.StatusCode.UNKNOWN,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(),
+        "Exception calling application: boom",
+    )
+    assert from_rpc_error(crashed).message == "internal error"
+    assert errors.as_mesh_error(KeyError("secret_field")).message == "internal error"
 
 
 def test_a_send_the_call_ended_under_is_unavailable() -> None:

@@ -117,3 +117,31 @@ def test_every_line_goes_through_the_one_handler() -> None:
     setup_logging("gateway", stream=terminal)
     logging.getLogger("agentmesh.test").warning("\x1b[31mred\x1b[0m")
     assert terminal.getvalue().endswith(" gateway WARNING agentmesh.test: red\n")
+
+
+KEY = "am_" + "Zx9" * 14
+
+
+@pytest.mark.usefixtures("restore_logging")
+@pytest.mark.parametrize("json_lines", [True, False])
+def test_api_keys_never_reach_a_log_line(json_lines: bool) -> None:
+    """Issue 39, point 5: `GET /api/ws?apiKey=...` logged the key in plain text at INFO."""
+    stream = io.StringIO()
+    setup_logging("gateway", "INFO", json_lines, access_log=True, stream=stream)
+    access = logging.getLogger("uvicorn.access")
+    access.info('%s - "%s %s HTTP/%s" %d', "c", "GET", f"/api/ws?apiKey={KEY}&x=1", "1.1", 101)
+    access.info('%s - "%s %s HTTP/%s" %d', "c", "GET", "/api/ws?token=secret-token-value", "1.1", 101)
+    log = logging.getLogger("agentmesh.test")
+    log.warning("peer answered for Authorization: Bearer %s", "peer-secret-credential")
+    log.warning("a key in prose: %s", KEY)
+    try:
+        raise RuntimeError(f"refused key {KEY}")
+    except RuntimeError:
+        log.exception("failed")
+    text = stream.getvalue()
+    for secret in (KEY, "secret-token-value", "peer-secret-credential", KEY[3:]):
+        assert secret not in text, text
+    assert text.count("[redacted]") >= 5
+    if json_lines:
+        first = json.loads(text.splitlines()[0])
+        assert first["path"] == "/api/ws?apiKey=[redacted]&x=1" and first["status"] == 101

@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
+from agentmesh.libs.files import private_file
 from agentmesh.services.trace.store.sql import sqlite_inline
 
 _OPERATIONS = frozenset({"select", "insert", "update", "delete", "with", "begin", "commit", "rollback"})
@@ -36,6 +37,8 @@ def create_engine(url: str) -> AsyncEngine:
         url = "postgresql+asyncpg://" + url.split("://", 1)[1]
     if url.startswith("sqlite"):
         path = make_url(url).database or ":memory:"
+        if path != ":memory:" and not path.startswith("file:"):
+            private_file(Path(path))  # 0600 before SQLite writes (its -wal and -shm files take its mode)
         engine = create_async_engine(url, async_creator=sqlite_inline.connector(path, BUSY_TIMEOUT_S))
 
         @event.listens_for(engine.sync_engine, "connect")
