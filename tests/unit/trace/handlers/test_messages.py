@@ -200,8 +200,8 @@ async def test_the_full_view_shows_a_card_that_ended_after_its_turn_wrote_it_bac
     stale = {"title": "b", "items": [{"id": row.id, "name": "a", "status": "running"}]}
     anchor.metadata.update({"subagents": [stale]})
     await messages.update(owner, anchor, ["metadata"])
-    for status in (ev.SUBAGENT_STATUS_RUNNING, ev.SUBAGENT_STATUS_COMPLETED):
-        row.status = status
+    for step in (ev.SUBAGENT_STATUS_RUNNING, ev.SUBAGENT_STATUS_COMPLETED):
+        row.status = step
         await subagents.update(owner, row, ["status"])
 
     def status(page: MessagePage) -> str:
