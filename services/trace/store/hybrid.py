@@ -8,7 +8,9 @@ before any connection), read through a cached copy in our own database:
   every paging option the local store has; when the peer does not answer, the copy answers, marked
   stale with its sync time; with no copy, the read fails UNAVAILABLE;
 - an append of finished messages (POST /api/traces/{id}/messages here) goes straight to the peer; when
-  the peer does not answer it fails UNAVAILABLE and nothing is appended anywhere;
+  the peer does not answer it fails UNAVAILABLE and nothing is appended anywhere; an append to a copy
+  by its local id is refused (FAILED_PRECONDITION naming the home id): it would never reach home, and
+  the next sync would drop it;
 - a turn of a local agent on a peer's trace (agent-invoke continueFrom) appends its user message and
   pending placeholder to the copy (the outbox), so the run reads the peer's main path as its history;
   when the placeholder completes, the turn's messages are sent home in one append and the outbox is
@@ -67,6 +69,12 @@ def unconfirmed(r: Remote, err: MeshError, what: str = "") -> Unavailable:
     return Unavailable(
         f"the append{what} to {r.home} was not confirmed ({err.message}): it may or may not have arrived; "
         "read the trace to see"
+    )
+
+
+def copy_refused(trace_id: str, home: str) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"trace {trace_id} is this mesh's cached copy of {home}: append to {home}, which appends at its home"
     )
 
 
@@ -206,28 +214,51 @@ class HybridTraceStore(TraceStore, MessageStore):
     ) -> tuple[tp.Trace, list[tp.Message]]:
         return await self.messages.create_trace_with_messages(owner, trace, trace_id, messages)
 
+    async def _refuse_copy(self, owner: str, trace_id: str) -> None:
+        """A cached copy takes no append by its local id: a message appended there would never reach
+        home, and the next sync would drop it."""
+        home = (await self.copies.homes(owner, [trace_id])).get(trace_id)
+        if home is not None:
+            raise copy_refused(trace_id, home)
+
     async def append_message(
         self, owner: str, message: tp.Message, parent_sequence: int | None = None
     ) -> tp.Message:
         if self.remote(message.trace_id, owner) is None:
+            await self._refuse_copy(owner, message.trace_id)
             return await self.messages.append_message(owner, message, parent_sequence)
         (out,) = await self.append_messages(owner, message.trace_id, [message], parent_sequence)
         return out
 
     async def append_each(self, appends: Sequence[Append]) -> list[tp.Message | MeshError]:
         """The appends to local traces go to the local store together; those to a peer's trace one
-        after another (as append_message), beside them."""
+        after another (as append_message), beside them; those to a copy by its local id are refused."""
 
         def placed(a: Append) -> tuple[Append, bool]:  # (the append, to a local trace)
             return a, self.remote(a.message.trace_id, a.owner) is None
 
         async def both(found: list[tuple[Append, bool]]) -> list[tp.Message | MeshError]:
+            homes: dict[tuple[str, str], str] = {}
+            for owner in {a.owner for a, here in found if here}:
+                tids = {a.message.trace_id for a, here in found if here and a.owner == owner}
+                homes |= {(owner, t): h for t, h in (await self.copies.homes(owner, tids)).items()}
+
+            def copy_of(a: Append) -> str | None:
+                return homes.get((a.owner, a.message.trace_id))
+
             local, peers = await asyncio.gather(
-                self.messages.append_each([a for a, here in found if here]),
+                self.messages.append_each([a for a, here in found if here and copy_of(a) is None]),
                 MessageStore.append_each(self, [a for a, here in found if not here]),
             )
             mine, theirs = iter(local), iter(peers)
-            return [next(mine) if here else next(theirs) for _, here in found]
+            out: list[tp.Message | MeshError] = []
+            for a, here in found:
+                home = copy_of(a) if here else None
+                if home is not None:
+                    out.append(copy_refused(a.message.trace_id, home))
+                else:
+                    out.append(next(mine) if here else next(theirs))
+            return out
 
         return await each_apart(appends, placed, both)
 
@@ -236,6 +267,7 @@ class HybridTraceStore(TraceStore, MessageStore):
     ) -> list[tp.Message]:
         r = self.remote(trace_id, owner)
         if r is None:
+            await self._refuse_copy(owner, trace_id)
             return await self.messages.append_messages(owner, trace_id, messages, parent_sequence)
         if any(m.status == tp.MESSAGE_STATUS_PENDING for m in messages):
             # A turn of a local agent: into the copy's outbox, sent home when it completes.
