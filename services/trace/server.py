@@ -69,6 +69,8 @@ async def build(
             peer_registry,
             peers,
             page_size=settings.federation.page_size,
+            cached_read_wait_s=settings.federation.cached_read_wait_s,
+            deadline_margin_s=settings.federation.deadline_margin_s,
         )
         signer = signer or signer_for(settings)
         messages = MessageHandler(federated, stores.subagents)
@@ -118,7 +120,7 @@ async def build(
                 ),
             ],
             signer=signer,
-            on_stop=[engine.dispose, peers.close],
+            on_stop=[federated.close, engine.dispose, peers.close],
             registry=registry,
             **{**server_settings(settings, "trace"), **({"address": address} if address else {})},
         )

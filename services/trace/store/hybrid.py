@@ -26,19 +26,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 
 from agentmesh.libs.errors import (
-    DeadlineExceeded,
     FailedPrecondition,
     MeshError,
     NotFound,
-    ResourceExhausted,
     Unavailable,
 )
 from agentmesh.libs.ids import TraceRef
 from agentmesh.libs.peer_http import NotSent, PeerClients
-from agentmesh.libs.peers import Peer, PeerRegistry
+from agentmesh.libs.peers import PeerRegistry
 from agentmesh.services.trace.domain import FINAL_MESSAGE_STATES, Cursor
 from agentmesh.services.trace.store.base import (
     Append,
@@ -52,12 +49,11 @@ from agentmesh.services.trace.store.base import (
     TraceStore,
     each_apart,
 )
+from agentmesh.services.trace.store.copy_sync import UNREACHABLE, CopySync, Remote
 from agentmesh.services.trace.store.remote import RemoteTraceStore
-from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
 
 log = logging.getLogger(__name__)
-UNREACHABLE = (Unavailable, DeadlineExceeded, ResourceExhausted)
 
 
 def unconfirmed(r: Remote, err: MeshError, what: str = "") -> Unavailable:
@@ -78,17 +74,6 @@ def copy_refused(trace_id: str, home: str) -> FailedPrecondition:
     )
 
 
-@dataclass
-class Remote:
-    peer: Peer
-    ref: TraceRef  # the short form, @alias/id: the id we hand out and the copy's key
-    store: RemoteTraceStore
-
-    @property
-    def home(self) -> str:
-        return str(self.ref)
-
-
 class HybridTraceStore(TraceStore, MessageStore):
     def __init__(
         self,
@@ -98,13 +83,18 @@ class HybridTraceStore(TraceStore, MessageStore):
         registry: PeerRegistry | None = None,
         peers: PeerClients | None = None,
         page_size: int = 1000,
+        cached_read_wait_s: float = 0.8,
+        deadline_margin_s: float = 0.5,
     ) -> None:
         self.local = local
         self.messages = local_messages
         self.copies = copies
         self.registry = registry or PeerRegistry()
         self.peers = peers
-        self.page_size = page_size
+        self.syncer = CopySync(copies, page_size, cached_read_wait_s, deadline_margin_s)
+
+    async def close(self) -> None:
+        await self.syncer.close()
 
     # ---- routing ----------------------------------------------------------------------------------
 
@@ -122,39 +112,7 @@ class HybridTraceStore(TraceStore, MessageStore):
 
     async def sync(self, owner: str, r: Remote, *, allow_stale: bool) -> tuple[CopyState, bool]:
         """Brings the owner's copy of `r` up to date; (the copy, True when it could not: stale)."""
-        state = await self.copies.find(owner, r.home)
-        if state is not None and state.outbox and not state.outbox_pending:
-            # a turn on the copy that ended unsent (its process died; a reaper settled its placeholder):
-            # what it wrote never reached home, so it goes (never a silent local fork)
-            await self.copies.drop_outbox(owner, state.trace_id)
-            state = await self.copies.find(owner, r.home)
-        if state is not None and state.outbox:
-            if not allow_stale:
-                raise FailedPrecondition(f"a turn is already running on {r.home} here")
-            return state, False  # a turn runs on the copy: it is what the run reads
-        since = state.home_sequence if state else 0
-        if state is not None and state.pending_from:
-            since = min(since, state.pending_from - 1)
-        try:
-            trace = await r.store.get_trace(owner, r.ref.id)
-            while True:
-                page = await r.store.list_messages(
-                    owner,
-                    MessageQuery(r.ref.id, mode=ms.PATH_MODE_ALL, since_sequence=since, limit=self.page_size),
-                )
-                done = len(page.messages) < self.page_size
-                state = await self.copies.save(owner, r.home, trace, page.messages, final=done)
-                if done:
-                    return state, False
-                since = page.messages[-1].sequence
-        except UNREACHABLE as err:
-            state = await self.copies.find(owner, r.home)
-            if allow_stale and state is not None:
-                log.info("peer %s did not answer; reading the cached copy of %s", r.peer.alias, r.home)
-                return state, True
-            if allow_stale:
-                raise Unavailable(f"{r.home}: {err.message}, and there is no cached copy") from err
-            raise Unavailable(f"cannot append to {r.home}: {err.message}; nothing was appended") from err
+        return await self.syncer.sync(owner, r, allow_stale=allow_stale)
 
     def _out(self, message: tp.Message, r: Remote) -> tp.Message:
         message.trace_id = r.home
