@@ -46,7 +46,8 @@ async def build(
 ) -> ServiceServer:
     """Migrates the database (`upgrade head`), imports the catalog's built-in agents and starts the
     gRPC server. The returned server is started; its `stop()` also disposes the engine."""
-    peer_registry = PeerRegistry.load(settings.peers)
+    # a malformed file or an unset credential variable stops the start (docs/federation.md)
+    peer_registry = PeerRegistry.load(settings.peers).require_credentials()
     url = settings.sqlalchemy_url
     # trace_store.internal (docs/requirements.md#shared-database-mode)
     if peer_registry.store.internal_url and not settings.database_url:

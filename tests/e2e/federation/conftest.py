@@ -1,9 +1,9 @@
 """Three full meshes on loopback, each with its own ports and keys (issue 14's topology):
 
 - org A "cloud" and org A "terminal" share one PostgreSQL database (hybrid mode,
-  docs/requirements.md#shared-database-mode: the
-  internal store named in the peer file's `trace_store.internal`), so their traces are local to each
-  other with no HTTP;
+  docs/requirements.md#shared-database-mode: named in the cloud's peer file as `trace_store.internal`,
+  in the terminal's in the flat form `trace_store: {type: database, url}`), so their traces are local
+  to each other with no HTTP;
 - org B has its own database (SQLite) and is reached over HTTP
   (docs/requirements.md#remote-trace-store), in both directions: A's peer
   file registers B as `orgb`, B's registers A's cloud as `orga`.
@@ -240,6 +240,17 @@ async def fed(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> AsyncIte
             }
         )
     )
+    # the terminal's file takes the other shapes of the requirements: the flat `trace_store` form of the
+    # shared database, and `agents:` mapping an alias to a peer
+    peers_t = tmp / "peers-t.yaml"
+    peers_t.write_text(
+        yaml.safe_dump(
+            {
+                "trace_store": {"type": "database", "url": pg_url},
+                "agents": {"orgb": {"url": f"http://127.0.0.1:{b_port}", "credential": a_env, "type": "org"}},
+            }
+        )
+    )
     peers_b = tmp / "peers-b.yaml"
     peers_b.write_text(
         yaml.safe_dump(
@@ -263,6 +274,9 @@ async def fed(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> AsyncIte
         "cached_read_wait_s": 5.0,
     }
     meshes: list[Mesh] = []
+    # Each side's key exists only once the other side is up: the variables hold a placeholder at the
+    # start (an unset one stops it), the real keys right after (a key is read at each call).
+    os.environ[a_env] = os.environ[b_env] = "not-yet"
     try:
         # org A: no AGENTMESH_DATABASE_URL; the peer file's trace_store.internal names the shared database
         cloud = await start_mesh(
@@ -271,7 +285,7 @@ async def fed(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> AsyncIte
         )  # fmt: skip
         meshes.append(cloud)
         terminal = await start_mesh(
-            tmp / "terminal", rules=RULES, catalog=catalog, gateway_port=terminal_port, peers=str(peers_a),
+            tmp / "terminal", rules=RULES, catalog=catalog, gateway_port=terminal_port, peers=str(peers_t),
             federation=fast,
         )  # fmt: skip
         meshes.append(terminal)
