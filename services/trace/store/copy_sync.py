@@ -18,7 +18,13 @@ import logging
 from dataclasses import dataclass
 
 from agentmesh.libs import deadlines
-from agentmesh.libs.errors import DeadlineExceeded, FailedPrecondition, ResourceExhausted, Unavailable
+from agentmesh.libs.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+)
 from agentmesh.libs.ids import TraceRef
 from agentmesh.libs.peers import Peer
 from agentmesh.services.trace.store.base import CopyState, CopyStore, MessageQuery
@@ -40,6 +46,18 @@ class Remote:
     @property
     def home(self) -> str:
         return str(self.ref)
+
+
+def located(peer: Peer, trace_id: str) -> str:
+    """A trace id as the peer gave it, in a form that means the same here: its own traces as
+    `@alias/<id>`; an id that already names where it lives stays as it is."""
+    if not trace_id:
+        return ""
+    try:
+        ref = TraceRef.parse(trace_id)
+    except InvalidArgument:
+        return trace_id
+    return str(peer.ref(ref.id)) if ref.is_local else trace_id
 
 
 class CopySync:
@@ -114,10 +132,10 @@ class CopySync:
             since = min(since, state.pending_from - 1)
         trace = await r.store.get_trace(owner, r.ref.id)
         while True:
-            page = await r.store.list_messages(
-                owner,
-                MessageQuery(r.ref.id, mode=ms.PATH_MODE_ALL, since_sequence=since, limit=self.page_size),
-            )
+            query = MessageQuery(r.ref.id, ms.PATH_MODE_ALL, since_sequence=since, limit=self.page_size)
+            page = await r.store.list_messages(owner, query)
+            for m in page.messages:
+                m.caller_trace_id = located(r.peer, m.caller_trace_id)
             done = len(page.messages) < self.page_size
             saved = await self.copies.save(owner, r.home, trace, page.messages, final=done)
             if done:

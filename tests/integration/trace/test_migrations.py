@@ -166,10 +166,12 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
 
     # 0005: one word, trace: the table and the columns that named a trace by a session are renamed,
     # with their indexes and constraints; the rows stay.
-    await migrate(empty_engine)
+    await migrate(empty_engine, "0005")
     assert await _revision(empty_engine) == "0005"
     tables, diff = await _state(empty_engine)
-    assert TABLES <= tables and "sessions" not in tables and diff == []
+    assert TABLES <= tables and "sessions" not in tables
+    added = {(d[0], d[3].name) for d in diff}  # type: ignore[index]  # what 0006 adds
+    assert added == {("add_column", "home_id"), ("add_column", "home_caller_agent")}
     assert {"trace_id", "caller_trace_id"} <= await _columns(empty_engine, "messages")
     assert {"trace_id", "caller_trace_id"} <= await _columns(empty_engine, "a2a_tasks")
     assert {"trace_id", "child_trace_id"} <= await _columns(empty_engine, "subagent_sessions")
@@ -188,8 +190,16 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
                     " VALUES ('t-1', 1, 'user', '', '', '', 0, 0, 0, 'completed')"
                 )
             )
+    # 0006: a copied message's identity at home; NULL on every row of this mesh's own traces.
+    await migrate(empty_engine)
+    assert await _revision(empty_engine) == "0006"
+    assert {"home_id", "home_caller_agent"} <= await _columns(empty_engine, "messages")
+    assert await _rows(empty_engine, "SELECT id FROM messages WHERE home_id IS NOT NULL") == []
+    assert (await _state(empty_engine))[1] == []
     await migrate(empty_engine)  # idempotent at head
-    assert await _revision(empty_engine) == "0005"
+    assert await _revision(empty_engine) == "0006"
+    await downgrade(empty_engine, "0005")
+    assert "home_id" not in await _columns(empty_engine, "messages")
     await downgrade(empty_engine, "0004")
     assert "traces" not in (await _state(empty_engine))[0]
     assert "session_id" in await _columns(empty_engine, "messages")
@@ -218,4 +228,4 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
 
     await migrate(empty_engine)
     tables, diff = await _state(empty_engine)
-    assert TABLES <= tables and diff == [] and await _revision(empty_engine) == "0005"
+    assert TABLES <= tables and diff == [] and await _revision(empty_engine) == "0006"

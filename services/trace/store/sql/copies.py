@@ -151,6 +151,8 @@ class SqlCopyStore(CopyStore):
                     target.source = enum_to_str(tp.MessageSource.DESCRIPTOR, m.source) or "user"
                     target.a2a_task_id = m.a2a_task_id[:64] or None
                     target.caller_trace_id = m.caller_trace_id[:200] or None
+                    target.home_id = m.id or None
+                    target.home_caller_agent = m.caller_agent[:100] or None
                     target.created_at = (
                         m.create_time.ToDatetime(tzinfo=stamp.tzinfo) if m.HasField("create_time") else stamp
                     )
