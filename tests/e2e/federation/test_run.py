@@ -80,3 +80,37 @@ async def test_an_unregistered_peer_is_refused_alike_on_every_route(fed: Fed) ->
                 assert resp.status_code == 403, (ref, route, resp.text)
                 assert resp.json()["error"]["reason"] == "PERMISSION_DENIED", (ref, route)
     assert fed.canary.connections == before  # refused before any connection
+
+
+async def test_a_peers_run_streams_live_with_its_model_slowed(fed: Fed) -> None:
+    """The relay passes each event on as it comes: the first words arrive long before the turn ends."""
+    import time
+
+    from tests.e2e.federation.conftest import RULES
+    from tests.mesh import sse_events
+
+    tid = await new_trace(fed.orgb, 0)
+    slow = {
+        **RULES,
+        "rules": [{"system": r"\[coder\]", "text": "slow " * 40, "tokens_per_second": 40}, *RULES["rules"]],
+    }
+    fed.orgb.mock.set_rules(slow)
+    first: float | None = None
+    try:
+        async with fed.cloud.http() as http:
+            started = time.monotonic()
+            async with http.stream(
+                "POST", f"/api/traces/@orgb/{tid}/run", json={"input": "slowly"},
+                headers={"Accept": "text/event-stream"},
+            ) as resp:  # fmt: skip
+                assert resp.status_code == 200
+                text = []
+                async for event in sse_events(resp):
+                    if event["type"] == "text-delta":
+                        first = first or time.monotonic()
+                        text.append(event["textDelta"])
+            ended = time.monotonic()
+    finally:
+        fed.orgb.mock.set_rules(RULES)
+    assert first is not None and "".join(text).strip() == ("slow " * 40).strip()
+    assert first - started < (ended - started) / 2, (first - started, ended - started)
