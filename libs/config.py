@@ -93,9 +93,16 @@ class FederationSettings(BaseModel):
     backoff_s: float = 0.2  # the first retry's delay; doubles
     max_response_bytes: int = 32 * 1024 * 1024  # a larger answer (decompressed) is refused
     page_size: int = 1000  # messages per page when syncing a remote trace
-    # A peer that could not be reached is not dialled again for this long: reads answer from the cache
-    # at once, writes fail at once (0: dial every time).
+    # A peer that did not answer (refused, cut, timed out) is marked down: reads answer from the cache
+    # at once, writes fail at once, and one background probe (GET /healthz) per peer finds it back, first
+    # after down_s, then at doubling intervals up to probe_max_s (down_s 0: no memo, dial every time).
     down_s: float = 2.0
+    probe_max_s: float = 30.0
+    # A read of a peer's trace whose cached copy exists waits this long for the peer, then answers from
+    # the copy (stale) while the sync goes on in the background.
+    cached_read_wait_s: float = 0.8
+    # What a call to a peer leaves of its caller's deadline, to answer from the copy or with an error.
+    deadline_margin_s: float = 0.5
 
 
 class A2ASettings(BaseModel):

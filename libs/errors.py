@@ -21,6 +21,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from agentmesh.events.v1 import events_pb2 as ev
+from agentmesh.libs import deadlines
 
 DOMAIN = "agentmesh.dev"
 log = logging.getLogger(__name__)
@@ -358,13 +359,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def grpc_errors(fn: F) -> F:
     """Servicer method decorator: MeshError (or a downstream AioRpcError) -> its gRPC status; anything
-    else -> INTERNAL without a trace."""
+    else -> INTERNAL without a trace. The call's deadline is recorded for what it calls (libs.deadlines)."""
     if inspect.isasyncgenfunction(fn):
 
         @functools.wraps(fn)
         async def gen_wrapper(
             self: Any, request: Any, context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Any]:
+            deadlines.serve(context)
             try:
                 async for item in fn(self, request, context):
                     yield item
@@ -382,6 +384,7 @@ def grpc_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        deadlines.serve(context)
         try:
             return await fn(self, request, context)
         except MeshError as err:

@@ -190,6 +190,12 @@ class PeerMetrics:
             buckets=QUERY_BUCKETS,
             registry=r,
         )
+        self.up = Gauge(
+            "agentmesh_peer_up",
+            "1 while a peer counts as answering, 0 while it is marked down (a probe looks for it)",
+            ["peer"],
+            registry=r,
+        )
         self.trace_reads = Counter(
             "agentmesh_peer_trace_reads",
             "Reads of peers' traces, by peer and source (fresh: synced; stale: the cache, the peer down)",

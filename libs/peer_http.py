@@ -1,8 +1,13 @@
 """HTTP to a registered peer's gateway (httpx): the one way any process of this mesh talks to another
-mesh. Every request has timeouts; idempotent reads are retried (bounded, with backoff) on connection
-failures and 502/503/504, writes never; redirects are never followed (a 3xx is an error); answers are
-gzip-compressed on the wire and bounded in size after decompression; TLS is verified. The peer's key is
-sent as `Authorization: Bearer` and never logged.
+mesh. Every request has timeouts, and takes no longer than what is left of the deadline of the call it
+serves minus a margin (libs.deadlines); idempotent reads are retried (bounded, with backoff) on
+connection failures and 502/503/504, writes never; redirects are never followed (a 3xx is an error);
+answers are gzip-compressed on the wire and bounded in size after decompression; TLS is verified. The
+peer's key is sent as `Authorization: Bearer` and never logged.
+
+A peer that did not answer (refused, cut, timed out) is marked down: every request fails at once
+(NotSent) until one background probe per peer (GET /healthz, first after `down_s`, then at doubling
+intervals up to `probe_max_s`) finds it answering again.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from urllib.parse import quote
 
 import httpx
 
+from agentmesh.libs import deadlines
 from agentmesh.libs.config import FederationSettings
 from agentmesh.libs.errors import (
     DeadlineExceeded,
@@ -97,7 +103,9 @@ class PeerClient:
         self.metrics = metrics or PeerMetrics()
         self._transport = transport
         self._http: httpx.AsyncClient | None = None
-        self.down_until = 0.0  # monotonic time until which the peer counts as down (settings.down_s)
+        self.down_since: float | None = None  # monotonic time it was marked down; None: up
+        self._probe: asyncio.Task[None] | None = None  # the one probe that finds a down peer back
+        self.metrics.up.labels(peer.alias).set(1)
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
@@ -114,6 +122,9 @@ class PeerClient:
         return self._http
 
     async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            self._probe = None
         if self._http is not None:
             await self._http.aclose()
             self._http = None
@@ -147,22 +158,64 @@ class PeerClient:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    @property
+    def is_down(self) -> bool:
+        return self.down_since is not None
+
     def _check_up(self) -> None:
-        left = self.down_until - time.monotonic()
-        if left > 0:
+        if self.down_since is not None:
+            ago = time.monotonic() - self.down_since
             raise NotSent(
-                f"peer {self.peer.alias!r} did not answer a moment ago (tried again in {left:.1f}s)"
+                f"peer {self.peer.alias!r} did not answer a moment ago ({ago:.1f}s ago; it is probed "
+                "in the background and dialled again once it answers)"
             )
 
-    def _mark_down(self) -> None:
-        if self.settings.down_s > 0:
-            self.down_until = time.monotonic() + self.settings.down_s
+    def mark_down(self) -> None:
+        """The peer did not answer: requests fail at once until the probe finds it back (down_s 0: no
+        memo)."""
+        if self.settings.down_s <= 0:
+            return
+        if self.down_since is None:
+            log.info("peer %s is marked down", self.peer.alias)
+            self.down_since = time.monotonic()
+            self.metrics.up.labels(self.peer.alias).set(0)
+        if self._probe is None:
+            self._probe = asyncio.get_running_loop().create_task(self._find_back())
+
+    async def _find_back(self) -> None:
+        delay = self.settings.down_s
+        try:
+            while True:
+                await asyncio.sleep(delay)
+                ok, why = await self.healthy(min(self.settings.timeout_s, max(delay, 1.0)))
+                self.metrics.requests.labels(self.peer.alias, "PROBE", "ok" if ok else "unavailable").inc()
+                if ok:
+                    log.info("peer %s answers again", self.peer.alias)
+                    self.down_since = None
+                    self.metrics.up.labels(self.peer.alias).set(1)
+                    return
+                log.info("peer %s is still down (%s)", self.peer.alias, why)
+                delay = min(delay * 2, max(self.settings.probe_max_s, self.settings.down_s))
+        finally:
+            self._probe = None
+
+    def _budget(self) -> float | None:
+        """What a request may take: the caller's deadline minus the margin (None: only its timeouts)."""
+        return deadlines.budget(self.settings.deadline_margin_s)
+
+    def _out_of_time(self, budget: float) -> DeadlineExceeded:
+        self.mark_down()
+        return DeadlineExceeded(
+            f"peer {self.peer.alias!r} did not answer within {budget:.1f}s (what its caller's deadline left)"
+        )
 
     async def _once(self, method: str, path: str, **kwargs: Any) -> Any:
         started = time.monotonic()
-        outcome = "ok"
+        outcome = "cancelled"  # cut short: the caller's budget ran out, or its caller went away
         try:
-            return await self._exchange(method, path, **kwargs)
+            answer = await self._exchange(method, path, **kwargs)
+            outcome = "ok"
+            return answer
         except MeshError as err:
             outcome = err.code_name
             raise
@@ -185,8 +238,18 @@ class PeerClient:
             raise Unavailable(f"peer {self.peer.alias!r} answered something that is not JSON") from exc
 
     async def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
-        """An idempotent read: retried on connection failures, timeouts and 502/503/504."""
+        """An idempotent read: retried on connection failures, timeouts and 502/503/504, all of it
+        within the caller's budget."""
         self._check_up()
+        budget = self._budget()
+        try:
+            async with asyncio.timeout(budget):
+                return await self._get(path, params)
+        except TimeoutError:
+            assert budget is not None
+            raise self._out_of_time(budget) from None
+
+    async def _get(self, path: str, params: dict[str, Any] | None) -> Any:
         attempts = 1 + max(0, self.settings.read_retries)
         delay = self.settings.backoff_s
         for attempt in range(attempts):
@@ -195,7 +258,7 @@ class PeerClient:
             except RETRIED as err:
                 if attempt == attempts - 1:
                     if not isinstance(err, PeerBusy):
-                        self._mark_down()
+                        self.mark_down()
                     raise
                 log.info("retrying a read of peer %s: %s", self.peer.alias, err.message)
                 await asyncio.sleep(delay)
@@ -203,12 +266,18 @@ class PeerClient:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def post(self, path: str, body: Any) -> Any:
-        """A write: sent once (never retried, so it is never applied twice)."""
+        """A write: sent once (never retried, so it is never applied twice), within the caller's
+        budget. A DeadlineExceeded or a PeerUnreachable that is not NotSent: it may have arrived."""
         self._check_up()
+        budget = self._budget()
         try:
-            return await self._once("POST", path, json=body)
+            async with asyncio.timeout(budget):
+                return await self._once("POST", path, json=body)
+        except TimeoutError:
+            assert budget is not None
+            raise self._out_of_time(budget) from None
         except (PeerUnreachable, DeadlineExceeded):
-            self._mark_down()
+            self.mark_down()
             raise
 
     @asynccontextmanager

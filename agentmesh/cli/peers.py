@@ -19,8 +19,12 @@ def add_parser(sub: Any, output: argparse.ArgumentParser) -> None:
         "list", parents=[output], help="each peer: alias, type, URL, credential variable (never its value)"
     )
     check = peers_sub.add_parser(
-        "check", parents=[output], help="does each peer's gateway answer (exit 1 when one does not)"
+        "check",
+        parents=[output],
+        help="FILE: validate a peer file, contacting nothing (exit 2 when it is invalid); no FILE: "
+        "validate AGENTMESH_PEERS's file, then ask each peer (exit 1 when one does not answer)",
     )
+    check.add_argument("file", nargs="?", default="", help="the peer file to validate")
     check.add_argument("--timeout", type=float, default=3.0, help="seconds per peer")
 
 
@@ -31,11 +35,17 @@ def run(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     as_json = args.output == "json"
+    checking = args.peers_command == "check"
+    path = getattr(args, "file", "") or settings.peers
     try:
-        registry = PeerRegistry.load(settings.peers)
+        registry = PeerRegistry.load(path)
+        if checking:
+            registry.require_credentials()
     except PeerConfigError as exc:
         print(f"agentmesh peers: {exc}", file=sys.stderr)
         return 2
+    if checking and getattr(args, "file", ""):
+        return _valid(path, registry, as_json)
     if not len(registry):
         if as_json:
             print("[]")
@@ -72,3 +82,15 @@ def run(args: argparse.Namespace) -> int:
         return 0 if all(ok for ok, _ in results) else 1
 
     return asyncio.run(check())
+
+
+def _valid(path: str, registry: Any, as_json: bool) -> int:
+    """`peers check FILE`: what the valid file registers (nothing is contacted)."""
+    aliases = [p.alias for p in registry]
+    shared = bool(registry.store.internal_url)
+    if as_json:
+        print(json.dumps({"file": path, "valid": True, "peers": aliases, "sharedDatabase": shared}, indent=2))
+    else:
+        names = ", ".join(aliases) or "none"
+        print(f"{path}: valid; peers: {names}; shared database: {'yes' if shared else 'no'}")
+    return 0

@@ -50,8 +50,8 @@ async def run(rounds: int = 20, work: Path | None = None) -> dict[str, Any]:
         yaml.safe_dump({"peers": {"home": {"url": f"http://127.0.0.1:{home_port}", "credential": env_name}}})
     )
     home = await start_mesh(tmp / "home", gateway_port=home_port)
+    os.environ[env_name] = home.api_key  # set before the start: an unset credential variable stops it
     reader = await start_mesh(tmp / "reader", gateway_port=reader_port, peers=str(peers))
-    os.environ[env_name] = home.api_key
     try:
         async with home.http() as http:
             created = await http.post("/api/chat", json={"agent": "general", "message": "hello"})

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,6 +23,7 @@ from agentmesh.gateway.drain import Drain
 from agentmesh.gateway.errors import READ, SSE, WRITE, responses
 from agentmesh.gateway.openapi import INTEGER, MESSAGE, TRACE, obj, ok
 from agentmesh.gateway.params import MESSAGE_PATTERN, NO_NUL, SLUG_PATTERN, TRACE_ID_PATTERN
+from agentmesh.gateway.relay import relay_run
 from agentmesh.gateway.routes.sessions import messages_page
 from agentmesh.gateway.sse import drain_options, sse_message
 from agentmesh.gateway.turns import ended_event, start_turn, turn_events
@@ -29,6 +31,7 @@ from agentmesh.libs import events
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.errors import InvalidArgument, rpc
 from agentmesh.libs.ids import MAX_REF, TraceRef
+from agentmesh.libs.peer_file import DEFAULT_PORTS
 from agentmesh.libs.protojson import from_json, to_json
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.trace.v1 import message_service_pb2 as ms
@@ -64,9 +67,29 @@ TraceId = Annotated[
 ]
 
 
-def _ref(trace_id: str) -> str:
-    """The id checked (a 422 with the reason for a malformed one) and in its canonical spelling."""
-    return str(TraceRef.parse(trace_id))
+def _ref(trace_id: str, request: Request) -> str:
+    """The id checked (a 422 with the reason for a malformed one) and in its canonical spelling; an
+    `agent://` id that names this gateway (the address the request came to, or its public URL) is one
+    of this mesh's traces."""
+    ref = TraceRef.parse(trace_id)
+    if ref.host and ref.authority in _own(request):
+        return ref.id
+    return str(ref)
+
+
+def _own(request: Request) -> set[str]:
+    """This gateway's `host:port` spellings: the request's, and the public URL's when one is set."""
+    urls = [str(request.base_url), settings(request).a2a.public_url]
+    own = set()
+    for url in filter(None, urls):
+        parts = urlsplit(url)
+        if parts.hostname:
+            port = parts.port or DEFAULT_PORTS.get(parts.scheme, 0)
+            host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+            own.add(f"{host.lower()}:{port}")
+            if port == DEFAULT_PORTS.get(parts.scheme):
+                own.add(host.lower())  # agent://host/<id>: the scheme's default port
+    return own
 
 
 class MessageIn(BaseModel):
@@ -135,7 +158,7 @@ async def list_messages(
     """{"messages": [...], "headSequence": n, "total": n, "stale": bool, "syncTime", "ageS"}: the main path
     (from the head, or head_sequence) or every branch, by sequence, after since_sequence, paged."""
     resp, page = await messages_page(
-        clients(request), _ref(trace_id), mode, head_sequence, since_sequence, limit, offset
+        clients(request), _ref(trace_id, request), mode, head_sequence, since_sequence, limit, offset
     )
     return {
         **page,
@@ -154,7 +177,8 @@ async def append_messages(
     """Appends finished messages after the head (or parentSequence), all or none:
     {"messages": [{"role": "user", "content": "..."}, ...]} -> {"messages": [stored, with ids]}. A
     peer's trace is appended to at its home, or not at all (503 when the peer does not answer)."""
-    req = ms.AppendMessagesRequest(trace_id=_ref(trace_id), messages=[_message(m) for m in body.messages])
+    messages = [_message(m) for m in body.messages]
+    req = ms.AppendMessagesRequest(trace_id=_ref(trace_id, request), messages=messages)
     if body.parent_sequence is not None:
         req.parent_sequence = body.parent_sequence
     resp = await rpc(clients(request).messages.AppendMessages(req))
@@ -186,15 +210,21 @@ async def run(
 ) -> dict[str, Any] | EventSourceResponse:
     """Continues the trace: its agent (or `agent`) runs one turn on `input`, appended to the trace.
     With `Accept: text/event-stream` the turn's events stream as SSE (as POST /api/chat); otherwise
-    the answer waits for the end: {"traceId", "ok", "output", "messageId", "error"}."""
-    tid = _ref(trace_id)
+    the answer waits for the end: {"traceId", "ok", "output", "messageId", "error"}. A peer's trace
+    is continued at its home (its /run), relayed."""
+    tid = _ref(trace_id, request)
     if not body.input.strip():
         raise InvalidArgument("input must not be empty")
     c: Clients = clients(request)
+    mesh = settings(request)
+    wants_sse = "text/event-stream" in request.headers.get("accept", "")
+    ref = TraceRef.parse(tid)
+    if not ref.is_local:  # a peer's trace: continued at its home
+        relayed = {"input": body.input, **({"agent": body.agent} if body.agent else {})}
+        return await relay_run(c, ref, relayed, wants_sse, mesh.stream.heartbeat_s)
     request_turn = orc.RunTurnRequest(trace_id=tid, input=body.input, agent=body.agent, chat=orc.ChatCaller())
     turn = await start_turn(c, request_turn)
-    mesh = settings(request)
-    if "text/event-stream" in request.headers.get("accept", ""):
+    if wants_sse:
         drain: Drain = request.app.state.drain
 
         async def stream() -> AsyncIterator[dict[str, str]]:
@@ -238,7 +268,9 @@ async def run(
 async def get_trace(request: Request, user: User, trace_id: TraceId) -> dict[str, Any]:
     """{"trace": {...}, "messageCount": n, "mainPathCount": n, "stale": bool, "syncTime", "ageS"}."""
     resp = await rpc(
-        clients(request).trace.GetTrace(ts.GetTraceRequest(trace_id=_ref(trace_id), view=ts.TRACE_VIEW_FULL))
+        clients(request).trace.GetTrace(
+            ts.GetTraceRequest(trace_id=_ref(trace_id, request), view=ts.TRACE_VIEW_FULL)
+        )
     )
     t = resp.trace
     return {

@@ -48,7 +48,8 @@ async def build(
 ) -> ServiceServer:
     """Migrates the database (`upgrade head`), imports the catalog's built-in agents and starts the
     gRPC server. The returned server is started; its `stop()` also disposes the engine."""
-    peer_registry = PeerRegistry.load(settings.peers)
+    # a malformed file or an unset credential variable stops the start (docs/federation.md)
+    peer_registry = PeerRegistry.load(settings.peers).require_credentials()
     url = settings.sqlalchemy_url
     # trace_store.internal (docs/requirements.md#shared-database-mode)
     if peer_registry.store.internal_url and not settings.database_url:
@@ -71,6 +72,8 @@ async def build(
             peer_registry,
             peers,
             page_size=settings.federation.page_size,
+            cached_read_wait_s=settings.federation.cached_read_wait_s,
+            deadline_margin_s=settings.federation.deadline_margin_s,
         )
         signer = signer or signer_for(settings)
         messages = MessageHandler(federated, stores.subagents)
@@ -120,7 +123,7 @@ async def build(
                 ),
             ],
             signer=signer,
-            on_stop=[engine.dispose, peers.close],
+            on_stop=[federated.close, engine.dispose, peers.close],
             registry=registry,
             **{**server_settings(settings, "trace"), **({"address": address} if address else {})},
         )

@@ -229,6 +229,10 @@ class CopyStore(abc.ABC):
         """The copy state of a local trace id, or None when it is not a copy."""
 
     @abc.abstractmethod
+    async def homes(self, owner: str, trace_ids: Collection[str]) -> dict[str, str]:
+        """Of `trace_ids`, those that are the owner's copies: local id -> home (one read)."""
+
+    @abc.abstractmethod
     async def save(
         self, owner: str, home: str, trace: tp.Trace, messages: Sequence[tp.Message], final: bool
     ) -> CopyState:

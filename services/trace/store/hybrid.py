@@ -8,7 +8,9 @@ before any connection), read through a cached copy in our own database:
   every paging option the local store has; when the peer does not answer, the copy answers, marked
   stale with its sync time; with no copy, the read fails UNAVAILABLE;
 - an append of finished messages (POST /api/traces/{id}/messages here) goes straight to the peer; when
-  the peer does not answer it fails UNAVAILABLE and nothing is appended anywhere;
+  the peer does not answer it fails UNAVAILABLE and nothing is appended anywhere; an append to a copy
+  by its local id is refused (FAILED_PRECONDITION naming the home id): it would never reach home, and
+  the next sync would drop it;
 - a turn of a local agent on a peer's trace (agent-invoke continueFrom) appends its user message and
   pending placeholder to the copy (the outbox), so the run reads the peer's main path as its history;
   when the placeholder completes, the turn's messages are sent home in one append and the outbox is
@@ -24,19 +26,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 
 from agentmesh.libs.errors import (
-    DeadlineExceeded,
     FailedPrecondition,
     MeshError,
     NotFound,
-    ResourceExhausted,
     Unavailable,
 )
 from agentmesh.libs.ids import TraceRef
 from agentmesh.libs.peer_http import NotSent, PeerClients
-from agentmesh.libs.peers import Peer, PeerRegistry
+from agentmesh.libs.peers import PeerRegistry
 from agentmesh.services.trace.domain import FINAL_MESSAGE_STATES, Cursor
 from agentmesh.services.trace.store.base import (
     Append,
@@ -50,12 +49,11 @@ from agentmesh.services.trace.store.base import (
     TraceStore,
     each_apart,
 )
+from agentmesh.services.trace.store.copy_sync import UNREACHABLE, CopySync, Remote
 from agentmesh.services.trace.store.remote import RemoteTraceStore
-from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
 
 log = logging.getLogger(__name__)
-UNREACHABLE = (Unavailable, DeadlineExceeded, ResourceExhausted)
 
 
 def unconfirmed(r: Remote, err: MeshError, what: str = "") -> Unavailable:
@@ -70,15 +68,10 @@ def unconfirmed(r: Remote, err: MeshError, what: str = "") -> Unavailable:
     )
 
 
-@dataclass
-class Remote:
-    peer: Peer
-    ref: TraceRef  # the short form, @alias/id: the id we hand out and the copy's key
-    store: RemoteTraceStore
-
-    @property
-    def home(self) -> str:
-        return str(self.ref)
+def copy_refused(trace_id: str, home: str) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"trace {trace_id} is this mesh's cached copy of {home}: append to {home}, which appends at its home"
+    )
 
 
 class HybridTraceStore(TraceStore, MessageStore):
@@ -90,13 +83,18 @@ class HybridTraceStore(TraceStore, MessageStore):
         registry: PeerRegistry | None = None,
         peers: PeerClients | None = None,
         page_size: int = 1000,
+        cached_read_wait_s: float = 0.8,
+        deadline_margin_s: float = 0.5,
     ) -> None:
         self.local = local
         self.messages = local_messages
         self.copies = copies
         self.registry = registry or PeerRegistry()
         self.peers = peers
-        self.page_size = page_size
+        self.syncer = CopySync(copies, page_size, cached_read_wait_s, deadline_margin_s)
+
+    async def close(self) -> None:
+        await self.syncer.close()
 
     # ---- routing ----------------------------------------------------------------------------------
 
@@ -114,39 +112,7 @@ class HybridTraceStore(TraceStore, MessageStore):
 
     async def sync(self, owner: str, r: Remote, *, allow_stale: bool) -> tuple[CopyState, bool]:
         """Brings the owner's copy of `r` up to date; (the copy, True when it could not: stale)."""
-        state = await self.copies.find(owner, r.home)
-        if state is not None and state.outbox and not state.outbox_pending:
-            # a turn on the copy that ended unsent (its process died; a reaper settled its placeholder):
-            # what it wrote never reached home, so it goes (never a silent local fork)
-            await self.copies.drop_outbox(owner, state.trace_id)
-            state = await self.copies.find(owner, r.home)
-        if state is not None and state.outbox:
-            if not allow_stale:
-                raise FailedPrecondition(f"a turn is already running on {r.home} here")
-            return state, False  # a turn runs on the copy: it is what the run reads
-        since = state.home_sequence if state else 0
-        if state is not None and state.pending_from:
-            since = min(since, state.pending_from - 1)
-        try:
-            trace = await r.store.get_trace(owner, r.ref.id)
-            while True:
-                page = await r.store.list_messages(
-                    owner,
-                    MessageQuery(r.ref.id, mode=ms.PATH_MODE_ALL, since_sequence=since, limit=self.page_size),
-                )
-                done = len(page.messages) < self.page_size
-                state = await self.copies.save(owner, r.home, trace, page.messages, final=done)
-                if done:
-                    return state, False
-                since = page.messages[-1].sequence
-        except UNREACHABLE as err:
-            state = await self.copies.find(owner, r.home)
-            if allow_stale and state is not None:
-                log.info("peer %s did not answer; reading the cached copy of %s", r.peer.alias, r.home)
-                return state, True
-            if allow_stale:
-                raise Unavailable(f"{r.home}: {err.message}, and there is no cached copy") from err
-            raise Unavailable(f"cannot append to {r.home}: {err.message}; nothing was appended") from err
+        return await self.syncer.sync(owner, r, allow_stale=allow_stale)
 
     def _out(self, message: tp.Message, r: Remote) -> tp.Message:
         message.trace_id = r.home
@@ -206,28 +172,51 @@ class HybridTraceStore(TraceStore, MessageStore):
     ) -> tuple[tp.Trace, list[tp.Message]]:
         return await self.messages.create_trace_with_messages(owner, trace, trace_id, messages)
 
+    async def _refuse_copy(self, owner: str, trace_id: str) -> None:
+        """A cached copy takes no append by its local id: a message appended there would never reach
+        home, and the next sync would drop it."""
+        home = (await self.copies.homes(owner, [trace_id])).get(trace_id)
+        if home is not None:
+            raise copy_refused(trace_id, home)
+
     async def append_message(
         self, owner: str, message: tp.Message, parent_sequence: int | None = None
     ) -> tp.Message:
         if self.remote(message.trace_id, owner) is None:
+            await self._refuse_copy(owner, message.trace_id)
             return await self.messages.append_message(owner, message, parent_sequence)
         (out,) = await self.append_messages(owner, message.trace_id, [message], parent_sequence)
         return out
 
     async def append_each(self, appends: Sequence[Append]) -> list[tp.Message | MeshError]:
         """The appends to local traces go to the local store together; those to a peer's trace one
-        after another (as append_message), beside them."""
+        after another (as append_message), beside them; those to a copy by its local id are refused."""
 
         def placed(a: Append) -> tuple[Append, bool]:  # (the append, to a local trace)
             return a, self.remote(a.message.trace_id, a.owner) is None
 
         async def both(found: list[tuple[Append, bool]]) -> list[tp.Message | MeshError]:
+            homes: dict[tuple[str, str], str] = {}
+            for owner in {a.owner for a, here in found if here}:
+                tids = {a.message.trace_id for a, here in found if here and a.owner == owner}
+                homes |= {(owner, t): h for t, h in (await self.copies.homes(owner, tids)).items()}
+
+            def copy_of(a: Append) -> str | None:
+                return homes.get((a.owner, a.message.trace_id))
+
             local, peers = await asyncio.gather(
-                self.messages.append_each([a for a, here in found if here]),
+                self.messages.append_each([a for a, here in found if here and copy_of(a) is None]),
                 MessageStore.append_each(self, [a for a, here in found if not here]),
             )
             mine, theirs = iter(local), iter(peers)
-            return [next(mine) if here else next(theirs) for _, here in found]
+            out: list[tp.Message | MeshError] = []
+            for a, here in found:
+                home = copy_of(a) if here else None
+                if home is not None:
+                    out.append(copy_refused(a.message.trace_id, home))
+                else:
+                    out.append(next(mine) if here else next(theirs))
+            return out
 
         return await each_apart(appends, placed, both)
 
@@ -236,6 +225,7 @@ class HybridTraceStore(TraceStore, MessageStore):
     ) -> list[tp.Message]:
         r = self.remote(trace_id, owner)
         if r is None:
+            await self._refuse_copy(owner, trace_id)
             return await self.messages.append_messages(owner, trace_id, messages, parent_sequence)
         if any(m.status == tp.MESSAGE_STATUS_PENDING for m in messages):
             # A turn of a local agent: into the copy's outbox, sent home when it completes.

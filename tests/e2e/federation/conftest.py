@@ -1,9 +1,9 @@
 """Three full meshes on loopback, each with its own ports and keys (issue 14's topology):
 
 - org A "cloud" and org A "terminal" share one PostgreSQL database (hybrid mode,
-  docs/requirements.md#shared-database-mode: the
-  internal store named in the peer file's `trace_store.internal`), so their traces are local to each
-  other with no HTTP;
+  docs/requirements.md#shared-database-mode: named in the cloud's peer file as `trace_store.internal`,
+  in the terminal's in the flat form `trace_store: {type: database, url}`), so their traces are local
+  to each other with no HTTP;
 - org B has its own database (SQLite) and is reached over HTTP
   (docs/requirements.md#remote-trace-store), in both directions: A's peer
   file registers B as `orgb`, B's registers A's cloud as `orga`.
@@ -56,15 +56,28 @@ RULES: dict[str, Any] = {
 class Proxy:
     """A TCP relay on a reserved loopback port in front of a peer's gateway: counts the bytes the peer
     sends back, can be taken down (connections refused) and can cut the answer after `cut_after` bytes
-    (a peer that dies mid-read). Also a canary: `connections` counts every connection it accepted."""
+    (a peer that dies mid-read). Also a canary: `connections` counts every connection it accepted.
+    `hold()` makes it a hung peer (it accepts connections and requests and never answers, until
+    `release()`); `delay_s` a slow one (each request reaches the peer that much later)."""
 
     def __init__(self, port: int, target_port: int) -> None:
         self.port, self.target_port = port, target_port
         self.bytes_back = 0
         self.connections = 0
         self.cut_after: int | None = None
+        self.delay_s = 0.0
+        self.held: asyncio.Event | None = None  # set: released
         self.server: asyncio.base_events.Server | None = None
         self.open: set[asyncio.StreamWriter] = set()
+
+    def hold(self) -> None:
+        self.held = asyncio.Event()
+
+    def release(self) -> None:
+        """Answers again; the connections held so far are cut."""
+        if self.held is not None:
+            self.held.set()
+            self.held = None
 
     async def up(self) -> None:
         if self.server is None:
@@ -81,6 +94,15 @@ class Proxy:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        if self.held is not None:
+            released = self.held
+            self.open.add(writer)
+            with contextlib.suppress(Exception):
+                await reader.read(65536)  # the request arrives, and is never answered
+                await released.wait()
+            writer.transport.abort()
+            self.open.discard(writer)
+            return
         try:
             up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
         except OSError:
@@ -91,6 +113,14 @@ class Proxy:
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, back: bool) -> None:
             try:
                 while data := await src.read(65536):
+                    if not back and self.held is not None:  # a request on a kept-alive connection
+                        released = self.held
+                        await released.wait()
+                        dst.transport.abort()
+                        writer.transport.abort()
+                        return
+                    if not back and self.delay_s:
+                        await asyncio.sleep(self.delay_s)  # a slow peer (the relay's pace, not a wait)
                     if back and self.cut_after is not None and self.bytes_back + len(data) > self.cut_after:
                         dst.write(data[: max(0, self.cut_after - self.bytes_back)])
                         await dst.drain()
@@ -210,6 +240,17 @@ async def fed(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> AsyncIte
             }
         )
     )
+    # the terminal's file takes the other shapes of the requirements: the flat `trace_store` form of the
+    # shared database, and `agents:` mapping an alias to a peer
+    peers_t = tmp / "peers-t.yaml"
+    peers_t.write_text(
+        yaml.safe_dump(
+            {
+                "trace_store": {"type": "database", "url": pg_url},
+                "agents": {"orgb": {"url": f"http://127.0.0.1:{b_port}", "credential": a_env, "type": "org"}},
+            }
+        )
+    )
     peers_b = tmp / "peers-b.yaml"
     peers_b.write_text(
         yaml.safe_dump(
@@ -221,9 +262,21 @@ async def fed(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> AsyncIte
         )
     )
     catalog = _catalog(tmp, b_port, a_env)
-    # short bounds; no down memo (a test takes a peer down and up again at once): test_peer_http.py has it
-    fast = {"read_retries": 1, "backoff_s": 0.05, "timeout_s": 5.0, "connect_timeout_s": 1.0, "down_s": 0}
+    # short bounds; no down memo (a test takes a peer down and up again at once): test_peer_http.py has
+    # it; a read with a copy waits for its sync as long as a loaded machine may need (test_budgets.py
+    # has the default short wait)
+    fast = {
+        "read_retries": 1,
+        "backoff_s": 0.05,
+        "timeout_s": 5.0,
+        "connect_timeout_s": 1.0,
+        "down_s": 0,
+        "cached_read_wait_s": 5.0,
+    }
     meshes: list[Mesh] = []
+    # Each side's key exists only once the other side is up: the variables hold a placeholder at the
+    # start (an unset one stops it), the real keys right after (a key is read at each call).
+    os.environ[a_env] = os.environ[b_env] = "not-yet"
     try:
         # org A: no AGENTMESH_DATABASE_URL; the peer file's trace_store.internal names the shared database
         cloud = await start_mesh(
@@ -232,7 +285,7 @@ async def fed(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> AsyncIte
         )  # fmt: skip
         meshes.append(cloud)
         terminal = await start_mesh(
-            tmp / "terminal", rules=RULES, catalog=catalog, gateway_port=terminal_port, peers=str(peers_a),
+            tmp / "terminal", rules=RULES, catalog=catalog, gateway_port=terminal_port, peers=str(peers_t),
             federation=fast,
         )  # fmt: skip
         meshes.append(terminal)

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.e2e.federation.conftest import Fed
@@ -71,3 +72,54 @@ async def test_no_registry(tmp_path: Path) -> None:
     bad.write_text("peers: {p: {url: 'http://h', api_key: am_x}}\n")
     code, _, err = await run_cli("list", env={**env, "AGENTMESH_PEERS": str(bad)})
     assert code == 2 and "never goes in the file" in err and "am_x" not in err
+
+
+async def test_check_of_a_file_validates_it_and_contacts_nothing(fed: Fed, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "AGENTMESH_PEERS"}
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        yaml.safe_dump(
+            {
+                "trace_store": {"type": "database", "url": "postgresql://org-db/traces"},
+                "agents": {
+                    "canary": {"url": f"http://127.0.0.1:{fed.canary.port}", "credential": fed.a_key_env}
+                },
+            }
+        )
+    )
+    before = fed.canary.connections
+    code, out, err = await run_cli("check", str(good), env=env)
+    assert code == 0, err
+    assert out.startswith(f"{good}: valid") and "canary" in out and "shared database: yes" in out
+    assert fed.canary.connections == before  # nothing was contacted
+    cases = {
+        "peer: {t: {url: 'http://t'}}\n": "(top level): unknown key 'peer': expected one of agents, peers",
+        "trace_store: {type: database, url: 'mongodb://db/t'}\n": "trace_store.url: unsupported database",
+        "peers: {t: {url: 'http://t', credential: FEDTEST_NEVER_SET}}\n": "the variable FEDTEST_NEVER_SET",
+    }
+    for i, (text, expected) in enumerate(cases.items()):
+        bad = tmp_path / f"bad-{i}.yaml"
+        bad.write_text(text)
+        code, _, err = await run_cli("check", str(bad), env=env)
+        assert code == 2 and str(bad) in err and expected in err, err
+
+
+async def test_a_bad_peer_file_stops_the_trace_service(tmp_path: Path) -> None:
+    from agentmesh.libs.config import MeshSettings
+    from agentmesh.libs.peers import PeerConfigError
+    from agentmesh.services.trace import server as trace_server
+
+    bad = tmp_path / "peers.yaml"
+    for text, expected in (
+        ("peer: {t: {url: 'http://t'}}\n", "unknown key 'peer'"),
+        ("trace_store: {type: database, url: 'mongodb://db/traces'}\n", "trace_store.url"),
+        (
+            "peers: {t: {url: 'http://t', credential: FEDTEST_NEVER_SET_KEY}}\n",
+            "FEDTEST_NEVER_SET_KEY is not set",
+        ),
+    ):
+        bad.write_text(text)
+        settings = MeshSettings(data_dir=tmp_path, peers=str(bad), mesh_secret="x" * 32)
+        with pytest.raises(PeerConfigError) as refused:
+            await trace_server.build(settings)
+        assert str(refused.value).startswith(str(bad)) and expected in str(refused.value)

@@ -71,11 +71,11 @@ async def pair(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Pair]:
     )
     quick = StreamSettings(ttl_s=1.0, heartbeat_s=5)
     orgb = await start_mesh(tmp / "b", rules=RULES, catalog=tmp / "catalog.yaml", gateway_port=b_port)
+    os.environ[env] = orgb.api_key  # set before the start: an unset credential variable stops it
     cloud = await start_mesh(
         tmp / "a", rules=RULES, catalog=tmp / "catalog.yaml", stream=quick, peers=str(tmp / "peers.yaml"),
         federation={"down_s": 0, "read_retries": 0},
     )  # fmt: skip
-    os.environ[env] = orgb.api_key
     yield Pair(cloud, orgb)
     os.environ.pop(env, None)
     await cloud.stop()

@@ -1,6 +1,6 @@
 """The Alembic migrations on both databases: upgrade from empty through 0001, 0002 (with rows in the
-tables 0002 changes), 0003, 0004, 0005 (the same rows, renamed) and 0006, match the models, downgrade step by
-step to base, upgrade again."""
+tables 0002 changes), 0003, 0004, 0005 (the same rows, renamed), 0006 and 0007, match the models,
+downgrade step by step to base, upgrade again."""
 
 from __future__ import annotations
 
@@ -189,16 +189,22 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
                 )
             )
     # 0006: the end time of a run; the rows stay, without one.
-    await migrate(empty_engine)
+    await migrate(empty_engine, "0006")
     assert await _revision(empty_engine) == "0006"
-    tables, diff = await _state(empty_engine)
-    assert TABLES <= tables and diff == []
     assert await _rows(empty_engine, "SELECT count(*) FROM messages WHERE ended_at IS NOT NULL") == [(0,)]
     assert "ix_messages_runs" in {
         ix["name"] for ix in await _inspect(empty_engine, lambda i: i.get_indexes("messages"))
     }
+    # 0007: a copied message's identity at home; NULL on every row of this mesh's own traces.
+    await migrate(empty_engine)
+    assert await _revision(empty_engine) == "0007"
+    tables, diff = await _state(empty_engine)
+    assert TABLES <= tables and diff == []
+    assert await _rows(empty_engine, "SELECT id FROM messages WHERE home_id IS NOT NULL") == []
     await migrate(empty_engine)  # idempotent at head
-    assert await _revision(empty_engine) == "0006"
+    assert await _revision(empty_engine) == "0007"
+    await downgrade(empty_engine, "0006")
+    assert "home_id" not in await _columns(empty_engine, "messages")
     await downgrade(empty_engine, "0005")
     assert "ended_at" not in await _columns(empty_engine, "messages")
     await downgrade(empty_engine, "0004")
@@ -229,4 +235,4 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
 
     await migrate(empty_engine)
     tables, diff = await _state(empty_engine)
-    assert TABLES <= tables and diff == [] and await _revision(empty_engine) == "0006"
+    assert TABLES <= tables and diff == [] and await _revision(empty_engine) == "0007"

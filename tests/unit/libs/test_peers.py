@@ -149,3 +149,91 @@ def test_a_peer_kept_for_some_users_is_unknown_to_the_others() -> None:
         registry.resolve("agent://h:1/x", "bob")
     with pytest.raises(PeerConfigError):
         PeerRegistry.parse({"peers": {"p": {"url": "http://h", "users": "alice"}}})
+
+
+def test_every_shape_of_the_requirements_loads() -> None:
+    flat = PeerRegistry.parse({"trace_store": {"type": "database", "url": "postgresql://org-db/traces"}})
+    assert flat.store.internal_url == "postgresql://org-db/traces" and len(flat) == 0
+    seed = PeerRegistry.parse(
+        {
+            "trace_store": {
+                "internal": {"type": "database", "url": "postgresql://org-db/traces"},
+                "external": {
+                    "type": "remote",
+                    "agents": [{"url": "https://Partner-Org.example", "credential": "K"}],
+                },
+            },
+            "agents": {
+                "terminal-agent-456": {"url": "https://terminal-agent-456.local:8000", "type": "terminal"}
+            },
+        }
+    )
+    # an external agent with no alias is named by its URL's host
+    assert sorted(p.alias for p in seed) == ["partner-org.example", "terminal-agent-456"]
+    assert seed.resolve("@partner-org.example/x").url == "https://partner-org.example"
+    assert seed.store.internal_url == "postgresql://org-db/traces"
+
+
+@pytest.mark.parametrize(
+    ("data", "where", "expected"),
+    [
+        (
+            {"peer": {"t": {"url": "http://t"}}},
+            "(top level): unknown key 'peer'",
+            "agents, peers, trace_store",
+        ),
+        (
+            {"peers": {"t": {"url": "http://t", "typ": "org"}}},
+            "peers.t: unknown key 'typ'",
+            "credential, type",
+        ),
+        (
+            {"trace_store": {"type": "database", "url": "mongodb://db/traces"}},
+            "trace_store.url",
+            "postgresql://",
+        ),
+        (
+            {"trace_store": {"internal": {"type": "database", "url": "mongodb://db/traces"}}},
+            "trace_store.internal.url",
+            "postgresql://",
+        ),
+        (
+            {"trace_store": {"internal": {"url": "postgresql://h/db"}, "intern": {}}},
+            "trace_store: unknown",
+            "internal",
+        ),
+        (
+            {"trace_store": {"external": {"agents": [{"url": "http://a"}, {"url": "ftp://b"}]}}},
+            "trace_store.external.agents[1].url",
+            "http:// or https://",
+        ),
+        (
+            {"peers": {"t": {"url": "http://t", "type": "mainframe"}}},
+            "peers.t.type",
+            "'terminal', 'cloud' or 'org'",
+        ),
+        ({"peers": {"t": {"type": "org"}}}, "peers.t.url", "required"),
+        (
+            {"peers": {"t": {"url": "http://t", "api_key": "am_x"}}},
+            "peers.t",
+            "name its environment variable",
+        ),
+    ],
+)
+def test_a_bad_file_says_where_and_what_is_expected(data: object, where: str, expected: str) -> None:
+    with pytest.raises(PeerConfigError) as refused:
+        PeerRegistry.parse(data, "peers.yaml")
+    message = str(refused.value)
+    assert message.startswith("peers.yaml: ") and where in message and expected in message, message
+    assert "am_x" not in message
+
+
+def test_an_unset_credential_variable_is_named_with_its_file(tmp_path: Path) -> None:
+    path = tmp_path / "peers.yaml"
+    path.write_text("peers:\n  t: {url: 'http://t:9', credential: T_KEY}\n  open: {url: 'http://o:9'}\n")
+    registry = PeerRegistry.load(path)
+    assert registry.require_credentials({"T_KEY": "am_set"}) is registry
+    with pytest.raises(PeerConfigError) as refused:
+        registry.require_credentials({})
+    assert str(refused.value).startswith(str(path)) and "'t': credential" in str(refused.value)
+    assert "T_KEY is not set" in str(refused.value) and "'open'" not in str(refused.value)

@@ -121,9 +121,10 @@ def message_pb(row: MessageRow) -> tp.Message:
 
 
 def _message(row: Any, caller_agent: str) -> tp.Message:
-    """A message from an ORM row or a row of `message_columns` (they differ in the caller's slug)."""
+    """A message from an ORM row or a row of `message_columns` (they differ in the caller's slug). A
+    message of a cached copy shows its home's id and caller agent."""
     return tp.Message(
-        id=row.id,
+        id=row.home_id or row.id,
         trace_id=row.trace_id,
         sequence=row.sequence,
         parent_sequence=row.parent_sequence or 0,
@@ -135,7 +136,7 @@ def _message(row: Any, caller_agent: str) -> tp.Message:
         usage=ev.Usage(input_tokens=row.input_tokens, output_tokens=row.output_tokens),
         source=number_of(SOURCE, row.source),
         a2a_task_id=row.a2a_task_id or "",
-        caller_agent=caller_agent,
+        caller_agent=caller_agent or row.home_caller_agent or "",
         caller_trace_id=row.caller_trace_id or "",
         status=number_of(MSG_STATUS, row.status),
         create_time=ts(row.created_at),
@@ -171,6 +172,8 @@ def message_columns(m: Any = _M) -> tuple[Any, ...]:
         _A.c.slug.label("caller_agent_slug"),
         m.c.caller_trace_id,
         m.c.created_at,
+        m.c.home_id,
+        m.c.home_caller_agent,
     )
 
 

@@ -4,7 +4,7 @@ peer's sequences (so an incremental read is `since_sequence = home_sequence`).""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from google.protobuf import json_format
 from sqlalchemy import delete, func, select
@@ -76,6 +76,17 @@ class SqlCopyStore(CopyStore):
             )
             return None if row is None else await self._extras(db, row)
 
+    async def homes(self, owner: str, trace_ids: Collection[str]) -> dict[str, str]:
+        if not trace_ids:
+            return {}
+        async with self.db.read() as db:
+            rows = await db.execute(
+                select(TraceRow.id, TraceRow.home).where(
+                    TraceRow.id.in_(list(trace_ids)), TraceRow.home.is_not(None), self.db.owned(owner)
+                )
+            )
+            return {r.id: r.home for r in rows}
+
     async def save(
         self, owner: str, home: str, trace: tp.Trace, messages: Sequence[tp.Message], final: bool
     ) -> CopyState:
@@ -140,6 +151,8 @@ class SqlCopyStore(CopyStore):
                     target.source = enum_to_str(tp.MessageSource.DESCRIPTOR, m.source) or "user"
                     target.a2a_task_id = m.a2a_task_id[:64] or None
                     target.caller_trace_id = m.caller_trace_id[:200] or None
+                    target.home_id = m.id or None
+                    target.home_caller_agent = m.caller_agent[:100] or None
                     target.created_at = (
                         m.create_time.ToDatetime(tzinfo=stamp.tzinfo) if m.HasField("create_time") else stamp
                     )

@@ -175,6 +175,9 @@ class MessageRow(Base):
     created_at: Mapped[datetime] = _created()
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # of a pending one
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # when it left pending
+    # A message of a cached copy (docs/federation.md#what-a-copy-shows): its id and caller agent at home.
+    home_id: Mapped[int | None] = mapped_column(BigInteger)
+    home_caller_agent: Mapped[str | None] = mapped_column(String(100))
 
     caller_agent: Mapped[AgentRow | None] = relationship(lazy="joined")
 
