@@ -94,6 +94,7 @@ class PushDelivery(PushNotificationSender):
             if outcome == "final" or attempt == attempts - 1:
                 log.warning("push notification not delivered", extra={"task_id": task_id, "outcome": outcome})
                 return False
+            log.info("push notification retried", extra={"task_id": task_id, "delay_s": delay})
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.settings.push_max_backoff_s)
         return False

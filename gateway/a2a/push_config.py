@@ -7,7 +7,7 @@ are dropped when its dispatch ends with the task (`forget`), so memory holds tho
 from __future__ import annotations
 
 from collections.abc import Callable
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from a2a.server.context import ServerCallContext
 from a2a.server.tasks import InMemoryPushNotificationConfigStore
@@ -24,7 +24,11 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def _origin_path(url: str) -> tuple[str, str, int, str] | None:
-    """(scheme, host, port, path) of an http(s) URL without credentials, or None."""
+    """(scheme, host, port, path) of an http(s) URL without credentials, or None. A path with dot
+    segments (also percent-encoded) or backslashes is refused: the HTTP client or the receiver would
+    resolve it to another path than the one checked."""
+    if "\\" in url or any(ord(c) < 33 for c in url):
+        return None
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -33,18 +37,25 @@ def _origin_path(url: str) -> tuple[str, str, int, str] | None:
     scheme = parts.scheme.lower()
     if scheme not in DEFAULT_PORTS or not parts.hostname or parts.username or parts.password:
         return None
-    return scheme, parts.hostname.lower(), port or DEFAULT_PORTS[scheme], parts.path or "/"
+    path = parts.path or "/"
+    if any(segment in (".", "..") for segment in unquote(path).split("/")):
+        return None
+    return scheme, parts.hostname.lower(), port or DEFAULT_PORTS[scheme], path
 
 
 def url_allowed(url: str, allowed: list[str]) -> bool:
-    """Whether `url` is one the allow-list names: the same scheme, host and port as an entry, and a
-    path under the entry's."""
+    """Whether `url` is one the allow-list names: the same scheme, host and port as an entry, and its
+    path the entry's or under it (by whole segments: `/hooks` allows `/hooks/x`, not `/hooksx`)."""
     target = _origin_path(url)
     if target is None:
         return False
+    path = target[3]
     for entry in allowed:
         prefix = _origin_path(entry)
-        if prefix is not None and prefix[:3] == target[:3] and target[3].startswith(prefix[3]):
+        if prefix is None or prefix[:3] != target[:3]:
+            continue
+        base = prefix[3].rstrip("/")
+        if path == prefix[3] or path == base or path.startswith(base + "/"):
             return True
     return False
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,11 +104,22 @@ async def canary() -> AsyncIterator[Receiver]:
 
 
 @pytest.fixture(scope="module")
-def mesh_options(receiver: Receiver) -> dict[str, Any]:
-    """Only the receiver's /hooks/ is allowed."""
+def down_port() -> int:
+    """A loopback port where nothing listens until a test starts a receiver there."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def mesh_options(receiver: Receiver, down_port: int) -> dict[str, Any]:
+    """Only the receiver's /hooks/ (and the receiver that is down for a while) are allowed."""
     return {
         "a2a": A2ASettings(
-            grpc_listen=ANY_PORT, push_allowed_urls=[f"{receiver.url}/hooks/"], push_backoff_s=0.05
+            grpc_listen=ANY_PORT,
+            push_allowed_urls=[f"{receiver.url}/hooks/", f"http://127.0.0.1:{down_port}/"],
+            push_backoff_s=0.05,
+            push_retries=7,  # 0.05 s doubling: a budget of 6.35 s
         )
     }
 
@@ -318,3 +331,32 @@ async def test_grpc_binding(mesh: Mesh, receiver: Receiver, unique: str) -> None
     hit = next(h for h in hits if h["path"] == path)
     assert hit["headers"]["x-a2a-notification-token"] == TOKEN
     await client.close()
+
+
+async def test_a_receiver_that_is_down_gets_it_once_back(
+    mesh: Mesh, down_port: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="agentmesh.gateway.a2a.push")
+    url = f"http://127.0.0.1:{down_port}/late"
+    client = await sdk_client(f"{mesh.url}/a2a/echo", mesh.api_key, streaming=False)
+    request = text_message("while you were out")
+    request.configuration.task_push_notification_config.CopyFrom(a2a.TaskPushNotificationConfig(url=url))
+    (answer,) = [r async for r in client.send_message(request)]
+    await client.close()
+    task_id = answer.task.id
+    # the receiver is down (connection refused): the gateway retries...
+    await wait_until(
+        lambda: any(
+            r.getMessage() == "push notification retried" and getattr(r, "task_id", "") == task_id
+            for r in caplog.records
+        )
+    )
+    back = Receiver()
+    app = Starlette(routes=[Route("/{path:path}", back.hook, methods=["POST"])])
+    back.server = await embedded_http.serve(app, port=down_port)  # ...and it comes back
+    try:
+        hits = await back.wait_for(lambda got: "TASK_STATE_COMPLETED" in states(got, "/late"))
+    finally:
+        await back.server.stop()
+    assert states(hits, "/late") == ["TASK_STATE_WORKING", "TASK_STATE_COMPLETED"]
+    await verify_jwt(mesh, hits[-1], url)
