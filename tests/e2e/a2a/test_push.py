@@ -2,9 +2,10 @@
 official a2a-sdk client against a real mesh, delivered to a real loopback HTTP receiver: the config
 methods (set, get, list, delete; another user's task answers like a missing one), the notifications of
 a slowed task (working, then completed, with the client's token and a JWT the receiver verifies against
-the gateway's JWKS), retries while the receiver answers 503, and the allow-list: a URL it does not name
-is refused naming the setting, and an internal service (the canary) is never contacted, also not
-through a redirect. On SQLite + memory and PostgreSQL + Redis."""
+the gateway's JWKS), over JSON-RPC and gRPC, a config set at another gateway replica than the one
+running the task, retries while the receiver answers 503 or is down, and the allow-list: a URL it does
+not name is refused naming the setting, and an internal service (the canary) is never contacted, also
+not through a redirect. On SQLite + memory and PostgreSQL + Redis."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from agentmesh.gateway.app import create_app
+from agentmesh.gateway.server import http_limits
 from agentmesh.libs import embedded_http
 from agentmesh.libs.config import A2ASettings
 from tests.e2e.a2a.clients import sdk_client, text_message
@@ -360,3 +363,33 @@ async def test_a_receiver_that_is_down_gets_it_once_back(
         await back.server.stop()
     assert states(hits, "/late") == ["TASK_STATE_WORKING", "TASK_STATE_COMPLETED"]
     await verify_jwt(mesh, hits[-1], url)
+
+
+async def test_a_config_set_at_another_replica(mesh: Mesh, receiver: Receiver, unique: str) -> None:
+    """The task runs on one gateway, its config is set at another: that one follows the task's buffer
+    and pushes, signed with its own key (its own JWKS)."""
+    other = await embedded_http.serve(create_app(mesh.settings), **http_limits())
+    other_url = f"http://127.0.0.1:{other.port}"
+    try:
+        runner = await sdk_client(f"{mesh.url}/a2a/streamer", mesh.api_key)
+        stream = runner.send_message(text_message("count"))
+        task_id = (await anext(stream)).task.id
+        path = f"/hooks/{unique}/replica"
+        setter = await sdk_client(f"{other_url}/a2a/streamer", mesh.api_key)
+        await setter.create_task_push_notification_config(
+            a2a.TaskPushNotificationConfig(task_id=task_id, id="r", url=receiver.url + path, token=TOKEN)
+        )
+        await setter.close()
+        [r async for r in stream]
+        await runner.close()
+        hits = await receiver.wait_for(lambda got: "TASK_STATE_COMPLETED" in states(got, path))
+        assert states(hits, path) == ["TASK_STATE_WORKING", "TASK_STATE_COMPLETED"]
+        last = [h for h in hits if h["path"] == path][-1]
+        async with httpx.AsyncClient() as http:
+            jwks = (await http.get(f"{other_url}/.well-known/jwks.json")).json()
+        token = last["headers"]["authorization"].removeprefix("Bearer ")
+        key = jwt.PyJWKSet.from_dict(jwks)[jwt.get_unverified_header(token)["kid"]].key
+        claims = jwt.decode(token, key, algorithms=["RS256"], audience=receiver.url + path, issuer=other_url)
+        assert claims["task_id"] == task_id
+    finally:
+        await other.stop()
