@@ -31,7 +31,7 @@ from google.protobuf.json_format import MessageToDict
 from agentmesh.gateway.a2a.calls import header
 from agentmesh.gateway.a2a.events import to_a2a
 from agentmesh.gateway.a2a.push_config import MeshPushConfigStore, check_config, url_allowed
-from agentmesh.gateway.a2a.push_signing import PushSigner, load_key
+from agentmesh.gateway.a2a.push_signing import PushSigner
 from agentmesh.gateway.a2a.store import MeshTaskStore
 from agentmesh.libs import events
 from agentmesh.libs.a2a import RESPONSE_ARTIFACT, to_a2a_state
@@ -236,7 +236,7 @@ class PushParts:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.settings = settings
-        self.signer = PushSigner(load_key(settings.a2a.push_signing_key_file))
+        self.signer = PushSigner(settings.a2a.push_signing_key_file)
         self.configs = MeshPushConfigStore(settings.a2a.push_allowed_urls, on_set=self.stored)
         self.delivery = PushDelivery(self.configs, self.signer, settings, transport)
         self.dispatch = PushDispatch(clients, store, self.delivery, int(settings.turn_timeout_s * 1000))

@@ -11,6 +11,7 @@ import hashlib
 import json
 import time
 import uuid
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,7 @@ TOKEN_TTL_S = 300
 
 
 def load_key(path: str) -> rsa.RSAPrivateKey:
-    """The RSA private key of a PEM file; a new 2048-bit key when `path` is empty."""
-    if not path:
-        return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    """The RSA private key of a PEM file."""
     key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
     if not isinstance(key, rsa.RSAPrivateKey):
         raise ValueError(f"{path}: the push signing key must be an RSA private key")
@@ -35,13 +34,23 @@ def load_key(path: str) -> rsa.RSAPrivateKey:
 
 
 class PushSigner:
-    def __init__(self, key: rsa.RSAPrivateKey) -> None:
-        self.key = key
-        public = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
+    """Signs with the key of `key_file` (read at start, so a bad file stops the gateway there), or with
+    a 2048-bit key generated on first use when there is none."""
+
+    def __init__(self, key_file: str = "") -> None:
+        self._key = load_key(key_file) if key_file else None
+
+    @cached_property
+    def key(self) -> rsa.RSAPrivateKey:
+        return self._key or rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+    @cached_property
+    def jwk(self) -> dict[str, Any]:
+        public = json.loads(RSAAlgorithm.to_jwk(self.key.public_key()))
         # The kid is the key's RFC 7638 thumbprint: the same key gives the same kid on every replica.
         members = json.dumps({k: public[k] for k in ("e", "kty", "n")}, separators=(",", ":"), sort_keys=True)
-        self.kid = jwt.utils.base64url_encode(hashlib.sha256(members.encode()).digest()).decode()
-        self.jwk = {**public, "kid": self.kid, "use": "sig", "alg": ALGORITHM}
+        kid = jwt.utils.base64url_encode(hashlib.sha256(members.encode()).digest()).decode()
+        return {**public, "kid": kid, "use": "sig", "alg": ALGORITHM}
 
     def jwks(self) -> dict[str, Any]:
         return {"keys": [self.jwk]}
@@ -57,4 +66,4 @@ class PushSigner:
             "task_id": task_id,
             "request_body_sha256": hashlib.sha256(body).hexdigest(),
         }
-        return jwt.encode(claims, self.key, algorithm=ALGORITHM, headers={"kid": self.kid})
+        return jwt.encode(claims, self.key, algorithm=ALGORITHM, headers={"kid": self.jwk["kid"]})

@@ -1,12 +1,19 @@
-"""The push notification allow-list (gateway/a2a/push_config.py): which URLs a config may name."""
+"""Push notifications without a mesh: the allow-list (gateway/a2a/push_config.py), which URLs a config
+may name, and the signing key (gateway/a2a/push_signing.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import jwt
 import pytest
 from a2a.types import a2a_pb2 as a2a
 from a2a.utils.errors import InvalidParamsError
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from agentmesh.gateway.a2a.push_config import check_config, url_allowed
+from agentmesh.gateway.a2a.push_signing import PushSigner
 
 ALLOWED = ["https://hooks.example/a2a/", "http://127.0.0.1:9000/in"]
 
@@ -66,3 +73,33 @@ def test_bounds_and_refusals_name_the_setting() -> None:
     with pytest.raises(InvalidParamsError):
         check_config(a2a.TaskPushNotificationConfig(url=""), ALLOWED)
     check_config(a2a.TaskPushNotificationConfig(url=ALLOWED[0] + "x", token="t"), ALLOWED)  # fine
+
+
+def test_a_key_file_gives_every_replica_the_same_kid(tmp_path: Path) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = tmp_path / "push.pem"
+    pem.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    one, two = PushSigner(str(pem)), PushSigner(str(pem))
+    assert one.jwk["kid"] == two.jwk["kid"] and "d" not in one.jwk
+    token = one.sign(issuer="http://gw", audience="https://hooks.example/a2a/x", task_id="t", body=b"{}")
+    public = jwt.PyJWKSet.from_dict(two.jwks())[one.jwk["kid"]].key
+    claims = jwt.decode(
+        token, public, algorithms=["RS256"], audience="https://hooks.example/a2a/x", issuer="http://gw"
+    )
+    assert claims["task_id"] == "t" and claims["exp"] - claims["iat"] == 300
+    assert PushSigner().jwk["kid"] != one.jwk["kid"]  # no file: a key of its own
+
+
+def test_a_key_file_that_is_not_rsa_is_refused(tmp_path: Path) -> None:
+    pem = tmp_path / "ec.pem"
+    pem.write_bytes(
+        ec.generate_private_key(ec.SECP256R1()).private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    with pytest.raises(ValueError, match="RSA private key"):
+        PushSigner(str(pem))
