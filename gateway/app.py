@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from agentmesh.gateway import errors, openapi
 from agentmesh.gateway.a2a import mount as a2a_server
+from agentmesh.gateway.a2a import push_routes as a2a_push_routes
 from agentmesh.gateway.a2a import routes as a2a_routes
 from agentmesh.gateway.drain import Drain
 from agentmesh.gateway.jsonbody import JsonBoundMiddleware
@@ -53,7 +54,7 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     app.state.auth_pending = {}  # AuthService look-ups under way, by key
     app.state.metrics = Metrics()
     app.state.metrics_server = None
-    app.state.undocumented_paths = a2a_routes.PATHS
+    app.state.undocumented_paths = a2a_routes.PATHS + a2a_push_routes.PATHS
     app.add_middleware(JsonBoundMiddleware)  # the JSON bound on API bodies (libs/jsonbound.py)
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(HeadLimitMiddleware)  # a head over the limits reaches no route (still counted)
@@ -78,6 +79,7 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     app.include_router(streams.router)  # before agents: /api/agents/a2a/stream
     app.include_router(agents.router)
     app.include_router(a2a_routes.router)
+    app.include_router(a2a_push_routes.router)
     app.include_router(ui.router)
     telemetry.instrument_app(app)  # with tracing on: the browser's traceparent starts the request's span
     return app

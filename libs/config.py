@@ -112,6 +112,17 @@ class A2ASettings(BaseModel):
     grpc_url: str = ""  # the gRPC address cards advertise; empty: the bound address
     public_url: str = ""  # the gateway's base URL in cards (behind a proxy); empty: the request's
     default_agent: str = "general"  # the agent of GET /.well-known/agent-card.json
+    # Push notifications (docs/a2a.md): the URL prefixes a client's push config may name; empty: none is
+    # allowed, and a push config is refused. An entry matches a URL of its scheme, host and port whose
+    # path starts with the entry's path.
+    push_allowed_urls: list[str] = Field(default_factory=list)
+    push_timeout_s: float = 10.0  # one notification POST (connect, send, answer)
+    push_retries: int = 5  # extra attempts of a notification the receiver did not take (5xx, 429, down)
+    push_backoff_s: float = 0.5  # the first retry's delay; doubles, at most push_max_backoff_s
+    push_max_backoff_s: float = 30.0
+    # The PEM file of the RSA key that signs notification JWTs (its public half served as JWKS at
+    # /.well-known/jwks.json); empty: a key generated per gateway process at start.
+    push_signing_key_file: str = ""
 
 
 class MeshSettings(BaseSettings):

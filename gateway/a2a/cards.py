@@ -13,7 +13,8 @@ from agentmesh.libs.clients import Clients
 from agentmesh.libs.errors import InvalidArgument, NotFound, rpc
 
 
-def agent_card(agent: ap.Agent, base_url: str, grpc_url: str) -> a2a.AgentCard:
+def agent_card(agent: ap.Agent, base_url: str, grpc_url: str, push: bool = False) -> a2a.AgentCard:
+    """`push`: the gateway calls some URLs (AGENTMESH_A2A__PUSH_ALLOWED_URLS), so the card says so."""
     url = f"{base_url}/a2a/{agent.slug}"
     interfaces = [
         a2a.AgentInterface(
@@ -41,7 +42,7 @@ def agent_card(agent: ap.Agent, base_url: str, grpc_url: str) -> a2a.AgentCard:
         version=str(agent.version or 1),
         supported_interfaces=interfaces,
         provider=a2a.AgentProvider(organization="agentmesh", url=base_url),
-        capabilities=a2a.AgentCapabilities(streaming=True),
+        capabilities=a2a.AgentCapabilities(streaming=True, push_notifications=push),
         security_schemes={
             BEARER_SCHEME: a2a.SecurityScheme(
                 http_auth_security_scheme=a2a.HTTPAuthSecurityScheme(

@@ -26,6 +26,7 @@ from a2a.utils.task import apply_history_length, validate_history_length
 from agentmesh.gateway.a2a.calls import header
 from agentmesh.gateway.a2a.events import to_a2a
 from agentmesh.gateway.a2a.executor import InboundTasks, MeshAgentExecutor
+from agentmesh.gateway.a2a.push import PushMethods, PushParts
 from agentmesh.gateway.a2a.store import MeshTaskStore
 from agentmesh.gateway.drain import Drain
 from agentmesh.libs import events
@@ -49,7 +50,8 @@ def handler_card() -> a2a.AgentCard:
         supported_interfaces=[
             a2a.AgentInterface(url="/a2a", protocol_binding="JSONRPC", protocol_version="1.0")
         ],
-        capabilities=a2a.AgentCapabilities(streaming=True),
+        # push: the config methods answer (a refused URL names the allow-list setting)
+        capabilities=a2a.AgentCapabilities(streaming=True, push_notifications=True),
         default_input_modes=["text/plain"],
         default_output_modes=["text/plain"],
         skills=[
@@ -70,16 +72,20 @@ class _TaskExists(logging.Filter):
 logging.getLogger("a2a.server.agent_execution.active_task").addFilter(_TaskExists())
 
 
-class MeshRequestHandler(DefaultRequestHandler):
+class MeshRequestHandler(PushMethods, DefaultRequestHandler):
     def __init__(self, clients: Clients, settings: MeshSettings, drain: Drain, default_agent: str) -> None:
         self.store = MeshTaskStore(clients)
         self.clients = clients
         self.settings = settings
+        self.push = PushParts(clients, self.store, settings)
         super().__init__(
             agent_executor=MeshAgentExecutor(clients, settings, drain),
             task_store=self.store,
             agent_card=handler_card(),
             request_context_builder=InboundTasks(clients, default_agent),
+            # configs only: the dispatch follows the task's buffer (gateway/a2a/push.py), not the
+            # SDK's in-process events, so no push_sender here
+            push_config_store=self.push.configs,
         )
 
     @validate_request_params

@@ -72,7 +72,7 @@ async def _card(request: Request, slug: str) -> Response:
         raise NotFound(f"no public agent {slug!r}")
     settings = state.settings
     base = settings.a2a.public_url.rstrip("/") or str(request.base_url).rstrip("/")
-    card = agent_card(agent, base, state.a2a.grpc_url)
+    card = agent_card(agent, base, state.a2a.grpc_url, push=bool(settings.a2a.push_allowed_urls))
     return JSONResponse(agent_card_to_dict(card), headers={"Cache-Control": "no-cache"})
 
 
