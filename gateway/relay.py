@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource
 from sse_starlette.sse import EventSourceResponse
 
 from agentmesh.libs.clients import Clients
@@ -35,11 +36,10 @@ def here(peer: Peer, data: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _events(resp: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    async for line in resp.aiter_lines():
-        if not line.startswith("data:"):
-            continue  # comments (pings), ids, blank lines
+    """The JSON objects of the peer's SSE events (pings and anything else skipped)."""
+    async for sse in EventSource(resp).aiter_sse():
         try:
-            data = json.loads(line[5:])
+            data = json.loads(sse.data)
         except ValueError:
             continue
         if isinstance(data, dict):

@@ -46,9 +46,12 @@ def _cards_behind(message: tp.Message) -> bool:
     run learned its end no more, its process or the trace service died)."""
     if message.status == tp.MESSAGE_STATUS_PENDING:
         return False
+    # (read with .get: indexing a Struct's fields would add what is missing)
     for batch in message.metadata.fields["subagents"].list_value.values:
-        for item in batch.struct_value.fields["items"].list_value.values:
-            if item.struct_value.fields["status"].string_value in OPEN_CARDS:
+        items = batch.struct_value.fields.get("items")
+        for item in items.list_value.values if items is not None else ():
+            status = item.struct_value.fields.get("status")
+            if status is not None and status.string_value in OPEN_CARDS:
                 return True
     return False
 
