@@ -61,8 +61,10 @@ export class Sidebar {
   }
 
   async loadSessions() {
+    const load = (this.loads = (this.loads ?? 0) + 1);
     const { sessions } = await json("/api/sessions?page_size=100");
-    this.sessions = sessions;
+    if (load !== this.loads) return; // a later load (or a delete) answers for the list
+    this.sessions = sessions.filter((s) => !this.dropped?.has(s.id)); // a list asked before a delete
     this.render();
     if (this.query) this.find(this.query);
   }
@@ -78,6 +80,7 @@ export class Sidebar {
 
   /** Takes a chat off the list (deleted). */
   drop(id) {
+    (this.dropped ??= new Set()).add(id);
     this.sessions = this.sessions.filter((s) => s.id !== id);
     this.texts.delete(id);
     this.render();

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.async_api import Page, Route, expect
+from playwright.async_api import Error as PlaywrightError
+from playwright.async_api import Locator, Page, Route, expect
 
 from agentmesh.libs.config import StreamSettings
 from tests.e2e.ui.test_ui import T, send, sign_in
@@ -97,6 +98,18 @@ async def test_a_dropped_stream_says_the_connection_was_lost(page: Page, mesh: M
     await expect(page.locator("#invoke-body .panel-text")).to_contain_text("def fizzbuzz")
 
 
+async def screenshot(element: Locator, path: Path) -> None:
+    """The element's picture, taken again when the view re-rendered it meanwhile (a turn's end reads
+    its reply back from the history: the node it began with is gone)."""
+    for attempt in range(3):
+        try:
+            await element.screenshot(path=str(path))
+            return
+        except PlaywrightError as err:
+            if "not attached" not in err.message or attempt == 2:
+                raise
+
+
 async def test_the_history_reopens_every_delegated_run(page: Page, mesh: Mesh, shots: Path) -> None:
     await sign_in(page, mesh)
     reply = await send(page, "invoke coder: fizzbuzz")
@@ -105,7 +118,7 @@ async def test_the_history_reopens_every_delegated_run(page: Page, mesh: Mesh, s
     await expect(reply.locator(".content")).to_have_text("All done.", timeout=T)
     card = reply.locator(".batch")
     await expect(card.locator(".batch-summary")).to_have_text("2/2 completed · 0 failed", timeout=T)
-    await card.screenshot(path=str(shots / "subagents.png"))
+    await screenshot(card, shots / "subagents.png")
     sub = card.locator(".sub").first
     sub_id = await sub.get_attribute("data-subagent-id")
 
