@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -63,34 +65,57 @@ async def settled(mesh: ProcessMesh, session: str) -> bool:
     return tree is not None and not tree.open_rows and bool(tree.tasks and tree.subagents)
 
 
+@dataclass
+class LiveTree:
+    """A "tree" turn under way: its POST /api/chat, the rest of that response's events, its events so
+    far, its ids, and a reader of each key of the tree streaming live (session, callee task, subagent)."""
+
+    post: httpx.Response
+    lines: AsyncIterator[dict[str, Any]]
+    head: list[dict[str, Any]]
+    session: str
+    task_id: str
+    sub_id: str
+    readers: list[SseReader]
+
+
+async def begin_tree(mesh: ProcessMesh, http: httpx.AsyncClient) -> LiveTree:
+    """POST /api/chat "tree" (a callee and a subagent at 20 tokens/s), read until both run, and follow
+    each key of the tree until it streams."""
+    post = await http.send(
+        http.build_request("POST", "/api/chat", json={"agent": "general", "message": "tree"}), stream=True
+    )
+    assert post.status_code == 200
+    lines = sse_events(post)
+    head: list[dict[str, Any]] = []
+    task_id = sub_id = ""
+    async with asyncio.timeout(20):
+        async for event in lines:
+            head.append(event)
+            task_id = event.get("taskId", task_id)
+            if event["type"] == "subagent-update" and event["subagent"]["status"] == "running":
+                sub_id = event["subagent"]["id"]
+            if task_id and sub_id:
+                break
+    session = head[0]["traceId"]
+    readers = [
+        follow(mesh, f"/api/sessions/{session}/stream"),
+        follow(mesh, f"/api/agents/a2a/stream?taskId={task_id}"),
+        follow(mesh, f"/api/subagents/{sub_id}/stream"),
+    ]
+    await wait_live(readers[1:], 15)
+    return LiveTree(post, lines, head, session, task_id, sub_id, readers)
+
+
 @pytest.mark.parametrize("victim", ["trace", "stream", "agent-runtime", "orchestrator", "gateway"])
 async def test_a_service_killed_mid_turn_leaves_no_stream_open_and_nothing_pending(
     process_mesh: ProcessMesh, victim: str
 ) -> None:
     mesh = process_mesh
     async with mesh.http(timeout=60) as http:
-        post = await http.send(
-            http.build_request("POST", "/api/chat", json={"agent": "general", "message": "tree"}), stream=True
-        )
-        assert post.status_code == 200
-        lines = sse_events(post)
-        head: list[dict[str, Any]] = []
-        task_id = sub_id = ""
-        async with asyncio.timeout(20):
-            async for event in lines:
-                head.append(event)
-                task_id = event.get("taskId", task_id)
-                if event["type"] == "subagent-update" and event["subagent"]["status"] == "running":
-                    sub_id = event["subagent"]["id"]
-                if task_id and sub_id:
-                    break
-        session = head[0]["traceId"]
-        readers = [
-            follow(mesh, f"/api/sessions/{session}/stream"),
-            follow(mesh, f"/api/agents/a2a/stream?taskId={task_id}"),
-            follow(mesh, f"/api/subagents/{sub_id}/stream"),
-        ]
-        await wait_live(readers[1:], 15)
+        tree = await begin_tree(mesh, http)
+        post, lines, head, readers = tree.post, tree.lines, tree.head, tree.readers
+        session, task_id, sub_id = tree.session, tree.task_id, tree.sub_id
 
         await mesh.kill(victim)
         if victim == "gateway":
