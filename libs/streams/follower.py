@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -24,6 +23,7 @@ from agentmesh.libs.errors import (
     from_rpc_error,
 )
 from agentmesh.libs.identity import Signer
+from agentmesh.libs.streams import end_calls
 from agentmesh.libs.streams.reconnect import Reconnect, went_away
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from agentmesh.stream.v1 import stream_service_pb2_grpc
@@ -233,11 +233,7 @@ class Follower:
             task.cancel()
         self._call = None
         calls, self._calls = list(self._calls), set()
-        for call in calls:
-            call.cancel()
-        for call in calls:
-            with contextlib.suppress(BaseException):
-                await call.reader
+        await end_calls(calls)
 
 
 class _FollowCall:

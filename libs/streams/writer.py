@@ -15,6 +15,7 @@ import grpc
 from agentmesh.libs import identity
 from agentmesh.libs.errors import MeshError, Unavailable, from_rpc_error
 from agentmesh.libs.rpc import MAX_MESSAGE_BYTES
+from agentmesh.libs.streams import end_calls
 from agentmesh.libs.streams.reconnect import Reconnect, went_away
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 from agentmesh.stream.v1 import stream_service_pb2_grpc
@@ -262,11 +263,7 @@ class Writer:
             self._task.cancel()
         self._call = None
         calls, self._calls = list(self._calls), set()
-        for call in calls:
-            call.cancel()
-        for call in calls:
-            with contextlib.suppress(BaseException):
-                await call.reader
+        await end_calls(calls)
 
 
 class WritesCall:
