@@ -144,6 +144,8 @@ def signer() -> Signer:
 #   by every mesh of the run, and each has its "alice");
 # - anything else goes to start_mesh or start_process_mesh as it is (rules, catalog, lease_s, settings).
 #
+# The closest marker counts, whole: a test's own `mesh` marker replaces its module's (repeat what it keeps).
+#
 # Options known only at run time (a catalog naming a server another fixture started) come from the
 # `mesh_options` fixture, which such a module overrides; they update the marker's.
 

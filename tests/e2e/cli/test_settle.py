@@ -13,13 +13,14 @@ import pytest
 from tests.e2e.cli.test_faults import BOUND_S, LEASE_S, RULES, WORDS, begin_tree, settled
 from tests.mesh import BACKENDS, ProcessMesh, SseReader, read_tree, wait_until
 
+DEFAULT_LEASE_S = 30.0  # the settings' default (libs/config.py)
 SOON_S = 10.0  # a third of the default lease: what settles by then was settled by knowledge
 
 # A mesh per test, with short leases but where a test says otherwise.
 pytestmark = pytest.mark.mesh(backends=BACKENDS, scope="function", rules=RULES, lease_s=LEASE_S)
 
 
-@pytest.mark.mesh(backends=BACKENDS, scope="function", rules=RULES)  # the default lease (30 s)
+@pytest.mark.mesh(backends=BACKENDS, scope="function", rules=RULES, lease_s=DEFAULT_LEASE_S)
 @pytest.mark.parametrize("victim", ["orchestrator", "agent-runtime", "trace"])
 async def test_a_process_killed_mid_turn_is_settled_in_seconds(
     process_mesh: ProcessMesh, victim: str
@@ -64,7 +65,7 @@ async def test_a_process_killed_mid_turn_is_settled_in_seconds(
     assert settled_at - since < SOON_S, (victim, settled_at - since)
 
 
-@pytest.mark.mesh(backends=BACKENDS, scope="function", rules=RULES)  # the default lease (30 s)
+@pytest.mark.mesh(backends=BACKENDS, scope="function", rules=RULES, lease_s=DEFAULT_LEASE_S)
 async def test_a_stream_service_restarted_mid_turn(process_mesh: ProcessMesh) -> None:
     """SIGKILL of the stream service mid-turn, restarted at once as `agentmesh up` would (well within
     the buffers' lease: a restart that outlasts it ends them `interrupted`). On Redis the buffers
