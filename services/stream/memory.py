@@ -1,7 +1,11 @@
 """The embedded default backend: buffers in this process's memory.
 
-Offsets come from one process-wide counter seeded from the wall clock (so a restarted process does not
-hand out offsets a browser already saw), formatted as 20 zero-padded digits: string order = number order.
+Offsets are per buffer: its base, the wall clock in nanoseconds when it was made (and above every offset
+of the buffer of its key it replaced), plus the event's position in it from 1, formatted as 20 zero-padded
+digits: string order = number order. An offset says when its buffer was made and where the event is in
+it, never how much any other buffer holds (docs/architecture.md#stream-keys-and-buffers). Storing an
+event takes far longer than a nanosecond, so a buffer's offsets stay below the clock, and a buffer made
+later, by this process or a restarted one, has a base above every offset of the earlier ones of its key.
 Subscribers read the shared buffer by index and wait on a per-buffer wake-up event, so a lagging
 subscriber costs an integer, never a queue. Every buffer has a deadline: while open, its lease (`lease_s`
 after its last create, append or renewal), after which it is closed with an `interrupted` error; once
@@ -14,9 +18,7 @@ Open buffers are never evicted: `max_events` bounds each.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
-import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -38,12 +40,6 @@ from agentmesh.services.stream.backend import (
     written_elsewhere,
 )
 
-_counter = itertools.count(time.time_ns() // 1000)
-
-
-def _next_offset() -> int:
-    return next(_counter)
-
 
 def format_offset(n: int) -> str:
     return f"{n:020d}"
@@ -64,27 +60,30 @@ class _Buffer:
     owner: str
     metadata: dict[str, str]
     expires_at: float  # clock time: open, the end of its lease; closed, when it goes
+    # Below every offset of this buffer (its events' are base + 1, base + 2, ...): an offset under it
+    # belongs to an earlier buffer of the key (one lost with a restarted process, or closed and
+    # replaced), whose reader must not resume here.
+    base: int
     events: list[ev.Event] = field(default_factory=list)
-    offsets: list[int] = field(default_factory=list)
     closed: bool = False
     # Readers waiting for the next event, and those waiting for the terminal one alone (each a future,
     # woken by a set_result: no task and no Event per wait).
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
     close_waiters: list[asyncio.Future[None]] = field(default_factory=list)
-    # Below every offset of this buffer: an offset under it belongs to an earlier buffer of the key
-    # (one lost with a restarted process, or closed and replaced), whose reader must not resume here.
-    base: int = field(default_factory=_next_offset)
     # Events held per producer (WriteStreamRequest.producer): a batch sent again is stored once.
     produced: dict[str, int] = field(default_factory=dict)
     size: int = 0  # once closed: the serialized size of its events, what the closed-bytes cap counts
 
+    @property
+    def last(self) -> int:
+        """The offset of its last event (its base while it has none)."""
+        return self.base + len(self.events)
+
     def push(self, event: ev.Event) -> str:
-        n = _next_offset()
         stored = ev.Event()
         stored.CopyFrom(event)
-        stored.offset = format_offset(n)
+        stored.offset = format_offset(self.last + 1)
         self.events.append(stored)
-        self.offsets.append(n)
         return stored.offset
 
     def expire_in(self, now: float, seconds: float) -> None:
@@ -171,10 +170,14 @@ class MemoryBackend(StreamBackend):
     ended is closed (interrupted), a closed one past its TTL is dropped."""
 
     def __init__(
-        self, settings: StreamSettings | None = None, clock: Callable[[], float] = time.monotonic
+        self,
+        settings: StreamSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         super().__init__(settings)
         self.clock = clock  # expiry deadlines; a test passes a clock it moves itself
+        self.wall_clock_ns = wall_clock_ns  # the bases of offsets
         self._buffers: dict[str, _Buffer] = {}
         # The closed buffers of `_buffers`, oldest close first, and the sum of their sizes.
         self._closed: OrderedDict[str, _Buffer] = OrderedDict()
@@ -282,12 +285,14 @@ class MemoryBackend(StreamBackend):
             raise FailedPrecondition(f"a run is already streaming to {key}")
         if old is not None and old.owner != owner:
             raise FailedPrecondition(f"{key} holds another user's buffer")
+        base = max(self.wall_clock_ns(), old.last + 1 if old is not None else 0)
         self._forget(key)
         self._buffers[key] = _Buffer(
             key=key,
             owner=owner,
             metadata=dict(metadata or {}),
             expires_at=self.clock() + self.settings.lease_s,
+            base=base,
         )
 
     def _writable(self, key: str, writer: str, since: str) -> _Buffer:
@@ -378,7 +383,7 @@ class MemoryBackend(StreamBackend):
         position = parse_offset(after)
         if 0 < position < buf.base:
             raise replaced(key, after)
-        index = bisect.bisect_right(buf.offsets, position)
+        index = min(max(position - buf.base, 0), len(buf.events))  # of the first event after it
         if buf.closed and index >= len(buf.events):
             return None
         return _MemoryCursor(buf, index, terminal_only)
