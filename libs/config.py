@@ -56,6 +56,10 @@ class StreamSettings(BaseModel):
     ttl_s: float = 3600.0  # closed buffers expire after this long
     lease_s: float = 30.0  # an open buffer with no append or renewal for this long is closed (interrupted)
     max_events: int = 100_000  # size cap of one buffer
+    # The memory backend keeps closed buffers (for late readers) until their TTL, but never more than
+    # these: past either cap the oldest closed are dropped first (docs/design/streams.md#closed-buffers).
+    max_closed_buffers: int = Field(default=10_000, ge=0)
+    max_closed_bytes: int = Field(default=128 * 1024 * 1024, ge=0)  # their events' serialized size
     idle_timeout_ms: int = 300_000  # an idle subscription of an open buffer ends with an error
     heartbeat_s: float = 15.0  # SSE comment interval at the gateway
     redis_prefix: str = "agentmesh:"  # namespace of this mesh's keys in a shared Redis

@@ -87,7 +87,8 @@ class RpcMetrics:
 
 
 class StreamMetrics:
-    """The stream backends: buffers open, events appended, subscribers, events merged by coalescing."""
+    """The stream backends: buffers open, events appended, subscribers, events merged by coalescing,
+    closed buffers held and evicted (memory)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = registry_or_new(registry)
@@ -109,6 +110,29 @@ class StreamMetrics:
         self.interrupted = Counter(
             "agentmesh_stream_buffers_interrupted",
             "Open buffers ended with `interrupted` because their writer stopped renewing the lease",
+            registry=r,
+        )
+        # The memory backend's closed buffers: held until their TTL within two caps, the oldest evicted.
+        self.closed_buffers = Gauge(
+            "agentmesh_stream_closed_buffers", "Closed buffers held in memory (memory backend)", registry=r
+        )
+        self.closed_bytes = Gauge(
+            "agentmesh_stream_closed_bytes",
+            "The serialized size of the events of the closed buffers held in memory (memory backend)",
+            registry=r,
+        )
+        self.evicted = Counter(
+            "agentmesh_stream_buffers_evicted",
+            "Closed buffers dropped before their TTL, oldest close first, by the cap that was passed "
+            "(buffers: AGENTMESH_STREAM__MAX_CLOSED_BUFFERS, bytes: AGENTMESH_STREAM__MAX_CLOSED_BYTES)",
+            ["cap"],
+            registry=r,
+        )
+        for cap in ("buffers", "bytes"):
+            self.evicted.labels(cap)  # at zero from the start
+        self.evicted_bytes = Counter(
+            "agentmesh_stream_evicted_bytes",
+            "The serialized size of the events of the closed buffers evicted",
             registry=r,
         )
 

@@ -37,6 +37,7 @@ from agentmesh.libs.errors import (
 )
 from agentmesh.libs.metrics import PeerMetrics
 from agentmesh.libs.peers import Peer
+from agentmesh.libs.retry import with_backoff
 
 log = logging.getLogger(__name__)
 RETRYABLE_STATUS = {502, 503, 504}
@@ -250,20 +251,21 @@ class PeerClient:
             raise self._out_of_time(budget) from None
 
     async def _get(self, path: str, params: dict[str, Any] | None) -> Any:
-        attempts = 1 + max(0, self.settings.read_retries)
-        delay = self.settings.backoff_s
-        for attempt in range(attempts):
-            try:
-                return await self._once("GET", path, params=params)
-            except RETRIED as err:
-                if attempt == attempts - 1:
-                    if not isinstance(err, PeerBusy):
-                        self.mark_down()
-                    raise
-                log.info("retrying a read of peer %s: %s", self.peer.alias, err.message)
-                await asyncio.sleep(delay)
-                delay *= 2
-        raise AssertionError("unreachable")  # pragma: no cover
+        def retrying(err: MeshError, _delay_s: float) -> None:
+            log.info("retrying a read of peer %s: %s", self.peer.alias, err.message)
+
+        try:
+            return await with_backoff(
+                lambda: self._once("GET", path, params=params),
+                retry_on=RETRIED,
+                retries=self.settings.read_retries,
+                delay_s=self.settings.backoff_s,
+                on_retry=retrying,
+            )
+        except RETRIED as err:
+            if not isinstance(err, PeerBusy):
+                self.mark_down()
+            raise
 
     async def post(self, path: str, body: Any) -> Any:
         """A write: sent once (never retried, so it is never applied twice), within the caller's

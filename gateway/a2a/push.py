@@ -39,11 +39,16 @@ from agentmesh.libs.clients import Clients
 from agentmesh.libs.config import MeshSettings
 from agentmesh.libs.errors import NotFound
 from agentmesh.libs.ids import a2a_key
+from agentmesh.libs.retry import with_backoff
 
 log = logging.getLogger(__name__)
 TOKEN_HEADER = "X-A2A-Notification-Token"  # the A2A specification's header for the client's token
 MAX_ANSWER_BYTES = 64 * 1024  # what is read of a receiver's answer (its status is what counts)
 RETRY_STATUS = {408, 429}
+
+
+class _NotYet(Exception):
+    """A push the receiver did not take this time but may take later (no answer, 5xx, 408, 429)."""
 
 
 class PushDelivery(PushNotificationSender):
@@ -84,19 +89,30 @@ class PushDelivery(PushNotificationSender):
         if not url_allowed(url, self.settings.push_allowed_urls):  # never dialled, whatever was stored
             log.warning("push url not allowed", extra={"task_id": task_id})
             return False
-        delay = self.settings.push_backoff_s
-        attempts = 1 + max(0, self.settings.push_retries)
-        for attempt in range(attempts):
-            headers = self._headers(task_id, config, body)
-            outcome = await self._post(url, headers, body)
-            if outcome == "ok":
-                return True
-            if outcome == "final" or attempt == attempts - 1:
-                log.warning("push notification not delivered", extra={"task_id": task_id, "outcome": outcome})
-                return False
-            log.info("push notification retried", extra={"task_id": task_id, "delay_s": delay})
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.settings.push_max_backoff_s)
+
+        async def attempt() -> str:
+            outcome = await self._post(url, self._headers(task_id, config, body), body)
+            if outcome == "retry":
+                raise _NotYet
+            return outcome
+
+        def retrying(_: _NotYet, delay_s: float) -> None:
+            log.info("push notification retried", extra={"task_id": task_id, "delay_s": delay_s})
+
+        try:
+            outcome = await with_backoff(
+                attempt,
+                retry_on=_NotYet,
+                retries=self.settings.push_retries,
+                delay_s=self.settings.push_backoff_s,
+                max_delay_s=self.settings.push_max_backoff_s,
+                on_retry=retrying,
+            )
+        except _NotYet:
+            outcome = "retry"
+        if outcome == "ok":
+            return True
+        log.warning("push notification not delivered", extra={"task_id": task_id, "outcome": outcome})
         return False
 
     def _headers(self, task_id: str, config: a2a.TaskPushNotificationConfig, body: bytes) -> dict[str, str]:

@@ -92,6 +92,8 @@ class BackendStats:
     events: int = 0
     subscribers: int = 0
     max_batch_held: int = 0  # the most events any subscriber held at once since start
+    closed_buffers: int = 0  # memory: the closed buffers held until their TTL (within its caps)
+    closed_bytes: int = 0  # memory: their events' serialized size
 
 
 class Cursor(abc.ABC):

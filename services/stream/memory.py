@@ -1,20 +1,26 @@
 """The embedded default backend: buffers in this process's memory.
 
-Offsets come from one process-wide counter seeded from the wall clock (so a restarted process does not
-hand out offsets a browser already saw), formatted as 20 zero-padded digits: string order = number order.
+Offsets are per buffer: its base, the wall clock in nanoseconds when it was made (and above every offset
+of the buffer of its key it replaced), plus the event's position in it from 1, formatted as 20 zero-padded
+digits: string order = number order. An offset says when its buffer was made and where the event is in
+it, never how much any other buffer holds (docs/architecture.md#stream-keys-and-buffers). Storing an
+event takes far longer than a nanosecond, so a buffer's offsets stay below the clock, and a buffer made
+later, by this process or a restarted one, has a base above every offset of the earlier ones of its key.
 Subscribers read the shared buffer by index and wait on a per-buffer wake-up event, so a lagging
 subscriber costs an integer, never a queue. Every buffer has a deadline: while open, its lease (`lease_s`
 after its last create, append or renewal), after which it is closed with an `interrupted` error; once
-closed, `ttl_s` after its close, after which it is gone.
+closed, `ttl_s` after its close, after which it is gone. Closed buffers are held within two caps
+(`max_closed_buffers`, `max_closed_bytes`: their events' serialized size); past either, the oldest
+closed ones go first, before their TTL, and read like expired ones (docs/design/streams.md#closed-buffers).
+Open buffers are never evicted: `max_events` bounds each.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
-import itertools
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -34,12 +40,6 @@ from agentmesh.services.stream.backend import (
     written_elsewhere,
 )
 
-_counter = itertools.count(time.time_ns() // 1000)
-
-
-def _next_offset() -> int:
-    return next(_counter)
-
 
 def format_offset(n: int) -> str:
     return f"{n:020d}"
@@ -56,29 +56,34 @@ def parse_offset(offset: str) -> int:
 
 @dataclass
 class _Buffer:
+    key: str
     owner: str
     metadata: dict[str, str]
     expires_at: float  # clock time: open, the end of its lease; closed, when it goes
+    # Below every offset of this buffer (its events' are base + 1, base + 2, ...): an offset under it
+    # belongs to an earlier buffer of the key (one lost with a restarted process, or closed and
+    # replaced), whose reader must not resume here.
+    base: int
     events: list[ev.Event] = field(default_factory=list)
-    offsets: list[int] = field(default_factory=list)
     closed: bool = False
     # Readers waiting for the next event, and those waiting for the terminal one alone (each a future,
     # woken by a set_result: no task and no Event per wait).
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
     close_waiters: list[asyncio.Future[None]] = field(default_factory=list)
-    # Below every offset of this buffer: an offset under it belongs to an earlier buffer of the key
-    # (one lost with a restarted process, or closed and replaced), whose reader must not resume here.
-    base: int = field(default_factory=_next_offset)
     # Events held per producer (WriteStreamRequest.producer): a batch sent again is stored once.
     produced: dict[str, int] = field(default_factory=dict)
+    size: int = 0  # once closed: the serialized size of its events, what the closed-bytes cap counts
+
+    @property
+    def last(self) -> int:
+        """The offset of its last event (its base while it has none)."""
+        return self.base + len(self.events)
 
     def push(self, event: ev.Event) -> str:
-        n = _next_offset()
         stored = ev.Event()
         stored.CopyFrom(event)
-        stored.offset = format_offset(n)
+        stored.offset = format_offset(self.last + 1)
         self.events.append(stored)
-        self.offsets.append(n)
         return stored.offset
 
     def expire_in(self, now: float, seconds: float) -> None:
@@ -165,11 +170,18 @@ class MemoryBackend(StreamBackend):
     ended is closed (interrupted), a closed one past its TTL is dropped."""
 
     def __init__(
-        self, settings: StreamSettings | None = None, clock: Callable[[], float] = time.monotonic
+        self,
+        settings: StreamSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         super().__init__(settings)
         self.clock = clock  # expiry deadlines; a test passes a clock it moves itself
+        self.wall_clock_ns = wall_clock_ns  # the bases of offsets
         self._buffers: dict[str, _Buffer] = {}
+        # The closed buffers of `_buffers`, oldest close first, and the sum of their sizes.
+        self._closed: OrderedDict[str, _Buffer] = OrderedDict()
+        self._closed_bytes = 0
         self._sweeper: asyncio.Task[None] | None = None
         self._waiting: set[asyncio.Future[None]] = set()  # every reader's wait, ended by shutdown
 
@@ -216,8 +228,8 @@ class MemoryBackend(StreamBackend):
             if not buf.closed:
                 self._end(buf, interrupted())  # its writer died: end it, readers get the terminal event
                 self.metrics.interrupted.inc()
-                return buf
-            del self._buffers[key]
+                return self._buffers.get(key)  # (unless the closed caps evicted it at once)
+            self._forget(key)
             return None
         return buf
 
@@ -226,7 +238,31 @@ class MemoryBackend(StreamBackend):
         buf.closed = True
         buf.expire_in(self.clock(), self.settings.ttl_s)
         buf.notify()
+        self._hold_closed(buf)
         return offset
+
+    def _hold_closed(self, buf: _Buffer) -> None:
+        """Counts a buffer just closed among the closed ones held, then evicts the oldest closed while
+        either cap is passed (their followers hold the buffer itself and read it to its end). One that
+        passes the bytes cap alone is evicted at once, sparing the others."""
+        buf.size = sum(event.ByteSize() for event in buf.events)
+        self._closed[buf.key] = buf
+        if buf.size > self.settings.max_closed_bytes:
+            self._closed.move_to_end(buf.key, last=False)  # the first to go, and the only one
+        self._closed_bytes += buf.size
+        max_buffers, max_bytes = self.settings.max_closed_buffers, self.settings.max_closed_bytes
+        while self._closed and (len(self._closed) > max_buffers or self._closed_bytes > max_bytes):
+            cap = "bytes" if self._closed_bytes > max_bytes else "buffers"
+            key, oldest = next(iter(self._closed.items()))
+            self._forget(key)
+            self.metrics.evicted.labels(cap).inc()
+            self.metrics.evicted_bytes.inc(oldest.size)
+
+    def _forget(self, key: str) -> None:
+        """Drops the buffer of `key` (expired, evicted, deleted or replaced)."""
+        buf = self._buffers.pop(key, None)
+        if buf is not None and self._closed.pop(key, None) is not None:
+            self._closed_bytes -= buf.size
 
     def sweep(self) -> int:
         """Settles expired buffers (ends open ones whose lease ended, drops closed ones past their TTL);
@@ -249,10 +285,14 @@ class MemoryBackend(StreamBackend):
             raise FailedPrecondition(f"a run is already streaming to {key}")
         if old is not None and old.owner != owner:
             raise FailedPrecondition(f"{key} holds another user's buffer")
+        base = max(self.wall_clock_ns(), old.last + 1 if old is not None else 0)
+        self._forget(key)
         self._buffers[key] = _Buffer(
+            key=key,
             owner=owner,
             metadata=dict(metadata or {}),
             expires_at=self.clock() + self.settings.lease_s,
+            base=base,
         )
 
     def _writable(self, key: str, writer: str, since: str) -> _Buffer:
@@ -319,7 +359,7 @@ class MemoryBackend(StreamBackend):
             return False
         if not buf.closed:
             self._end(buf, terminal)
-        del self._buffers[key]  # followers hold the buffer itself and read it to its end
+        self._forget(key)  # followers hold the buffer itself and read it to its end
         return True
 
     async def info(self, key: str) -> StreamInfo:
@@ -343,13 +383,18 @@ class MemoryBackend(StreamBackend):
         position = parse_offset(after)
         if 0 < position < buf.base:
             raise replaced(key, after)
-        index = bisect.bisect_right(buf.offsets, position)
+        index = min(max(position - buf.base, 0), len(buf.events))  # of the first event after it
         if buf.closed and index >= len(buf.events):
             return None
         return _MemoryCursor(buf, index, terminal_only)
 
     async def open_buffers(self) -> int:
-        return sum(1 for b in self._buffers.values() if not b.closed)
+        return len(self._buffers) - len(self._closed)
+
+    async def refresh_metrics(self) -> None:
+        await super().refresh_metrics()
+        self.metrics.closed_buffers.set(len(self._closed))
+        self.metrics.closed_bytes.set(self._closed_bytes)
 
     def stats(self) -> BackendStats:
         return BackendStats(
@@ -357,4 +402,6 @@ class MemoryBackend(StreamBackend):
             events=sum(len(b.events) for b in self._buffers.values()),
             subscribers=self._subscribers,
             max_batch_held=self._max_batch,
+            closed_buffers=len(self._closed),
+            closed_bytes=self._closed_bytes,
         )

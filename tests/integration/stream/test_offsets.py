@@ -115,7 +115,8 @@ async def test_an_offset_of_an_earlier_buffer_of_the_key_is_not_found(
     """A reader resuming from an offset of an earlier buffer of its key (closed and made again by the
     next turn; or, on memory, lost with a restarted process) is refused NOT_FOUND, instead of reading
     the new buffer's events as the continuation of the old one's (offsets grow across buffers: Redis
-    keeps a replaced stream's last id, memory counts on across restarts)."""
+    keeps a replaced stream's last id, memory starts a buffer's offsets from the clock, above its key's
+    previous buffer)."""
     key = f"trace:{unique}"
     await create(stream, key)
     (old,) = await append(stream, key, deltas("old"))
