@@ -1,8 +1,8 @@
-"""POST /api/traces/{peer's id}/run: a peer's trace is continued at its home (docs/federation.md#run), its
-events relayed as they come (SSE) or its result waited for (JSON), with the trace named by its
-location-bearing id here. Only a registered peer is contacted (libs.peers resolves the id first, a
-403 before any connection otherwise); the peer's refusals come back as the same errors its other
-routes give (libs.peer_http)."""
+"""POST /api/traces/{peer's id}/run: a peer's trace is continued at its home (docs/federation.md#trace-ids),
+its events relayed as they come (SSE) or its result waited for (JSON), with the trace named by its
+location-bearing id here. Only a registered peer is contacted (libs.peers resolves the id first, a 403
+before any connection otherwise); the peer's refusals come back as the same errors its other routes give
+(libs.peer_http)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import grpc
 from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.agents.v1 import agent_service_pb2 as ag
 from agentmesh.events.v1 import events_pb2 as ev
-from agentmesh.libs import telemetry
+from agentmesh.libs import events, telemetry
 from agentmesh.libs.errors import (
     DepthExceeded,
     Internal,
@@ -102,7 +102,9 @@ async def resolve_callee(ctx: ToolContext, slug: str, url: str = "") -> tuple[st
     return agent.slug, agent.HasField("remote")
 
 
-async def call_callee(ctx: ToolContext, slug: str, text: str, continue_from: str, depth: int) -> InvokeResult:
+async def call_callee(
+    ctx: ToolContext, slug: str, text: str, continue_from: str, depth: int, remote: bool = False
+) -> InvokeResult:
     """One callee turn, to its end: its result, or why it failed (a cancel propagates)."""
     cfg = ctx.agent.invoke
     request = orc.RunTurnRequest(
@@ -121,45 +123,95 @@ async def call_callee(ctx: ToolContext, slug: str, text: str, continue_from: str
     timeout_s = cfg.timeout_ms / 1000 + GRACE_S if cfg.timeout_ms else ctx.settings.turn_timeout_s
     begun: orc.TurnBegun | None = None
     ended: orc.TurnEnded | None = None
+    started: Announcement | None = None
     with telemetry.span(f"agent-invoke {slug}", agent=slug, depth=depth) as span:
         call = ctx.clients.orchestrator.RunTurn(request, timeout=timeout_s)
         try:
             async for response in call:  # to its end: `begun`, then `ended`
                 if response.HasField("begun"):
                     begun = response.begun
-                    await ctx.sink.store(_started(ctx, slug, begun))
+                    started = Announcement(ctx, slug, begun, remote)
                 else:
                     ended = response.ended
         except grpc.aio.AioRpcError as exc:
             err = from_rpc_error(exc)
             telemetry.fail(span, err.code_name, err.message)
-            return InvokeResult("", False, begun.task_id if begun else "", "", error=err)
+            where = await started.settle("") if started else ""
+            return InvokeResult("", False, begun.task_id if begun else "", where, error=err)
+        except BaseException:
+            if started is not None:
+                started.cancel()
+            raise
         finally:
             call.cancel()
-    if ended is None:
+    if ended is None or started is None or begun is None:
         return InvokeResult("", False, "", "", error=Internal(f"the turn of {slug} ended without an outcome"))
-    return _result(begun, ended)
-
-
-def _started(ctx: ToolContext, slug: str, begun: orc.TurnBegun) -> ev.Event:
-    return ev.Event(
-        a2a_task_started=ev.A2ATaskStarted(
-            task_id=begun.task_id,
-            callee_agent_slug=slug,
-            callee_agent_name=begun.agent_name,
-            tool_call_id=ctx.tool_call_id,
-            trace_id=begun.trace_id,
-        )
-    )
-
-
-def _result(begun: orc.TurnBegun | None, ended: orc.TurnEnded) -> InvokeResult:
-    task_id = begun.task_id if begun else ""
-    local = begun.trace_id if begun else ""
+    where = await started.settle(ended.trace_ref)
+    local = begun.trace_id if where != begun.trace_id else ""
     if ended.HasField("error"):
         err = from_event(ended.error)
-        return InvokeResult(ended.message.content, False, task_id, ended.trace_ref, err, local)
-    return InvokeResult(ended.result.content, True, task_id, ended.trace_ref, local_trace_id=local)
+        return InvokeResult(ended.message.content, False, begun.task_id, where, err, local)
+    return InvokeResult(ended.result.content, True, begun.task_id, where, local_trace_id=local)
+
+
+class Announcement:
+    """`a2a-task-started` in the caller's buffer, naming the trace where the callee's turn runs
+    (docs/federation.md#trace-ids-in-events-and-results): for an agent of ours at once; for a remote
+    callee once the remote took the task (`remote-task-started` in the callee's buffer), or when its
+    turn ended without that."""
+
+    def __init__(self, ctx: ToolContext, slug: str, begun: orc.TurnBegun, remote: bool) -> None:
+        self.ctx, self.slug, self.begun = ctx, slug, begun
+        self.where = ""  # the trace id announced
+        self.task = asyncio.create_task(self._run(remote), name=f"announce:{begun.task_id}")
+
+    async def _run(self, remote: bool) -> None:
+        await self._store(await self._located() if remote else self.begun.trace_id)
+
+    async def _located(self) -> str:
+        """The remote's trace, from the callee's buffer ("" when the turn ended without one)."""
+        follow = self.ctx.clients.follows.follow(self.begun.stream_key, from_offset=self.begun.start.offset)
+        try:
+            async for event in follow:
+                if event.HasField("remote_task_started"):
+                    return event.remote_task_started.trace_id
+                if events.is_terminal(event):
+                    return ""
+        except MeshError:
+            return ""
+        finally:
+            follow.cancel()
+        return ""
+
+    async def _store(self, where: str) -> None:
+        if self.where:
+            return
+        self.where = where or self.begun.trace_id
+        begun = self.begun
+        local = begun.trace_id if self.where != begun.trace_id else ""
+        started = ev.A2ATaskStarted(
+            task_id=begun.task_id,
+            callee_agent_slug=self.slug,
+            callee_agent_name=begun.agent_name,
+            tool_call_id=self.ctx.tool_call_id,
+            trace_id=self.where,
+            local_trace_id=local,
+        )
+        await self.ctx.sink.store(ev.Event(a2a_task_started=started))
+
+    async def settle(self, fallback: str) -> str:
+        """The trace announced, once it is: the turn ended, so its buffer has (or soon has) its end and
+        the remote's trace when it took the task; else `fallback` (where the turn ended saying it ran)."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), GRACE_S)
+        except (TimeoutError, MeshError):
+            self.task.cancel()
+        await self._store(fallback)
+        return self.where
+
+    def cancel(self) -> None:
+        if not self.task.done():
+            self.task.cancel()
 
 
 async def agent_invoke(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
@@ -195,7 +247,9 @@ async def agent_invoke(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
         callee, remote = await resolve_callee(ctx, slug, url)
     except MeshError as err:
         return fail(err)
-    results = await asyncio.gather(*(call_callee(ctx, callee, str(t), continue_from, depth) for t in inputs))
+    results = await asyncio.gather(
+        *(call_callee(ctx, callee, str(t), continue_from, depth, remote) for t in inputs)
+    )
     for result in results:
         result.remote = remote
     meta["durationMs"] = int((time.monotonic() - started) * 1000)
@@ -207,4 +261,6 @@ async def agent_invoke(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     result = results[0]
     meta["taskId"] = result.task_id
     meta["traceId"] = result.trace_id
+    if result.local_trace_id and result.local_trace_id != result.trace_id:
+        meta["localTraceId"] = result.local_trace_id
     return ToolOutcome(result.as_json(), ok=result.ok, metadata=meta)

@@ -79,8 +79,15 @@ class RemoteRuns:
         )
         meta: dict[str, Any] = {"remoteUrl": agent.remote.card_url}
 
-        def on_task(remote_task: str, remote_context: str) -> None:
+        def where(context_id: str) -> str:
+            if peer is not None:
+                return str(TraceRef(context_id, alias=peer[0]))
+            return str(TraceRef(context_id, host=remote.host, port=int(remote.port or 0)))
+
+        async def on_task(remote_task: str, remote_context: str) -> None:
             meta.update(remoteTaskId=remote_task, remoteContextId=remote_context)
+            if remote_context:  # the caller announces the call with where it runs (invoke.py)
+                await sink.store(_remote_started(where(remote_context), remote_task))
 
         with telemetry.span(f"remote-agent {agent.slug}", agent=agent.slug, url=agent.remote.card_url):
             card = await remote.resolve()
@@ -94,12 +101,7 @@ class RemoteRuns:
             )
         await sink.flush()
         context_id = str(meta.get("remoteContextId") or reply.context_id or "")
-        ref = ""
-        if context_id:
-            if peer is not None:
-                ref = str(TraceRef(context_id, alias=peer[0]))
-            else:
-                ref = str(TraceRef(context_id, host=remote.host, port=int(remote.port or 0)))
+        ref = where(context_id) if context_id else ""
         result = rt.RunResult(
             content=reply.text,
             model=card.name,
@@ -130,6 +132,8 @@ class RemoteRuns:
                 kind = data.get("type")
                 if kind == "start":
                     trace_id = str(data.get("traceId") or data.get("sessionId") or trace_id)
+                    TraceRef(trace_id)  # the peer's id must be a local id there (InvalidArgument otherwise)
+                    await sink.store(_remote_started(str(peer.ref(trace_id))))
                 elif kind == "text-delta":
                     parts.append(str(data.get("textDelta", "")))
                     sink.emit(events.text_delta(parts[-1]))
@@ -146,6 +150,10 @@ class RemoteRuns:
         return rt.RunResult(
             content="".join(parts), finish_reason=ev.FINISH_REASON_STOP, trace_ref=str(peer.ref(trace_id))
         )
+
+
+def _remote_started(trace_ref: str, task_id: str = "") -> ev.Event:
+    return ev.Event(remote_task_started=ev.RemoteTaskStarted(trace_id=trace_ref, task_id=task_id))
 
 
 def _code(name: Any) -> int:

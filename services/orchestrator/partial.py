@@ -64,6 +64,8 @@ class Partial:
                 meta.setdefault("traceIds", []).append(started.trace_id)
                 if len(meta["taskIds"]) == 1:
                     meta.update(taskId=started.task_id, traceId=started.trace_id)
+                    if started.local_trace_id:  # a remote callee: our record of the exchange
+                        meta.update(localTraceId=started.local_trace_id)
 
     def message(self, message_id: int, status: int, err: MeshError) -> tp.Message:
         """The placeholder as the failed turn leaves it: what streamed, the status and the error."""

@@ -68,7 +68,7 @@ export class InvokePanel {
     const call = this.add(ev.calleeAgentName || ev.calleeAgentSlug || "agent", "streaming");
     call.toolCallId = ev.toolCallId;
     call.taskId = ev.taskId;
-    call.traceId = ev.traceId;
+    call.traceId = ev.localTraceId || ev.traceId; // our record of a remote callee's exchange, if any
     call.streamUrl = `/api/agents/a2a/stream?taskId=${encodeURIComponent(ev.taskId)}`;
     if (typeof input === "string") call.task = input;
     else this.loadTask(call); // several inputs run in parallel: the callee's trace says which is its

@@ -87,11 +87,13 @@ export class ToolCard {
     if (!this.output.textContent) this.output.textContent = errorText(error);
   }
 
-  /** a2a-task-started: the callee can be opened (and reopened) in the panel while it runs. */
+  /** a2a-task-started: the callee can be opened (and reopened) in the panel while it runs. Its
+   * `traceId` is where the callee runs (a peer's `@alias/id` for a remote one); the panel opens our
+   * record of the exchange (`localTraceId`) when there is one: it reads even with the peer gone. */
   taskStarted(ev) {
     this.addOpen({
       taskId: ev.taskId,
-      traceId: ev.traceId,
+      traceId: ev.localTraceId || ev.traceId,
       name: ev.calleeAgentName || ev.calleeAgentSlug || this.input?.agentSlug || "agent",
       toolCallId: this.el.dataset.toolCallId,
     });
@@ -102,9 +104,10 @@ export class ToolCard {
     const runs = Array.isArray(output?.results) ? output.results : [output];
     for (const run of runs) {
       const taskId = run?.taskId || (runs.length === 1 ? metadata?.taskId : "");
-      const traceId = run?.localTraceId || run?.traceId || (runs.length === 1 ? metadata?.traceId : "");
+      const one = runs.length === 1 ? metadata : null;
+      const traceId = run?.localTraceId || run?.traceId || one?.localTraceId || one?.traceId || "";
       if (!taskId || !traceId) continue;
-      // A remote callee's traceId names its home (agent://host/id); our copy of the exchange is local.
+      // A remote callee's traceId names its home (@alias/id, agent://host/id); our record is local.
       this.addOpen({ taskId, traceId, name: this.input?.agentSlug || this.input?.agentUrl || "agent", toolCallId: this.el.dataset.toolCallId });
     }
   }

@@ -6,7 +6,8 @@
   to each other with no HTTP;
 - org B has its own database (SQLite) and is reached over HTTP
   (docs/requirements.md#remote-trace-store), in both directions: A's peer
-  file registers B as `orgb`, B's registers A's cloud as `orga`.
+  file registers B as `orgb`, B's registers A's cloud as `orga`; the terminal's registers B as
+  `orgb` and, through a relay that can hang, as `orgbh`.
 
 Each peer's key is in an environment variable the peer file names (never in the file).
 """
@@ -180,6 +181,7 @@ class Fed:
     proxy: Proxy  # org B behind a relay, registered in A's peer file as `orgbp`
     canary: Canary  # unregistered as 127.0.0.1; registered by name only: `named` is http://localhost:<port>
     redirector: Canary  # registered as `redir`: answers 302 to the canary
+    hung: Proxy  # org B behind another relay, registered in the terminal's peer file as `orgbh`
 
 
 def _catalog(tmp: Path, b_port: int, b_key_env: str) -> Path:
@@ -208,7 +210,7 @@ async def fed(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> AsyncIte
     tmp = tmp_path_factory.mktemp("fed")
     ports = Ports()
     cloud_port, terminal_port, b_port, proxy_port = ports.take(), ports.take(), ports.take(), ports.take()
-    canary_port, redirect_port = ports.take(), ports.take()
+    canary_port, redirect_port, hung_port = ports.take(), ports.take(), ports.take()
     tag = uuid.uuid4().hex[:8].upper()
     a_env, b_env = f"FEDTEST_{tag}_ORGB_KEY", f"FEDTEST_{tag}_ORGA_KEY"
     peers_a = tmp / "peers-a.yaml"
@@ -247,7 +249,10 @@ async def fed(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> AsyncIte
         yaml.safe_dump(
             {
                 "trace_store": {"type": "database", "url": pg_url},
-                "agents": {"orgb": {"url": f"http://127.0.0.1:{b_port}", "credential": a_env, "type": "org"}},
+                "agents": {
+                    "orgb": {"url": f"http://127.0.0.1:{b_port}", "credential": a_env, "type": "org"},
+                    "orgbh": {"url": f"http://127.0.0.1:{hung_port}", "credential": a_env, "type": "org"},
+                },
             }
         )
     )
@@ -284,9 +289,11 @@ async def fed(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> AsyncIte
             federation=fast,
         )  # fmt: skip
         meshes.append(cloud)
+        # the terminal reads a cached trace with the default wait (test_three_meshes.py: a hung relay)
+        terminal_fed = {k: v for k, v in fast.items() if k != "cached_read_wait_s"}
         terminal = await start_mesh(
             tmp / "terminal", rules=RULES, catalog=catalog, gateway_port=terminal_port, peers=str(peers_t),
-            federation=fast,
+            federation=terminal_fed,
         )  # fmt: skip
         meshes.append(terminal)
         orgb = await start_mesh(
@@ -306,7 +313,11 @@ async def fed(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> AsyncIte
         await canary.up()
         redirector = Canary(redirect_port, redirect_to=f"http://127.0.0.1:{canary_port}/api/traces/x")
         await redirector.up()
-        yield Fed(cloud, terminal, orgb, a_env, b_env, peers_a, peers_b, proxy, canary, redirector)
+        hung = Proxy(hung_port, b_port)
+        await hung.up()
+        yield Fed(cloud, terminal, orgb, a_env, b_env, peers_a, peers_b, proxy, canary, redirector, hung)
+        hung.release()
+        await hung.down()
         await proxy.down()
         await canary.down()
         await redirector.down()

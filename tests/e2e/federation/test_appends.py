@@ -1,6 +1,6 @@
-"""No acknowledged append is ever lost (docs/federation.md#appending): an append to a peer's trace goes
-to its home by every id form a client can name it by; our cached copy's local id takes none (409
-naming the home id), since what it held would never reach home and the next sync would drop it."""
+"""No acknowledged append is ever lost (docs/federation.md#reading-and-appending-a-peers-trace): an append to
+a peer's trace goes to its home by every id form a client can name it by; our cached copy's local id takes
+none (409 naming the home id), since what it held would never reach home and the next sync would drop it."""
 
 from __future__ import annotations
 

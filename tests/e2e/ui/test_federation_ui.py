@@ -92,6 +92,11 @@ async def test_the_panel_follows_a_peers_agent_and_reopens_its_trace(
     await expect(panel_text).to_contain_text("word3", timeout=T)
     badge = reply.locator('.tool[data-tool="agent-invoke"] .badge')
     assert await badge.inner_text() == "running", "the peer's text came while the tool still ran"
+    # the card's "open", live: a2a-task-started names the peer's trace (traceId) and our record
+    # (localTraceId); the card opens the record, which reads with the peer gone too
+    live_open = await reply.locator('.tool[data-tool="agent-invoke"] .open-trace').evaluate(
+        "b => b.detail.traceId"
+    )
     await expect(badge).to_have_text("completed", timeout=T)
     await expect(panel_text).to_contain_text("word59")
     await expect(reply.locator(".content")).to_have_text("All done.", timeout=T)
@@ -111,6 +116,7 @@ async def test_the_panel_follows_a_peers_agent_and_reopens_its_trace(
     calls = [c for m in messages for c in (m.get("metadata") or {}).get("toolCalls", [])]
     ref = calls[0]["output"]["traceId"]
     assert ref.startswith("@orgb/"), calls[0]
+    assert live_open == calls[0]["output"]["localTraceId"] == calls[0]["metadata"]["localTraceId"], calls[0]
     reply = await send(page, f"continue @orgb/coder {ref}: and then?")
     await expect(reply.locator(".content")).to_have_text("All done.", timeout=T)
     async with pair.cloud.http() as http:

@@ -52,3 +52,15 @@ def test_text_reasoning_and_tool_calls_are_kept_with_their_steps() -> None:
 def test_nothing_streamed_keeps_only_the_error() -> None:
     msg = to_json(Partial().message(1, tp.MESSAGE_STATUS_FAILED, Cancelled("x")))
     assert msg["content"] == "" and "toolCalls" not in msg["metadata"]
+
+
+def test_a_call_cut_off_keeps_where_its_callee_ran_and_our_record() -> None:
+    """A remote callee's `a2a-task-started` names the peer's trace and our record: the stored call keeps
+    both under the names a finished call's result has (docs/federation.md#trace-ids-in-events-and-results)."""
+    partial = Partial()
+    started = ev.A2ATaskStarted(task_id="t1", tool_call_id="a", trace_id="@orgb/abc", local_trace_id="rec")
+    for event in (tool_in("a"), ev.Event(a2a_task_started=started)):
+        partial.see(event)
+    msg = to_json(partial.message(3, tp.MESSAGE_STATUS_CANCELLED, Cancelled("stop")))
+    meta = msg["metadata"]["toolCalls"][0]["metadata"]
+    assert (meta["taskId"], meta["traceId"], meta["localTraceId"]) == ("t1", "@orgb/abc", "rec")
