@@ -11,6 +11,7 @@ and, for a task (an agent-invoke callee, an A2A task we serve), the task's row.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -25,7 +26,7 @@ from agentmesh.libs.identity import current_user
 from agentmesh.libs.ids import SLUG_PATTERN, TraceRef, a2a_key, is_local_id, new_id, trace_key
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
-from agentmesh.services.orchestrator.turns import Turn
+from agentmesh.services.orchestrator.turns import Turn, limit
 from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
@@ -40,11 +41,6 @@ class Resolved:
 
     turn: Turn
     task: tp.A2ATask | None = None
-
-
-def _limit(*limits: int) -> int:
-    """The lowest limit that is set (0: none is)."""
-    return min((x for x in limits if x > 0), default=0)
 
 
 def _peer_slug(slug: str) -> tuple[str, str] | None:
@@ -103,11 +99,15 @@ class Kinds:
         if not req.trace_id:
             if not req.agent:
                 raise InvalidArgument("agent is required for a new trace")
-            agent = await self.agent(req.agent)
+            # The agent is read while the turn begins: its rows and buffer need only its slug.
+            _peer_slug(req.agent)  # (a malformed peer's slug is refused before anything is made)
+            reading = asyncio.ensure_future(self.agent(req.agent))
             trace_id = new_id()
             title = req.input.strip()[:TITLE_CHARS]
-            new_trace = tp.Trace(id=trace_id, agent=agent.slug, kind=tp.TRACE_KIND_CHAT, title=title)
-            return Resolved(self._chat_turn(req, trace_id, agent, new_trace))
+            new_trace = tp.Trace(id=trace_id, agent=req.agent, kind=tp.TRACE_KIND_CHAT, title=title)
+            turn = self._chat_turn(req, trace_id, ap.Agent(slug=req.agent), new_trace)
+            turn.agent_read = reading
+            return Resolved(turn)
         if not is_local_id(req.trace_id):
             raise InvalidArgument(
                 "a peer's trace is continued at its home (its POST /api/traces/{id}/run), or by "
@@ -131,7 +131,7 @@ class Kinds:
             stream_key=trace_key(trace_id),
             role=rt.RUN_ROLE_SUPERVISOR,
             source=tp.MESSAGE_SOURCE_USER,
-            timeout_ms=_limit(req.limits.timeout_ms, agent.limits.timeout_ms, self._timeout_ms),
+            limit_ms=limit(req.limits.timeout_ms, self._timeout_ms),
             overrides=rt.RunOverrides(max_output_tokens=req.limits.max_output_tokens),
             parent_sequence=req.parent_sequence if req.HasField("parent_sequence") else None,
             new_trace=new_trace,
@@ -220,7 +220,7 @@ class Kinds:
             source=tp.MESSAGE_SOURCE_A2A,
             task_id=task.id,
             depth=depth,
-            timeout_ms=_limit(req.limits.timeout_ms, agent.limits.timeout_ms, self._timeout_ms),
+            limit_ms=limit(req.limits.timeout_ms, self._timeout_ms),
             overrides=rt.RunOverrides(model=agent.model, max_output_tokens=req.limits.max_output_tokens),
             fresh_key=True,
             stream_metadata=metadata,

@@ -164,9 +164,7 @@ class SubagentBatch:
                 caller_agent=req.parent_agent,
                 caller_trace_id=req.trace_id,
                 depth=req.depth,
-                timeout_ms=min(
-                    (x for x in (task.limits.timeout_ms, agent.limits.timeout_ms) if x > 0), default=0
-                ),
+                limit_ms=task.limits.timeout_ms,  # (the agent's own limit is the Turn's too)
                 overrides=task.overrides,
                 fresh_key=True,
             )

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 import grpc
@@ -48,11 +49,17 @@ from agentmesh.services.orchestrator.partial import Partial, ended_by, read_back
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
+from agentmesh.trace.v1 import trace_service_pb2 as ts
 
 log = logging.getLogger(__name__)
 RESULT_FIELDS = ["content", "thinking", "model", "usage", "metadata", "status"]
 SETTLE_FIELDS = ["content", "thinking", "status", "metadata"]
 RUN_GRACE_S = 0.5  # the run's call outlives the turn's limit by this: the runtime ends it at the limit
+
+
+def limit(*limits: int) -> int:
+    """The lowest limit that is set (0: none is)."""
+    return min((x for x in limits if x > 0), default=0)
 
 
 @dataclass
@@ -69,13 +76,21 @@ class Turn:
     caller_agent: str = ""
     caller_trace_id: str = ""
     depth: int = 0
-    timeout_ms: int = 0  # the turn's limit
+    limit_ms: int = 0  # the request's and the mesh's time limit, the lower (0: none)
     overrides: rt.RunOverrides = field(default_factory=rt.RunOverrides)
     parent_sequence: int | None = None  # the message it follows (0: a new root; None: the head)
     new_trace: tp.Trace | None = None  # created with the turn's messages
     fresh_key: bool = False  # its buffer's key is new: no other turn can hold it
     stream_metadata: dict[str, str] = field(default_factory=dict)
     remote_context_id: str = ""  # a remote agent's conversation to continue
+    # A new trace's agent, read while the turn begins (its rows and buffer name only its slug, which
+    # the request gives): `agent` holds the slug alone until then.
+    agent_read: Awaitable[ap.Agent] | None = None
+
+    @property
+    def timeout_ms(self) -> int:
+        """The turn's limit: the lowest of the request's, the mesh's and the agent's that is set."""
+        return limit(self.limit_ms, self.agent.limits.timeout_ms)
 
     def messages(self, user_id: int = 0, placeholder_id: int = 0) -> tuple[tp.Message, tp.Message]:
         """The turn's user message and placeholder, with their provenance."""
@@ -130,9 +145,9 @@ class TurnEngine:
     # --- begin ------------------------------------------------------------------------------------
 
     async def begin(self, turn: Turn) -> Begun:
-        """Stores the turn's messages and creates its buffer born with `start`. A turn that does not
-        begin leaves nothing open: a buffer it created ends with the error, a placeholder it stored is
-        marked failed."""
+        """Stores the turn's messages and creates its buffer born with `start` (a new trace's agent is
+        read meanwhile). A turn that does not begin leaves nothing open: a buffer it created ends with
+        the error, a placeholder it stored is marked failed, a trace it created is deleted."""
         user, placeholder = turn.messages(new_message_id(), new_message_id())
         start = turn_start(turn.trace_id, user.id, placeholder.id, turn.agent.slug)
         create = ss.CreateStreamRequest(key=turn.stream_key, metadata=turn.stream_metadata, events=[start])
@@ -142,16 +157,20 @@ class TurnEngine:
         if turn.new_trace is not None:
             store.new_trace.CopyFrom(turn.new_trace)
         creating = rpc(self.clients.stream.CreateStream(create, timeout=self.write_timeout_s))
-        if turn.fresh_key:  # nothing to lock out: both at once
+        reading, turn.agent_read = turn.agent_read, None
+        if turn.fresh_key:  # nothing to lock out: all at once
             storing = rpc(self.clients.messages.BeginTurn(store, timeout=self.write_timeout_s))
-            created, stored = await asyncio.gather(creating, storing, return_exceptions=True)
+            created, stored, read = await asyncio.gather(
+                creating, storing, reading or _nothing(), return_exceptions=True
+            )
         else:  # the buffer first: it is the trace's lock against a second turn
-            created = await creating
+            assert reading is None, "an existing trace's agent is read before its turn begins"
+            created, read = await creating, None
             try:
                 stored = await rpc(self.clients.messages.BeginTurn(store, timeout=self.write_timeout_s))
             except (MeshError, asyncio.CancelledError) as exc:
                 stored = exc
-        failure = next((r for r in (created, stored) if isinstance(r, BaseException)), None)
+        failure = next((r for r in (read, created, stored) if isinstance(r, BaseException)), None)
         if failure is not None:
             err = (
                 self.cancel_reason()
@@ -161,11 +180,26 @@ class TurnEngine:
             if not isinstance(created, BaseException):
                 await to_the_end(self.close_buffer(turn.stream_key, events.error(err), created.offsets[0]))
             if isinstance(stored, ms.BeginTurnResponse):
-                await to_the_end(self.settle(stored.assistant_message.id, Partial(), err))
+                await to_the_end(self._undo(turn, stored, err))
             raise failure
         assert isinstance(created, ss.CreateStreamResponse) and isinstance(stored, ms.BeginTurnResponse)
+        if isinstance(read, ap.Agent):
+            turn.agent = read
         start.offset = created.offsets[0]
         return Begun(stored.user_message, stored.assistant_message, start)
+
+    async def _undo(self, turn: Turn, stored: ms.BeginTurnResponse, err: MeshError) -> None:
+        """What a turn that did not begin stored: the trace it created goes, else its placeholder
+        is marked failed."""
+        if turn.new_trace is None:
+            await self.settle(stored.assistant_message.id, Partial(), err)
+            return
+        try:
+            await self.clients.trace.DeleteTrace(
+                ts.DeleteTraceRequest(trace_id=turn.trace_id), timeout=self.grace_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            log.warning("could not delete the trace of a turn that did not begin: %s", exc.details())
 
     # --- run ----------------------------------------------------------------------------------------
 
@@ -317,18 +351,25 @@ class TurnEngine:
         message = stored
         if message is None:
             partial = await read_back(self.clients, turn.stream_key, begun.start.offset, self.grace_s)
-            message = await self.settle(begun.placeholder.id, partial, err)
+            model = turn.overrides.model or turn.agent.model
+            message = await self.settle(begun.placeholder.id, partial, err, model)
         if message is not None:
             ended.message.CopyFrom(message)
         ended.end.CopyFrom(await self.close_buffer(turn.stream_key, events.error(err), begun.start.offset))
         return ended
 
-    async def settle(self, placeholder_id: int, partial: Partial, err: MeshError) -> tp.Message | None:
+    async def settle(
+        self, placeholder_id: int, partial: Partial, err: MeshError, model: str = ""
+    ) -> tp.Message | None:
+        """The placeholder of a failed turn: what streamed, marked failed or cancelled (with the model
+        the turn ran, when known: a new trace's placeholder is stored before its agent is read)."""
         status = tp.MESSAGE_STATUS_CANCELLED if isinstance(err, Cancelled) else tp.MESSAGE_STATUS_FAILED
-        request = ms.UpdateMessageRequest(
-            message=partial.message(placeholder_id, status, err),
-            update_mask=field_mask_pb2.FieldMask(paths=SETTLE_FIELDS),
-        )
+        message = partial.message(placeholder_id, status, err)
+        paths = list(SETTLE_FIELDS)
+        if model:
+            message.model = model
+            paths.append("model")
+        request = ms.UpdateMessageRequest(message=message, update_mask=field_mask_pb2.FieldMask(paths=paths))
         try:
             return (await self.clients.messages.UpdateMessage(request, timeout=self.grace_s)).message
         except grpc.aio.AioRpcError as exc:
@@ -357,6 +398,10 @@ class TurnEngine:
             if earlier is not None:
                 return ev.Event(error=earlier.to_event(), offset=resp.offset)
         return ev.Event(done=ev.StreamDone(), offset=resp.offset)
+
+
+async def _nothing() -> None:
+    return None
 
 
 def ended_error(ended: orc.TurnEnded) -> MeshError | None:

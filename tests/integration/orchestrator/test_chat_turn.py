@@ -106,9 +106,13 @@ async def test_bad_input(mesh: Mesh) -> None:
     backend = mesh.servers["stream"].registrations[0].servicer.backend
     open_before = await backend.open_buffers()
     async with mesh.http() as http:
+        listed = (await http.get("/api/sessions")).json()["sessions"]
         r = await http.post("/api/chat", json={"agent": "nobody", "message": "hi"})
         assert r.status_code == 404 and r.json()["error"]["reason"] == "NOT_FOUND"
-    # The new session's buffer, made while the agent was read, ended with the refusal.
+        assert r.json()["error"]["message"] == "unknown agent 'nobody'"
+        # The new session, stored while the agent was read, is gone with the refusal.
+        assert (await http.get("/api/sessions")).json()["sessions"] == listed
+    # Its buffer, made meanwhile too, ended with the refusal.
     assert await backend.open_buffers() == open_before
     async with mesh.http() as http:
         r = await http.post("/api/chat", json={"agent": "general", "message": "   "})
