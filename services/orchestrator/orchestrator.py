@@ -42,6 +42,11 @@ FINAL_TASK_STATES = (
 log = logging.getLogger(__name__)
 
 
+def _resolve(future: asyncio.Future[Begun], begun: Begun) -> None:
+    if not future.done():
+        future.set_result(begun)
+
+
 class Orchestrator:
     def __init__(
         self,
@@ -129,7 +134,9 @@ class Orchestrator:
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 return None
-            began.set_result(begun)
+            # The caller hears `begun` once the run's call is under way (engine.run makes it before
+            # its first wait): the first delta's path goes first.
+            asyncio.get_running_loop().call_soon(_resolve, began, begun)
             working = asyncio.create_task(self._task_state(task.id, tp.TASK_STATE_WORKING)) if task else None
             try:
                 ended = await self.engine.run(turn, begun)
