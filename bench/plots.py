@@ -19,7 +19,7 @@ from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from bench.report import MESH_PROCESSES
 
-COLORS = {"direct": "#7f7f7f", "mesh": "#1f77b4", "langgraph": "#d62728"}
+COLORS = {"direct": "#7f7f7f", "raw": "#bcbd22", "mesh": "#1f77b4", "langgraph": "#d62728"}
 
 
 def _ecdf(ax: Any, values: list[float], label: str, color: str | None) -> None:

@@ -47,13 +47,16 @@ def section_a(s: dict[str, Any]) -> list[str]:
                 num(get(t, "first_delta_ms", "p50")),
                 num(get(t, "added_first_delta_ms", "p50")),
                 num(get(t, "added_first_delta_ms", "p99")),
+                num(get(t, "completion_ratio_vs_raw", "p50"), 2, "x"),
+                num(get(t, "added_first_delta_vs_raw_ms", "p50")),
                 num(get(s, "cpu", target, "per_1k_tokens_s"), 3),
                 errors(t.get("errors")),
             ]
         )
     head = ["target", "completion p50 ms", "p99", "ratio vs direct p50", "p99",
             "ratio after the first delta p50", "first delta p50 ms",
-            "added first delta p50 ms", "p99", "CPU s / 1k tokens", "errors"]  # fmt: skip
+            "added first delta p50 ms", "p99", "ratio vs raw p50", "added vs raw p50 ms",
+            "CPU s / 1k tokens", "errors"]  # fmt: skip
     return [*out, *table(head, rows), ""]
 
 
@@ -73,6 +76,7 @@ def section_b(s: dict[str, Any]) -> list[str]:
                 num(get(t, "first_delta_ms", "p99")),
                 num(get(t, "added_first_delta_ms", "p50")),
                 num(get(t, "added_first_delta_ms", "p99")),
+                num(get(t, "added_first_delta_vs_raw_ms", "p50")),
                 num(get(t, "to_model_ms", "p50")),
                 num(get(t, "gap_ms", "p50")),
                 num(get(t, "gap_ms", "p99")),
@@ -83,7 +87,7 @@ def section_b(s: dict[str, Any]) -> list[str]:
             ]
         )
     head = ["target", "first delta p50 ms", "p99", "added first delta p50 ms", "p99",
-            "request -> model p50 ms", "gap p50 ms",
+            "added vs raw p50 ms", "request -> model p50 ms", "gap p50 ms",
             "gap p99 ms", "gap - pace p99 ms", "lateness p50 ms", "p99", "errors"]  # fmt: skip
     return [*out, *table(head, rows), ""]
 
@@ -206,7 +210,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"{m['ram_gib']} GiB RAM, Python {m['python']}, Linux {m['kernel']}; load average "
         f"{m.get('load_average_at_start')} at start, {m.get('load_average_at_end')} at end",
         f"- versions: {', '.join(f'{k} {v}' for k, v in r.get('versions', {}).items())}",
-        f"- targets: {', '.join(r['targets'])} (direct = the same model server read straight, the baseline)",
+        f"- targets: {', '.join(r['targets'])} (direct = the same model server read straight with the "
+        "openai client, the baseline; A and B also read it with plain httpx, `raw`: the floor)",
     ]
     idle = r.get("idle_cpu_cores")
     if idle:

@@ -1,7 +1,8 @@
 """`make bench` / `make bench-peers`: what the mesh adds to streamed replies, as ratios against the
 same scripted model server read directly, measured in one run.
 
-  A  2,000 tokens at top speed: completion ratio and added first delta vs the openai client direct
+  A  2,000 tokens at top speed: completion ratio and added first delta vs the openai client direct,
+     and vs the raw floor (plain httpx)
   B  200 tokens at 50 tok/s: added first delta, inter-delta gaps, lateness against the schedule
   C  N concurrent sessions at 20 tok/s (N = 50, 200, 500, 1,000; starts spread over 3 s): gap -
      pace, lateness, first delta, errors by code, CPU seconds of the mesh's processes per 1k tokens

@@ -91,9 +91,8 @@ def error_detail(streams: list[Stream]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def paired(runs: dict[str, list[Stream]], target: str) -> list[tuple[Stream, Stream]]:
+def paired(runs: dict[str, list[Stream]], target: str, base: str = "direct") -> list[tuple[Stream, Stream]]:
+    """`target`'s streams beside `base`'s of the same rounds, both without error."""
     return [
-        (t, d)
-        for t, d in zip(runs[target], runs["direct"], strict=True)
-        if t.error is None and d.error is None
+        (t, d) for t, d in zip(runs[target], runs[base], strict=True) if t.error is None and d.error is None
     ]

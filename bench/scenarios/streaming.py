@@ -37,13 +37,21 @@ async def settle(pids: list[int]) -> float:
 async def _turns(bench: Bench, prefix: str, turns: int, warmup: int) -> tuple[dict[str, list[Stream]], dict]:
     """Runs warmup + turns rounds, each one stream per target (rotating order), each turn after the one
     before it settled; returns the measured streams per target and the CPU readings around the measured
-    rounds (with `settle_s`: per target, how long the turn after each of its turns waited)."""
+    rounds (with `settle_s`: per target, how long the turn after each of its turns waited). Beside
+    `direct` (the openai client, what the runtime itself uses), `raw` reads the model server with plain
+    httpx: the floor of what any client can do with the same stream."""
     targets = bench.targets
-    https = {t: bench.http_for(t) for t in targets if t != "direct"}
+    if "direct" in targets:
+        targets = ["direct", "raw", *targets[1:]]
+    https = {t: bench.http_for(t) for t in targets if t not in ("direct", "raw")}
     out: dict[str, list[Stream]] = {t: [] for t in targets}
     cpu: dict[str, Any] = {"settle_s": {t: [] for t in targets}}
     pids = bench.turn_pids()
-    async with AsyncOpenAI(base_url=f"{bench.mock.url}/v1", api_key="bench", max_retries=0) as direct:
+    pids["raw"] = pids["direct"]
+    async with (
+        AsyncOpenAI(base_url=f"{bench.mock.url}/v1", api_key="bench", max_retries=0) as direct,
+        bench.http_for("direct") as raw,
+    ):
         try:
             for i in range(warmup + turns):
                 if i == warmup:
@@ -53,6 +61,8 @@ async def _turns(bench: Bench, prefix: str, turns: int, warmup: int) -> tuple[di
                     s = Stream(target=target, tag=f"{prefix} {i} {target}")
                     if target == "direct":
                         await clients.direct_openai(direct, s)
+                    elif target == "raw":
+                        await clients.direct_raw(raw, s)
                     elif target == "mesh":
                         await clients.mesh(https[target], s, "plain")
                     else:
@@ -65,6 +75,11 @@ async def _turns(bench: Bench, prefix: str, turns: int, warmup: int) -> tuple[di
             for http in https.values():
                 await http.aclose()
     return out, cpu
+
+
+def _added_first_delta(runs: dict[str, list[Stream]], target: str, base: str) -> dict[str, float]:
+    """What `target` adds to the first delta over `base`, turn by turn (paired within each round)."""
+    return dist([(t.first - t.start) - (d.first - d.start) for t, d in paired(runs, target, base)], 1000)
 
 
 async def scenario_a(bench: Bench) -> dict[str, Any]:
@@ -87,14 +102,15 @@ async def scenario_a(bench: Bench) -> dict[str, Any]:
             "first_delta_ms": dist([s.first - s.start for s in ok], 1000),
             "events_per_reply": statistics.median(len(s.times) for s in ok) if ok else None,
         }
-        if target != "direct" and "direct" in runs:
+        if target not in ("direct", "raw") and "direct" in runs:
             pairs = paired(runs, target)
             entry["completion_ratio"] = dist([(t.end - t.start) / (d.end - d.start) for t, d in pairs])
             # after the first delta: the relay of the tokens alone, without set-up (or a queue's wait)
             entry["streaming_ratio"] = dist([(t.end - t.first) / (d.end - d.first) for t, d in pairs])
-            entry["added_first_delta_ms"] = dist(
-                [(t.first - t.start) - (d.first - d.start) for t, d in pairs], 1000
-            )
+            entry["added_first_delta_ms"] = _added_first_delta(runs, target, "direct")
+            floor = paired(runs, target, "raw")
+            entry["completion_ratio_vs_raw"] = dist([(t.end - t.start) / (d.end - d.start) for t, d in floor])
+            entry["added_first_delta_vs_raw_ms"] = _added_first_delta(runs, target, "raw")
         result["targets"][target] = entry
         result["samples"][target] = {
             "completion_ms": [round(1000 * (s.end - s.start), 3) for s in ok],
@@ -141,11 +157,9 @@ async def scenario_b(bench: Bench) -> dict[str, Any]:
             "gap_minus_pace_ms": dist(over, 1000),
             "lateness_ms": dist(late, 1000),
         }
-        if target != "direct" and "direct" in runs:
-            pairs = paired(runs, target)
-            entry["added_first_delta_ms"] = dist(
-                [(t.first - t.start) - (d.first - d.start) for t, d in pairs], 1000
-            )
+        if target not in ("direct", "raw") and "direct" in runs:
+            entry["added_first_delta_ms"] = _added_first_delta(runs, target, "direct")
+            entry["added_first_delta_vs_raw_ms"] = _added_first_delta(runs, target, "raw")
         result["targets"][target] = entry
         result["samples"][target] = {
             "first_delta_ms": [round(1000 * (s.first - s.start), 3) for s in ok],
