@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import clients
 from bench.procs import Proc, own_cpu_s, system_busy_s
@@ -180,6 +181,26 @@ class Bench:
             "machine": system_busy_s(),
             "wall": time.time(),
         }
+
+    async def rpcs(self) -> dict[str, float]:
+        """RPCs the mesh's gRPC services started so far, by service and method, the turns' own: the
+        lease renewals and health checks every process makes on its own are left out."""
+        out: dict[str, float] = {}
+        async with httpx.AsyncClient(timeout=10) as http:
+            for url in self.mesh.metrics.values():
+                text = (await http.get(url)).text
+                for family in text_string_to_metric_families(text):
+                    if family.name != "agentmesh_grpc_server_started":
+                        continue
+                    for sample in family.samples:
+                        if not sample.name.endswith("_total"):
+                            continue
+                        service, method = sample.labels["grpc_service"], sample.labels["grpc_method"]
+                        if service.endswith("LeaseService") or method == "RenewStreams":
+                            continue
+                        name = f"{service.rsplit('.', 1)[-1]}.{method}"
+                        out[name] = out.get(name, 0.0) + sample.value
+        return out
 
     def http_for(self, target: str, connections: int = 16, read_s: float = 300.0) -> httpx.AsyncClient:
         kw: dict[str, Any] = {"limits": clients.limits(connections), "timeout": clients.timeout(read_s)}

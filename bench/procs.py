@@ -88,6 +88,7 @@ class Proc:
     log: Path
     url: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, str] = field(default_factory=dict)  # service -> its /metrics URL (the mesh)
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -178,6 +179,9 @@ def start_mock(work: Path, rules: Path) -> Proc:
     return proc
 
 
+METRICS_SERVICES = ("orchestrator", "agent-runtime", "trace", "stream")
+
+
 def start_mesh(
     work: Path, mock_url: str, catalog: Path, log_level: str = "WARNING", root: Path | None = None
 ) -> Proc:
@@ -197,6 +201,10 @@ def start_mesh(
         AGENTMESH_LLM__API_KEY="bench",
         AGENTMESH_LLM__REQUEST_TIMEOUT_S="300",
     )
+    # Each gRPC service's /metrics, where the bench counts a turn's RPCs (RpcMetrics).
+    metrics = {service: f"127.0.0.1:{free_port()}" for service in METRICS_SERVICES}
+    for service, address in metrics.items():
+        env[f"AGENTMESH_METRICS__{service.upper().replace('-', '_')}"] = address
     if root is not None:
         env["PYTHONPATH"] = str(root)
     text = catalog.read_text()  # a remote agent of the catalog names this mesh's gateway port
@@ -206,6 +214,7 @@ def start_mesh(
     cmd = [sys.executable, "-m", "agentmesh.cli", "up", "--no-mock-llm"]
     proc = _spawn("mesh", cmd, env, work / "mesh.log", cwd=root)
     proc.url = f"http://127.0.0.1:{env['AGENTMESH_GATEWAY_PORT']}"
+    proc.metrics = {service: f"http://{address}/metrics" for service, address in metrics.items()}
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if not proc.alive():

@@ -105,7 +105,7 @@ def section_c(s: dict[str, Any]) -> list[str]:
     phases = s.get("phases") or []
     if not phases:
         return out
-    rows, cpu_rows = [], []
+    rows, cpu_rows, turn_rows = [], [], []
     for p in phases:
         target = p["target"]
         lg = p["load_generator"]
@@ -135,6 +135,10 @@ def section_c(s: dict[str, Any]) -> list[str]:
             by = get(p, "cpu", "mesh", "by_process_per_1k_tokens_s") or {}
             cpu_rows.append([str(p["n"]), *(num(by.get(k), 3) for k in MESH_PROCESSES),
                              num(get(p, "cpu", "mesh", "per_1k_tokens_s"), 3)])  # fmt: skip
+            turn = p.get("per_turn") or {}
+            ms = turn.get("cpu_ms") or {}
+            turn_rows.append([str(p["n"]), *(num(ms.get(k), 1) for k in MESH_PROCESSES),
+                              num(turn.get("cpu_ms_total"), 1), num(turn.get("rpcs_total"), 1)])  # fmt: skip
     head = ["N", "target", "ok", "errors", "first delta p50 ms", "p99", "request -> model p50 ms", "p99",
             "gap - pace p50 ms", "p99",
             "lateness p50 ms", "p99", "target CPU s / 1k tok", "model server CPU s / 1k tok",
@@ -157,6 +161,9 @@ def section_c(s: dict[str, Any]) -> list[str]:
         )  # fmt: skip
     out += ["", "Mesh CPU seconds per 1,000 tokens by process:", ""]
     out += table(["N", *MESH_PROCESSES, "total"], cpu_rows)
+    out += ["", "A turn of the mesh: CPU milliseconds by process (its tokens included) and the RPCs its "
+            "services started (lease renewals and health checks left out):", ""]  # fmt: skip
+    out += table(["N", *MESH_PROCESSES, "CPU ms", "RPCs"], turn_rows)
     return [*out, ""]
 
 

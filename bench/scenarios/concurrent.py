@@ -9,7 +9,7 @@ from typing import Any
 
 import psutil
 
-from bench.harness import Bench, cpu_report
+from bench.harness import Bench, cpu_delta, cpu_report
 from bench.loadgen import JobResult, LoadGenerator
 from bench.stats import check_tokens, dist, error_detail, gaps_minus_pace, lateness
 
@@ -45,11 +45,13 @@ async def _c_phase(bench: Bench, gen: LoadGenerator, target: str, n: int) -> dic
     t0 = time.time() + 1.0
     starts = [t0 + z.c_spread_s * i / n for i in range(n)]
     deadline = t0 + z.c_spread_s + 4 * stream_s + 30
+    rpcs_before = await bench.rpcs() if target == "mesh" else {}
     before = bench.cpu()
     results: list[JobResult] = await asyncio.to_thread(
         gen.run, target, base, headers, agent, tags, starts, deadline
     )
     after = bench.cpu()
+    rpcs_after = await bench.rpcs() if target == "mesh" else {}
     stats = await bench.mock_get("/_mock/stats")
     received = await bench.received_at()
     streams = [s for r in results for s in r.streams]
@@ -86,6 +88,7 @@ async def _c_phase(bench: Bench, gen: LoadGenerator, target: str, n: int) -> dic
         "model_requests": stats["total"],
         "model_max_in_flight": stats["max_in_flight"],
         "cpu": cpu_report(before, after, {target: tokens}),
+        "per_turn": per_turn(before, after, target, n, rpcs_before, rpcs_after),
         "load_generator": {
             "processes": len(results),
             "cpu_s": sum(r.cpu_s for r in results),
@@ -93,6 +96,27 @@ async def _c_phase(bench: Bench, gen: LoadGenerator, target: str, n: int) -> dic
             "loop_lag_ms": dist(lag),
             "wall_s": gen_wall,
         },
+    }
+
+
+def per_turn(
+    before: dict[str, Any],
+    after: dict[str, Any],
+    target: str,
+    turns: int,
+    rpcs_before: dict[str, float],
+    rpcs_after: dict[str, float],
+) -> dict[str, Any]:
+    """A turn's share of the phase: CPU milliseconds by process (tokens included) and, for the mesh,
+    the RPCs its services started (by method, and in all)."""
+    cpu = {k: 1000 * v / turns for k, v in sorted(cpu_delta(before, after, target).items())} if turns else {}
+    rpcs = {k: (v - rpcs_before.get(k, 0.0)) / turns for k, v in rpcs_after.items()} if turns else {}
+    rpcs = {k: round(v, 2) for k, v in sorted(rpcs.items()) if v > 0}
+    return {
+        "cpu_ms": cpu,
+        "cpu_ms_total": sum(cpu.values()),
+        "rpcs": rpcs,
+        "rpcs_total": round(sum(rpcs.values()), 2) if rpcs else None,
     }
 
 
