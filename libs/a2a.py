@@ -98,6 +98,8 @@ def parse_push_notification(body: str) -> a2a.StreamResponse:
     out = a2a.StreamResponse()
     if {"task", "statusUpdate", "artifactUpdate", "message"} & data.keys():
         json_format.ParseDict(data, out, ignore_unknown_fields=True)
-    else:  # a Task as such
+    elif "id" in data and "status" in data:  # a Task as such
         json_format.ParseDict(data, out.task, ignore_unknown_fields=True)
+    else:
+        raise ValueError("a push notification holds a task, a status or an artifact update")
     return out

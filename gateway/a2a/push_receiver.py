@@ -6,7 +6,7 @@ config's token (`X-A2A-Notification-Token`, compared by its SHA-256), and when t
 `iat` and, when it says one, the body's `request_body_sha256`. A notification that passes is appended
 to that buffer; the runtime does the rest. No API key: the token is the credential. Refusals are the
 gateway's JSON errors: no such receiver 404, a missing or wrong token or signature 401, a body that
-is not a notification 400."""
+is not a notification 422."""
 
 from __future__ import annotations
 

@@ -295,7 +295,8 @@ class RemoteAgent:
             return await client.get_task(a2a.GetTaskRequest(id=task_id), context=context)
 
         async for response in push.responses(get_task):
-            yield response
+            if _ids_and_status(response)[0] in ("", task_id):  # another task's: not for this call
+                yield response
 
     async def _follow(
         self,

@@ -243,11 +243,13 @@ async def test_receiver_refuses_a_wrong_token_or_signature(meshes: Meshes) -> No
                 await post({**token, "Authorization": f"Bearer {jwt_of(b_signer, inbox.url, '{}')}"}),
             ]
             missing = await post(token, f"{meshes.receiver_url}/no-such-receiver")
+            not_json = await http.post(inbox.url, content=b'{"foo": 1}', headers=token)
             taken = await post({**token, "Authorization": f"Bearer {jwt_of(b_signer, inbox.url)}"})
         assert [r.status_code for r in refused] == [401] * 5, [r.text for r in refused]
         reasons = [r.json()["error"]["reason"] for r in refused]
         assert reasons == ["UNAUTHENTICATED"] * 5, [r.json() for r in refused]
         assert missing.status_code == 404 and missing.json()["error"]["reason"] == "NOT_FOUND"
+        assert not_json.status_code == 422 and not_json.json()["error"]["reason"] == "INVALID_ARGUMENT"
         assert taken.status_code == 200, taken.text
 
         async def get_task() -> a2a.Task:
