@@ -26,6 +26,7 @@ from agentmesh.gateway.app import create_app
 from agentmesh.gateway.server import http_limits
 from agentmesh.libs import embedded_http, identity
 from agentmesh.libs.config import A2ASettings
+from agentmesh.services.agent_runtime.a2a_client import RemoteAgent
 from agentmesh.services.agent_runtime.a2a_push import PushInbox
 from agentmesh.trace.v1 import message_service_pb2 as ms
 from tests.e2e.a2a.clients import sdk_client
@@ -168,6 +169,35 @@ async def test_invoke_takes_push_notifications_and_holds_no_stream(meshes: Meshe
         ).messages
     assert copy[-1].content == REPLY and copy[-1].metadata["remotePush"] is True
     assert copy[-1].usage.output_tokens > 0
+
+
+async def test_send_message_returns_before_the_task_ends_and_a_refused_config_streams(meshes: Meshes) -> None:
+    """The client side alone: SendMessage answers once B took the task (B still works on it when our
+    on_task runs), the reply comes by push; a receiver URL B's allow-list refuses falls back to the
+    stream, with the same reply."""
+    a, b = meshes.a, meshes.b
+    assert a.clients is not None
+    key = os.environ["PUSH_KEY_AT_B"]
+    seen: list[int] = []
+
+    async def on_task(task_id: str, _: str) -> None:
+        client = await sdk_client(f"{b.url}/a2a/echo", key)
+        try:
+            seen.append((await client.get_task(a2a.GetTaskRequest(id=task_id))).status.state)
+        finally:
+            await client.close()
+
+    with identity.acting_as(a.user):  # the inbox's buffer is the calling user's
+        pushed = await RemoteAgent(
+            f"{b.url}/a2a/echo", key, push=PushInbox(a.clients, meshes.receiver_url, f"{b.url}/a2a/echo")
+        ).call("slow and direct", on_task=on_task)
+        elsewhere = PushInbox(a.clients, "http://127.0.0.1:9/not-allowed", f"{b.url}/a2a/echo")
+        streamed = await RemoteAgent(f"{b.url}/a2a/echo", key, push=elsewhere).call(
+            "slow and streamed", on_task=on_task
+        )
+    assert pushed.pushed and pushed.text == REPLY and pushed.states[-1] == a2a.TASK_STATE_COMPLETED
+    assert not streamed.pushed and streamed.text == REPLY
+    assert seen == [a2a.TASK_STATE_WORKING] * 2  # both answered before B's task ended
 
 
 async def test_a_receiver_down_for_a_while_gets_it_once_back(meshes: Meshes) -> None:
