@@ -28,6 +28,7 @@ from agentmesh.libs import embedded_http, identity
 from agentmesh.libs.config import A2ASettings
 from agentmesh.services.agent_runtime.a2a_client import RemoteAgent
 from agentmesh.services.agent_runtime.a2a_push import PushInbox
+from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import message_service_pb2 as ms
 from tests.e2e.a2a.clients import sdk_client
 from tests.e2e.a2a.test_client import RULES, _start_chat, tool_result
@@ -187,10 +188,11 @@ async def test_send_message_returns_before_the_task_ends_and_a_refused_config_st
         finally:
             await client.close()
 
+    inbox = PushInbox(a.clients, meshes.receiver_url, f"{b.url}/a2a/echo")
     with identity.acting_as(a.user):  # the inbox's buffer is the calling user's
-        pushed = await RemoteAgent(
-            f"{b.url}/a2a/echo", key, push=PushInbox(a.clients, meshes.receiver_url, f"{b.url}/a2a/echo")
-        ).call("slow and direct", on_task=on_task)
+        pushed = await RemoteAgent(f"{b.url}/a2a/echo", key, push=inbox).call(
+            "slow and direct", on_task=on_task
+        )
         elsewhere = PushInbox(a.clients, "http://127.0.0.1:9/not-allowed", f"{b.url}/a2a/echo")
         streamed = await RemoteAgent(f"{b.url}/a2a/echo", key, push=elsewhere).call(
             "slow and streamed", on_task=on_task
@@ -198,6 +200,9 @@ async def test_send_message_returns_before_the_task_ends_and_a_refused_config_st
     assert pushed.pushed and pushed.text == REPLY and pushed.states[-1] == a2a.TASK_STATE_COMPLETED
     assert not streamed.pushed and streamed.text == REPLY
     assert seen == [a2a.TASK_STATE_WORKING] * 2  # both answered before B's task ended
+    with identity.acting_as(""):  # the inbox's buffer went with the call
+        info = await a.clients.stream.GetStreamInfo(ss.GetStreamInfoRequest(key=inbox.key))
+    assert inbox.notifications >= 1 and not info.exists
 
 
 async def test_a_receiver_down_for_a_while_gets_it_once_back(meshes: Meshes) -> None:
