@@ -4,8 +4,9 @@ whose card says pushNotifications because its allow-list names A's receiver. The
 gateway replica of A (its own port), so a test can take it down while A's chat gateway serves on. The
 call completes with the whole reply while B has no stream open and holds A's push config; A's side
 panel gets the text before A's turn ends; a receiver down for a while still gets the notification
-from B's retries; with no notification at all, GetTask ends the wait; a wrong token or signature is
-refused with a 401 JSON error."""
+from B's retries; with no notification at all, GetTask ends the wait; SendMessage answers before B's
+task ends, and a receiver URL B refuses falls back to the stream; a wrong token, a JWT of another key,
+for another URL, of another body or issued too long ago is refused with a 401 JSON error."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jwt
 import pytest
 from a2a.types import a2a_pb2 as a2a
 
@@ -259,6 +261,11 @@ async def test_receiver_refuses_a_wrong_token_or_signature(meshes: Meshes) -> No
     def jwt_of(signer: PushSigner, audience: str, data: str = body) -> str:
         return signer.sign(issuer=b.url, audience=audience, task_id="t1", body=data.encode())
 
+    def stale_jwt() -> str:  # B's key, our URL, the right body, but issued an hour ago (still unexpired)
+        now = int(time.time())
+        claims = {"iss": b.url, "aud": inbox.url, "iat": now - 3600, "exp": now + 300, "task_id": "t1"}
+        return jwt.encode(claims, b_signer.key, algorithm="RS256", headers={"kid": b_signer.jwk["kid"]})
+
     with identity.acting_as(a.user):
         await inbox.open()
     try:
@@ -276,14 +283,16 @@ async def test_receiver_refuses_a_wrong_token_or_signature(meshes: Meshes) -> No
                 await post({**token, "Authorization": f"Bearer {jwt_of(stranger, inbox.url)}"}),
                 await post({**token, "Authorization": f"Bearer {jwt_of(b_signer, 'http://elsewhere/x')}"}),
                 await post({**token, "Authorization": f"Bearer {jwt_of(b_signer, inbox.url, '{}')}"}),
+                await post({**token, "Authorization": f"Bearer {stale_jwt()}"}),
             ]
             missing = await post(token, f"{meshes.receiver_url}/no-such-receiver")
             not_json = await http.post(inbox.url, content=b'{"foo": 1}', headers=token)
             taken = await post({**token, "Authorization": f"Bearer {jwt_of(b_signer, inbox.url)}"})
-        assert [r.status_code for r in refused] == [401] * 5, [r.text for r in refused]
+        assert [r.status_code for r in refused] == [401] * 6, [r.text for r in refused]
         reasons = [r.json()["error"]["reason"] for r in refused]
-        assert reasons == ["UNAUTHENTICATED"] * 5, [r.json() for r in refused]
+        assert reasons == ["UNAUTHENTICATED"] * 6, [r.json() for r in refused]
         assert missing.status_code == 404 and missing.json()["error"]["reason"] == "NOT_FOUND"
+        assert "too old" in refused[-1].json()["error"]["message"]
         assert not_json.status_code == 422 and not_json.json()["error"]["reason"] == "INVALID_ARGUMENT"
         assert taken.status_code == 200, taken.text
 
