@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -116,12 +117,17 @@ class PushReceiver:
 
     async def _fetch(self, url: str) -> tuple[float, jwt.PyJWKSet]:
         try:
-            resp = await self.http.get(url)
-            if resp.status_code >= 500:  # a passing failure: the remote retries the notification
-                raise Unavailable(f"the remote agent's JWKS answered HTTP {resp.status_code}")
-            if resp.status_code != 200 or len(resp.content) > MAX_JWKS_BYTES:
-                raise jwt.PyJWKSetError(f"the remote agent serves no JWKS at {url} (HTTP {resp.status_code})")
-            keys = jwt.PyJWKSet.from_dict(resp.json())
+            async with self.http.stream("GET", url) as resp:
+                status, data = resp.status_code, b""
+                async for chunk in resp.aiter_bytes():
+                    data += chunk
+                    if len(data) > MAX_JWKS_BYTES:
+                        raise jwt.PyJWKSetError(f"the remote agent's JWKS at {url} is over 64 KiB")
+            if status >= 500:  # a passing failure: the remote retries the notification
+                raise Unavailable(f"the remote agent's JWKS answered HTTP {status}")
+            if status != 200:
+                raise jwt.PyJWKSetError(f"the remote agent serves no JWKS at {url} (HTTP {status})")
+            keys = jwt.PyJWKSet.from_dict(json.loads(data))
         except jwt.PyJWKSetError:
             raise
         except (httpx.HTTPError, ValueError, jwt.PyJWTError) as exc:
