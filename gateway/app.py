@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from agentmesh.gateway import errors, openapi
 from agentmesh.gateway.a2a import mount as a2a_server
+from agentmesh.gateway.a2a import push_receiver as a2a_push_receiver
 from agentmesh.gateway.a2a import push_routes as a2a_push_routes
 from agentmesh.gateway.a2a import routes as a2a_routes
 from agentmesh.gateway.drain import Drain
@@ -36,9 +37,11 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
             )
             await app.state.metrics_server.start()
         app.state.a2a = await a2a_server.start(app.state, settings)
+        app.state.push_receiver = a2a_push_receiver.PushReceiver(app.state.clients, settings)
         try:
             yield
         finally:
+            await app.state.push_receiver.aclose()
             await app.state.a2a.stop(settings.shutdown_grace_s)
             if app.state.metrics_server is not None:
                 await app.state.metrics_server.stop()
@@ -54,7 +57,7 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     app.state.auth_pending = {}  # AuthService look-ups under way, by key
     app.state.metrics = Metrics()
     app.state.metrics_server = None
-    app.state.undocumented_paths = a2a_routes.PATHS + a2a_push_routes.PATHS
+    app.state.undocumented_paths = a2a_routes.PATHS + a2a_push_routes.PATHS + a2a_push_receiver.PATHS
     app.add_middleware(JsonBoundMiddleware)  # the JSON bound on API bodies (libs/jsonbound.py)
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(HeadLimitMiddleware)  # a head over the limits reaches no route (still counted)
@@ -80,6 +83,7 @@ def create_app(settings: MeshSettings, clients: Clients | None = None) -> FastAP
     app.include_router(agents.router)
     app.include_router(a2a_routes.router)
     app.include_router(a2a_push_routes.router)
+    app.include_router(a2a_push_receiver.router)
     app.include_router(ui.router)
     telemetry.instrument_app(app)  # with tracing on: the browser's traceparent starts the request's span
     return app

@@ -12,10 +12,12 @@ are A2A's.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 from a2a.types import a2a_pb2 as a2a
+from google.protobuf import json_format
 
 from agentmesh.libs.errors import InvalidArgument
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -28,6 +30,11 @@ USAGE_KEY = "usage"
 RESPONSE_ARTIFACT = "response"  # the id of the artifact a task's reply streams into
 BEARER_SCHEME = "bearer"  # the name of the security scheme in our agent cards
 MAX_DEPTH = 10
+# What a `push:<id>` buffer's metadata tells the gateway's push receiver a notification must show
+# (docs/a2a.md#push-notifications-of-remote-tasks).
+PUSH_TOKEN_SHA256 = "tokenSha256"
+PUSH_AUDIENCE = "audience"
+PUSH_JWKS_URL = "jwksUrl"
 
 
 def agent_url(base_url: str, slug: str) -> str:
@@ -80,3 +87,19 @@ def metadata_depth(metadata: Any) -> int:
     if not math.isfinite(value.number_value):
         raise InvalidArgument("metadata.depth must be a finite number")
     return max(0, min(MAX_DEPTH, int(value.number_value)))
+
+
+def parse_push_notification(body: str) -> a2a.StreamResponse:
+    """A push notification's body (a StreamResponse as JSON, or a bare Task) as a StreamResponse;
+    ValueError (json_format.ParseError is one) for anything else."""
+    data = json.loads(body)
+    if not isinstance(data, dict):
+        raise ValueError("a push notification is a JSON object")
+    out = a2a.StreamResponse()
+    if {"task", "statusUpdate", "artifactUpdate", "message"} & data.keys():
+        json_format.ParseDict(data, out, ignore_unknown_fields=True)
+    elif "id" in data and "status" in data:  # a Task as such
+        json_format.ParseDict(data, out.task, ignore_unknown_fields=True)
+    else:
+        raise ValueError("a push notification holds a task, a status or an artifact update")
+    return out

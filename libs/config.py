@@ -127,6 +127,19 @@ class A2ASettings(BaseModel):
     # The PEM file of the RSA key that signs notification JWTs (its public half served as JWKS at
     # /.well-known/jwks.json); empty: a key generated per gateway process at start.
     push_signing_key_file: str = ""
+    # Push notifications of the remote tasks WE call (docs/a2a.md#push-notifications-of-remote-tasks):
+    # when on and the remote agent's card says pushNotifications, agent-invoke sends the message without
+    # holding a stream and takes the remote task's notifications at POST {push_receiver_url}/<id> of this
+    # gateway (no stream held open). Off: every remote task is followed over a stream, as before.
+    push_receive: bool = False
+    # The receiver's public URL (what the remote agent POSTs to); empty: {public_url}/a2a/push, else
+    # http://{gateway_host}:{gateway_port}/a2a/push. The remote's allow-list must name it.
+    push_receiver_url: str = ""
+    # With no notification for this long, the remote task is read with GetTask (a missed notification
+    # cannot hang a turn: the turn's deadline bounds the wait as for a stream).
+    push_poll_s: float = Field(default=10.0, gt=0)
+    push_jwks_ttl_s: float = 300.0  # how long the receiver keeps a remote agent's JWKS
+    push_max_age_s: float = 300.0  # a notification JWT issued longer ago than this (iat) is refused
 
 
 class MeshSettings(BaseSettings):
@@ -168,6 +181,14 @@ class MeshSettings(BaseSettings):
     log_level: str = "INFO"
     log_json: bool | None = None  # JSON lines; empty: JSON unless stderr is a terminal (libs/log.py)
     gateway_access_log: bool = False  # a log line per HTTP request at the gateway (uvicorn's access log)
+
+    @property
+    def push_receiver_url(self) -> str:
+        """Where remote A2A agents POST the push notifications of the tasks we called them with."""
+        if self.a2a.push_receiver_url:
+            return self.a2a.push_receiver_url.rstrip("/")
+        base = self.a2a.public_url.rstrip("/") or f"http://{self.gateway_host}:{self.gateway_port}"
+        return f"{base}/a2a/push"
 
     def listen_address(self, service: str) -> str:
         """Where `service` (orchestrator, agent_runtime, trace, stream) binds: `listen`, else its address."""

@@ -65,7 +65,7 @@ def check_local_id(value: str, what: str = "id") -> str:
 
 # ---- stream keys -----------------------------------------------------------------------------------
 
-STREAM_KINDS = ("trace", "a2a", "subagent")
+STREAM_KINDS = ("trace", "a2a", "subagent", "push")
 
 
 @dataclass(frozen=True)
@@ -89,12 +89,17 @@ def subagent_key(subagent_id: str) -> str:
     return f"subagent:{subagent_id}"
 
 
+def push_key(receiver_id: str) -> str:
+    """The buffer of a remote task's push notifications (docs/a2a.md#push-notifications-of-remote-tasks)."""
+    return f"push:{receiver_id}"
+
+
 def parse_stream_key(key: str) -> StreamKey:
-    """`trace|a2a|subagent:<local id>`, or InvalidArgument."""
+    """`trace|a2a|subagent|push:<local id>`, or InvalidArgument."""
     kind, sep, ident = key.partition(":")
     if not sep or kind not in STREAM_KINDS:
         raise InvalidArgument(
-            f"invalid stream key {shown(key, 80)}: expected trace:<id>, a2a:<id> or subagent:<id>"
+            f"invalid stream key {shown(key, 80)}: expected trace:<id>, a2a:<id>, subagent:<id> or push:<id>"
         )
     if not is_local_id(ident):
         raise InvalidArgument(

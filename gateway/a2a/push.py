@@ -34,7 +34,7 @@ from agentmesh.gateway.a2a.push_config import MeshPushConfigStore, check_config,
 from agentmesh.gateway.a2a.push_signing import PushSigner
 from agentmesh.gateway.a2a.store import MeshTaskStore
 from agentmesh.libs import events
-from agentmesh.libs.a2a import RESPONSE_ARTIFACT, to_a2a_state
+from agentmesh.libs.a2a import RESPONSE_ARTIFACT, USAGE_KEY, to_a2a_state
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.config import MeshSettings
 from agentmesh.libs.errors import NotFound
@@ -195,10 +195,13 @@ class PushDispatch:
                 out = to_a2a(event, task_id, trace_id)
                 if isinstance(out, a2a.TaskArtifactUpdateEvent):
                     reply.extend(p.text for p in out.artifact.parts)
-                elif isinstance(out, a2a.TaskStatusUpdateEvent) and out.status.state != last:
-                    last = out.status.state
-                    task.status.CopyFrom(out.status)
-                    await self.delivery.send_notification(task_id, _with_reply(task, reply))
+                elif isinstance(out, a2a.TaskStatusUpdateEvent):
+                    if USAGE_KEY in out.metadata.fields:  # the finish's usage: in the task from then on
+                        task.metadata.fields[USAGE_KEY].CopyFrom(out.metadata.fields[USAGE_KEY])
+                    if out.status.state != last:
+                        last = out.status.state
+                        task.status.CopyFrom(out.status)
+                        await self.delivery.send_notification(task_id, _with_reply(task, reply))
                 if events.is_terminal(event):
                     return
         except NotFound:

@@ -8,6 +8,12 @@ a MeshError of the one table: the card unreachable or the agent gone mid-reply `
 credential `Unauthenticated`, the deadline `DeadlineExceeded`, the remote task failed `RemoteFailed`,
 canceled `Cancelled`. Cancelling the call sends CancelTask to the remote agent.
 
+Given a push inbox (`a2a_push.PushInbox`, docs/a2a.md#push-notifications-of-remote-tasks) and an agent
+whose card says `pushNotifications`, the message is sent without a stream (SendMessage returning at
+once, with the inbox's push config) and the task is followed through its notifications and GetTask;
+a remote that refuses the config before taking the task is called over the stream instead. Both ways
+feed the same loop (`_follow`): the task's text, states and usage are read alike.
+
 `call_remote_agent(base_url, slug, token, text)` is the short form for another agentmesh gateway (a
 registered peer): its agent `slug` answers at `{base_url}/a2a/{slug}`.
 
@@ -19,10 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import grpc
@@ -40,6 +48,7 @@ from a2a.utils.errors import (
     ContentTypeNotSupportedError,
     InvalidParamsError,
     InvalidRequestError,
+    PushNotificationNotSupportedError,
     TaskNotFoundError,
 )
 
@@ -56,9 +65,13 @@ from agentmesh.libs.errors import (
     Unavailable,
 )
 
+if TYPE_CHECKING:
+    from agentmesh.services.agent_runtime.a2a_push import PushInbox
+
 OnText = Callable[[str], Awaitable[None] | None]
 OnTask = Callable[[str, str], Awaitable[None] | None]  # (remote task id, remote context id)
 CANCEL_TIMEOUT_S = 5.0
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -71,6 +84,7 @@ class RemoteReply:
     input_tokens: int = 0
     output_tokens: int = 0
     states: list[int] = field(default_factory=list)
+    pushed: bool = False  # followed through push notifications (no stream held open)
 
 
 class _Token(CredentialService):
@@ -140,7 +154,9 @@ def _client() -> httpx.AsyncClient:
 
 
 class RemoteAgent:
-    def __init__(self, url: str, token: str = "", *, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, url: str, token: str = "", *, timeout_s: float = 60.0, push: PushInbox | None = None
+    ) -> None:
         base = url.split("?", 1)[0].rstrip("/")
         if base.endswith(AGENT_CARD_WELL_KNOWN_PATH):
             base = base[: -len(AGENT_CARD_WELL_KNOWN_PATH)]
@@ -150,6 +166,7 @@ class RemoteAgent:
         self.timeout_s = timeout_s
         self.host, self.port = _origin(base)
         self.card: a2a.AgentCard | None = None
+        self.push = push
 
     @property
     def authority(self) -> str:
@@ -202,18 +219,42 @@ class RemoteAgent:
         end; cancelling this call cancels the remote task."""
         http = _client()
         card = self.card or await self.discover(http)
+        push = self.push if self.push is not None and card.capabilities.push_notifications else None
+        reply = RemoteReply("", "", "", card.name, self.authority)
+        message = _message(text, context_id, depth)
+        if push is not None:
+            try:
+                await self._run(http, card, message, reply, on_text, on_task, push)
+                return reply
+            except _PushRefused as refused:
+                log.info("push refused, streaming", extra={"agent": card.name, "reason": str(refused)})
+        await self._run(http, card, message, reply, on_text, on_task, None)
+        return reply
+
+    async def _run(
+        self,
+        http: httpx.AsyncClient,
+        card: a2a.AgentCard,
+        message: a2a.Message,
+        reply: RemoteReply,
+        on_text: OnText | None,
+        on_task: OnTask | None,
+        push: PushInbox | None,
+    ) -> None:
         config = ClientConfig(
             httpx_client=http,
-            streaming=True,
+            streaming=push is None,
+            polling=push is not None,  # SendMessage answers once the task is taken
             supported_protocol_bindings=[TransportProtocol.JSONRPC, TransportProtocol.GRPC],
             use_client_preference=True,
             grpc_channel_factory=grpc.aio.insecure_channel,
         )
         client = ClientFactory(config).create(card, interceptors=[AuthInterceptor(_Token(self.token))])
-        reply = RemoteReply("", "", "", card.name, self.authority)
         try:
+            if push is not None:
+                await push.open()
             await asyncio.wait_for(
-                self._follow(client, text, reply, on_text, on_task, context_id, depth), self.timeout_s
+                self._follow(client, message, reply, on_text, on_task, push), self.timeout_s
             )
         except asyncio.CancelledError:
             await self._cancel(client, reply)
@@ -222,75 +263,100 @@ class RemoteAgent:
             await self._cancel(client, reply)
             raise DeadlineExceeded(f"{card.name}: no answer within {self.timeout_s:g} s") from exc
         finally:
+            if push is not None:
+                await push.close()
             with contextlib.suppress(Exception):
                 await client.close()
-        return reply
+
+    async def _responses(
+        self, client: Client, message: a2a.Message, push: PushInbox | None, context: ClientCallContext
+    ) -> AsyncGenerator[a2a.StreamResponse, None]:
+        """The remote task's events: its stream, or (with push) SendMessage's answer, then its
+        notifications and GetTask's answers."""
+        request = a2a.SendMessageRequest(message=message)
+        if push is None:
+            async for response in client.send_message(request, context=context):
+                yield response
+            return
+        request.configuration.task_push_notification_config.CopyFrom(push.config())
+        task_id = ""
+        try:
+            async for response in client.send_message(request, context=context):
+                task_id = _ids_and_status(response)[0]
+                yield response
+        except (InvalidParamsError, PushNotificationNotSupportedError) as exc:
+            if not task_id:  # refused before a task was taken: nothing runs there
+                raise _PushRefused(str(exc)) from exc
+            raise
+        if not task_id:
+            return
+
+        async def get_task() -> a2a.Task:
+            return await client.get_task(a2a.GetTaskRequest(id=task_id), context=context)
+
+        async for response in push.responses(get_task):
+            if _ids_and_status(response)[0] in ("", task_id):  # another task's: not for this call
+                yield response
 
     async def _follow(
         self,
         client: Client,
-        text: str,
+        message: a2a.Message,
         reply: RemoteReply,
         on_text: OnText | None,
         on_task: OnTask | None,
-        context_id: str,
-        depth: int,
+        push: PushInbox | None,
     ) -> None:
-        message = a2a.Message(
-            message_id=uuid.uuid4().hex,
-            role=a2a.ROLE_USER,
-            parts=[a2a.Part(text=text)],
-            context_id=context_id,
-        )
-        message.metadata.update({DEPTH_KEY: depth})
         headers = telemetry.headers()
-        if TRACEPARENT_KEY in headers:
-            message.metadata.update({TRACEPARENT_KEY: headers[TRACEPARENT_KEY]})
         context = ClientCallContext(service_parameters=dict(headers), timeout=self.timeout_s)
         chunks: list[str] = []
         final: a2a.TaskStatus | None = None
         name = reply.agent_name
+
+        async def add(text: str) -> None:
+            chunks.append(text)
+            if on_text is not None:
+                await _maybe(on_text(text))
+
+        responses = self._responses(client, message, push, context)
         try:
-            async for response in client.send_message(
-                a2a.SendMessageRequest(message=message), context=context
-            ):
+            async for response in responses:
                 task_id, ctx_id, status = _ids_and_status(response)
                 if task_id and not reply.task_id:
                     reply.task_id, reply.context_id = task_id, ctx_id
+                    reply.pushed = push is not None
                     if on_task is not None:
                         await _maybe(on_task(task_id, ctx_id))
                 if response.HasField("artifact_update"):
                     for part in response.artifact_update.artifact.parts:
                         if part.text:
-                            chunks.append(part.text)
-                            if on_text is not None:
-                                await _maybe(on_text(part.text))
+                            await add(part.text)
                     _usage(response.artifact_update.metadata, reply)
-                if response.HasField("task"):
-                    if not chunks:  # a non-streaming answer: the reply is in the artifacts
-                        for artifact in response.task.artifacts:
-                            for part in artifact.parts:
-                                if part.text:
-                                    chunks.append(part.text)
-                                    if on_text is not None:
-                                        await _maybe(on_text(part.text))
+                if response.HasField("task"):  # the reply so far is in its artifacts: what is new of it
+                    so_far, whole = "".join(chunks), _artifact_text(response.task)
+                    if len(whole) > len(so_far) and whole.startswith(so_far):
+                        await add(whole[len(so_far) :])
+                    _usage(response.task.metadata, reply)
                 if response.HasField("message"):  # a message-only answer
                     for part in response.message.parts:
                         if part.text:
-                            chunks.append(part.text)
-                            if on_text is not None:
-                                await _maybe(on_text(part.text))
+                            await add(part.text)
                     final = a2a.TaskStatus(state=a2a.TASK_STATE_COMPLETED)
                 if status is not None:
-                    reply.states.append(status.state)
+                    if not reply.states or reply.states[-1] != status.state or push is None:
+                        reply.states.append(status.state)
                     if response.HasField("status_update"):
                         _usage(response.status_update.metadata, reply)
                     if status.state in FINAL_A2A_STATES:
                         final = status
-        except MeshError:
+                if final is not None:
+                    break
+        except (MeshError, _PushRefused):
             raise
         except Exception as exc:
             raise _error(exc, name) from exc
+        finally:
+            await responses.aclose()
         reply.text = "".join(chunks)
         if final is None:
             raise Unavailable(f"{name} went away before its task ended")
@@ -325,6 +391,28 @@ async def call_remote_agent(
     `token` as Bearer: its reply, or a MeshError (see the module)."""
     agent = RemoteAgent(agent_url(base_url, slug), token, timeout_s=timeout_s)
     return await agent.call(text, on_text=on_text, on_task=on_task, context_id=context_id, depth=depth)
+
+
+class _PushRefused(Exception):
+    """The remote agent refused our push config before it took the task."""
+
+
+def _message(text: str, context_id: str, depth: int) -> a2a.Message:
+    message = a2a.Message(
+        message_id=uuid.uuid4().hex,
+        role=a2a.ROLE_USER,
+        parts=[a2a.Part(text=text)],
+        context_id=context_id,
+    )
+    message.metadata.update({DEPTH_KEY: depth})
+    headers = telemetry.headers()
+    if TRACEPARENT_KEY in headers:
+        message.metadata.update({TRACEPARENT_KEY: headers[TRACEPARENT_KEY]})
+    return message
+
+
+def _artifact_text(task: a2a.Task) -> str:
+    return "".join(part.text for artifact in task.artifacts for part in artifact.parts if part.text)
 
 
 def _ids_and_status(response: a2a.StreamResponse) -> tuple[str, str, a2a.TaskStatus | None]:

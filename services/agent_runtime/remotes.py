@@ -6,6 +6,8 @@ text deltas, and the turn is stored like any (docs/design/turns.md).
 - An A2A agent (a catalog entry, or a peer's agent without a trace to continue) is called with the
   a2a-sdk client (a2a_client.py); its trace is at its home, `agent://host[:port]/<contextId>` (for a
   peer `@alias/<contextId>`).
+- With `AGENTMESH_A2A__PUSH_RECEIVE` on, an agent whose card says `pushNotifications` is followed
+  through push notifications to our gateway instead of a held stream (a2a_push.py).
 - A peer's agent continuing a trace of that peer runs there: POST {peer}/api/traces/{id}/run, its
   SSE relayed into the turn's buffer.
 """
@@ -25,6 +27,7 @@ from agentmesh.libs.identity import current_user
 from agentmesh.libs.ids import SLUG_PATTERN, TraceRef
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
 from agentmesh.services.agent_runtime.a2a_client import RemoteAgent
+from agentmesh.services.agent_runtime.a2a_push import PushInbox
 from agentmesh.services.agent_runtime.sink import EventSink
 
 REMOTE_TIMEOUT_S = 600.0  # per A2A request; the run's own deadline ends it sooner
@@ -77,6 +80,9 @@ class RemoteRuns:
         remote = RemoteAgent(
             agent.remote.card_url, credential(agent.remote.credential_env), timeout_s=REMOTE_TIMEOUT_S
         )
+        settings = self.clients.settings
+        if settings.a2a.push_receive:  # taken when its card says pushNotifications (docs/a2a.md)
+            remote.push = PushInbox(self.clients, settings.push_receiver_url, remote.base)
         meta: dict[str, Any] = {"remoteUrl": agent.remote.card_url}
 
         def where(context_id: str) -> str:
@@ -109,6 +115,8 @@ class RemoteRuns:
             finish_reason=ev.FINISH_REASON_STOP,
             trace_ref=ref,
         )
+        if reply.pushed:
+            meta["remotePush"] = True
         result.metadata.CopyFrom(events.struct(meta))
         return result
 

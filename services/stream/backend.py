@@ -1,9 +1,9 @@
 """The stream buffer domain: keys, the abstract backend, and the subscribe loop both backends share.
 
-A buffer is an append-only list of `Event`s under a key (`session:<id>`, `a2a:<task id>`,
-`subagent:<id>`), with an owner, free metadata and a closed flag. Every appended event gets an offset,
-strictly increasing per key and never reused. Closing appends the terminal event (`done` or `error`).
-Subscribers replay everything after an offset, then follow live until the terminal event.
+A buffer is an append-only list of `Event`s under a key (`trace:<id>`, `a2a:<task id>`,
+`subagent:<id>`, `push:<id>`), with an owner, free metadata and a closed flag. Every appended event
+gets an offset, strictly increasing per key and never reused. Closing appends the terminal event
+(`done` or `error`). Subscribers replay everything after an offset, then follow live until the terminal event.
 A closed buffer expires `ttl_s` after its close. An open buffer holds a lease of `lease_s`, renewed by every
 append and by `renew` (its writers renew it while they run): an open buffer whose lease expired was
 abandoned by a writer that died, and is closed with an `interrupted` error, so every reader still gets
@@ -39,7 +39,7 @@ T = TypeVar("T")
 
 
 def validate_key(key: str) -> str:
-    """Returns the key, or raises InvalidArgument unless it is `session|a2a|subagent:<id>`."""
+    """Returns the key, or raises InvalidArgument unless it is `trace|a2a|subagent|push:<id>`."""
     parse_stream_key(key)
     return key
 

@@ -1,5 +1,6 @@
 """Stream keys (libs.ids.parse_stream_key, services.stream.backend.validate_key), property-tested:
-every key built by trace_key/a2a_key/subagent_key parses back, and junk is refused with InvalidArgument."""
+every key built by trace_key/a2a_key/subagent_key/push_key parses back, and junk is refused with
+InvalidArgument."""
 
 from __future__ import annotations
 
@@ -10,12 +11,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentmesh.libs.errors import InvalidArgument
-from agentmesh.libs.ids import STREAM_KINDS, StreamKey, a2a_key, parse_stream_key, subagent_key, trace_key
+from agentmesh.libs.ids import (
+    STREAM_KINDS,
+    StreamKey,
+    a2a_key,
+    parse_stream_key,
+    push_key,
+    subagent_key,
+    trace_key,
+)
 from agentmesh.services.stream.backend import validate_key
 
-BUILDERS = {"trace": trace_key, "a2a": a2a_key, "subagent": subagent_key}
+BUILDERS = {"trace": trace_key, "a2a": a2a_key, "subagent": subagent_key, "push": push_key}
 local_ids = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", fullmatch=True)
-KEY = re.compile(r"(trace|a2a|subagent):[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+KEY = re.compile(r"(trace|a2a|subagent|push):[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
 
 @given(st.sampled_from(STREAM_KINDS), local_ids)
