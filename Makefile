@@ -137,7 +137,7 @@ chaos: setup $(VENV)/.bench-installed ## Mixed turns while services are killed a
 	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 
 .PHONY: profile
-profile: setup ## py-spy on every service under a paced load (PROFILE_ARGS="--sessions 20 --compare DIR")
+profile: setup $(VENV)/.bench-installed ## py-spy on every service under a paced load (PROFILE_ARGS="--sessions 20 --flames DIR")
 	$(BIN)/python -m bench.profile $(PROFILE_ARGS)
 
 .PHONY: bench-peers

@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench import procs
+from bench import flames, procs
 from bench.harness import Bench, Sizes, cpu_report, write_rules
 from bench.loadgen import LoadGenerator
 from bench.procs import _label
@@ -77,6 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compare", type=Path, help="another checkout (generated code included) to run first, "
                    "under the same load and model server: before/after in one run")  # fmt: skip
     p.add_argument("--rounds", type=int, default=1, help="with --compare: base, this, base, this, ...")
+    p.add_argument("--flames", type=Path, help="write a flame graph per process of this checkout's mesh "
+                   "here (flame-<service>.png)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -169,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {label}: {frames['samples']} samples")
             print("  self:      " + "; ".join(f"{f} {p}%" for f, p in frames["self_pct"][:10]))
     print(f"\nwrote {args.out}/profile.json and the collapsed stacks ({args.out}/<mesh>/<service>.txt)")
+    if args.flames is not None and not args.no_spy:
+        for stacks in sorted((args.out / "this").glob("*.txt")):
+            title = f"{stacks.stem}, {args.sessions} sessions x {args.tokens} tokens at {args.tps:g}/s"
+            written = flames.draw(flames.tree(stacks), args.flames / f"flame-{stacks.stem}.png", title)
+            if written is not None:
+                print(f"wrote {written}")
     return 0
 
 
