@@ -77,6 +77,11 @@ class SubagentDefaults(BaseModel):
     enabled: bool = True
     max_concurrent: int = 3
     timeout_ms: int = 120_000
+    # Background children (docs/agents.md#background-subagents): at most this many queued or running
+    # per supervisor agent and trace (a delegate call past it is refused, creating nothing), each
+    # with this deadline of its own instead of timeout_ms (the child agent's own limit applies too).
+    max_background: int = 4
+    background_timeout_ms: int = 600_000
     blocked_tool_names: list[str] = Field(
         default_factory=lambda: [
             "delegate_task",

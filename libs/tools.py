@@ -25,8 +25,11 @@ SUBAGENT = rt.RUN_ROLE_SUBAGENT
 A2A_CALLEE = rt.RUN_ROLE_A2A_CALLEE
 ROLES = (SUPERVISOR, SUBAGENT, A2A_CALLEE)
 DELEGATE_TOOLS = ("delegate_task", "delegate_parallel")
+# The handles of background children (docs/agents.md#background-subagents): shown to a supervisor
+# with the delegate tools, whether or not its agent lists them.
+BACKGROUND_TOOLS = ("subagent_status", "subagent_wait", "subagent_stop")
 # Never shown to an agent-invoke callee, whatever its agent lists: it cannot delegate or ask the user.
-CALLEE_HIDDEN = (*DELEGATE_TOOLS, "clarify")
+CALLEE_HIDDEN = (*DELEGATE_TOOLS, *BACKGROUND_TOOLS, "clarify")
 # The public role of agentmesh.agents.v1 (AgentService) for each run role.
 AGENT_ROLE = {
     SUPERVISOR: ap.AGENT_ROLE_SUPERVISOR,
@@ -76,7 +79,9 @@ class ToolCatalog:
         cfg = agent.effective_subagent_config
         if role == SUPERVISOR:
             if not cfg.enabled:
-                visible = [n for n in visible if n not in DELEGATE_TOOLS]
+                visible = [n for n in visible if n not in (*DELEGATE_TOOLS, *BACKGROUND_TOOLS)]
+            elif any(n in DELEGATE_TOOLS for n in visible):
+                visible += [n for n in BACKGROUND_TOOLS if n in self.specs and n not in visible]
         elif role == SUBAGENT:
             visible = [n for n in visible if n not in cfg.blocked_tool_names]
         elif role == A2A_CALLEE:
@@ -89,6 +94,7 @@ class ToolCatalog:
         """The tools an agent's settings can give a run of this role: a handler exists and no rule of
         the role hides it (`blocked`: the mesh's tools no subagent gets)."""
         hidden = set(blocked) if role == SUBAGENT else set(CALLEE_HIDDEN) if role == A2A_CALLEE else set()
+        hidden |= set(BACKGROUND_TOOLS)  # never chosen: they come with the delegate tools
         return [n for n in self.instantiated(role) if n not in hidden]
 
 
@@ -100,6 +106,17 @@ _TASK_PROPS: dict[str, Any] = {
     "mode": {"type": "string", "enum": ["preset", "clone"], "description": "preset agent or a clone of you."},
     "toolNames": {"type": "array", "items": {"type": "string"}, "description": "Tools the subagent may use."},
     "maxToolRounds": {"type": "integer", "minimum": 0, "maximum": 20},
+}
+_BACKGROUND: dict[str, Any] = {
+    "type": "boolean",
+    "description": (
+        "Run in the background: return at once with a handle per subagent (its id and traceId); follow "
+        "them with subagent_status, subagent_wait and subagent_stop. You are told when one ends."
+    ),
+}
+_HANDLE: dict[str, Any] = {
+    "type": "string",
+    "description": "A background subagent's id (from its handle); omitted: every one of this chat.",
 }
 MAX_DELEGATE_TASKS = 10
 
@@ -131,7 +148,11 @@ AGENT_INVOKE = ToolSpec(
 DELEGATE_TASK = ToolSpec(
     name="delegate_task",
     description="Delegate one self-contained goal to a subagent and get its summary back.",
-    parameters={"type": "object", "properties": _TASK_PROPS, "required": ["goal"]},
+    parameters={
+        "type": "object",
+        "properties": {**_TASK_PROPS, "background": _BACKGROUND},
+        "required": ["goal"],
+    },
     roles=(SUPERVISOR,),
 )
 DELEGATE_PARALLEL = ToolSpec(
@@ -145,7 +166,8 @@ DELEGATE_PARALLEL = ToolSpec(
                 "minItems": 1,
                 "maxItems": MAX_DELEGATE_TASKS,
                 "items": {"type": "object", "properties": _TASK_PROPS, "required": ["goal"]},
-            }
+            },
+            "background": _BACKGROUND,
         },
         "required": ["tasks"],
     },
@@ -162,4 +184,36 @@ CLARIFY = ToolSpec(
     roles=(SUPERVISOR,),
 )
 
-BUILTIN = ToolCatalog([AGENT_INVOKE, DELEGATE_TASK, DELEGATE_PARALLEL, CLARIFY])
+SUBAGENT_STATUS = ToolSpec(
+    name="subagent_status",
+    description="How background subagents are doing: each one's status and its latest summary.",
+    parameters={"type": "object", "properties": {"id": _HANDLE}},
+    roles=(SUPERVISOR,),
+)
+SUBAGENT_WAIT = ToolSpec(
+    name="subagent_wait",
+    description="Wait until a background subagent (or every one) has ended, at most timeoutMs.",
+    parameters={
+        "type": "object",
+        "properties": {
+            "id": _HANDLE,
+            "timeoutMs": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": 600_000,
+                "description": "default 30000",
+            },
+        },
+    },
+    roles=(SUPERVISOR,),
+)
+SUBAGENT_STOP = ToolSpec(
+    name="subagent_stop",
+    description="Stop a background subagent (or every one still running); it ends cancelled.",
+    parameters={"type": "object", "properties": {"id": _HANDLE}},
+    roles=(SUPERVISOR,),
+)
+
+BUILTIN = ToolCatalog(
+    [AGENT_INVOKE, DELEGATE_TASK, DELEGATE_PARALLEL, CLARIFY, SUBAGENT_STATUS, SUBAGENT_WAIT, SUBAGENT_STOP]
+)

@@ -7,7 +7,7 @@ from typing import Any
 
 from agentmesh.libs import tools
 from agentmesh.libs.errors import InvalidArgument
-from agentmesh.services.agent_runtime import invoke, subagents
+from agentmesh.services.agent_runtime import background, invoke, subagents
 from agentmesh.services.agent_runtime.tools import ToolContext, ToolOutcome, ToolRegistry
 
 
@@ -24,4 +24,7 @@ def register_all(registry: ToolRegistry) -> None:
     registry.bind(tools.DELEGATE_TASK.name, subagents.delegate_task)
     registry.bind(tools.DELEGATE_PARALLEL.name, subagents.delegate_parallel)
     registry.bind(tools.CLARIFY.name, clarify)
+    registry.bind(tools.SUBAGENT_STATUS.name, background.subagent_status)
+    registry.bind(tools.SUBAGENT_WAIT.name, background.subagent_wait)
+    registry.bind(tools.SUBAGENT_STOP.name, background.subagent_stop)
     registry.check()

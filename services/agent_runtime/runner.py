@@ -19,6 +19,7 @@ from agentmesh.libs.errors import DeadlineExceeded, InvalidArgument, MeshError, 
 from agentmesh.libs.leases import LeaseKeeper
 from agentmesh.libs.metrics import RuntimeMetrics
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.services.agent_runtime import background
 from agentmesh.services.agent_runtime.directory import AgentDirectory
 from agentmesh.services.agent_runtime.llm import LLM, ToolCall
 from agentmesh.services.agent_runtime.remotes import RemoteRuns
@@ -43,6 +44,8 @@ def history_to_openai(messages: list[tp.Message]) -> list[dict[str, Any]]:
             out.append({"role": "system", "content": m.content})
         elif m.role == tp.MESSAGE_ROLE_ASSISTANT:
             meta = json_format.MessageToDict(m.metadata) if m.HasField("metadata") else {}
+            if isinstance(meta.get(background.NOTE_KEY), str):  # what the turn was told, after its input
+                out.append({"role": "system", "content": meta[background.NOTE_KEY]})
             calls = meta.get("toolCalls") or []
             steps: dict[int, list[dict[str, Any]]] = {}
             for call in calls:
@@ -102,9 +105,10 @@ class AgentRunner:
         self.metrics = metrics or llm.metrics
         self.remotes = RemoteRuns(clients)
 
-    async def history(self, req: rt.RunAgentRequest) -> list[dict[str, Any]]:
+    async def history(self, req: rt.RunAgentRequest, state: RunState | None = None) -> list[dict[str, Any]]:
         """The trace's main path up to `history_head_sequence`, then the turn's input: at most
-        HISTORY_LIMIT messages, the newest."""
+        HISTORY_LIMIT messages, the newest. A supervisor's turn (given its `state`) then gets the
+        system note of its background children that ended unseen (background.py)."""
         messages: list[tp.Message] = []
         if req.trace_id and req.history_head_sequence and HISTORY_LIMIT > 1:
             limit = HISTORY_LIMIT - 1
@@ -119,8 +123,16 @@ class AgentRunner:
                 request.offset = resp.total - limit
                 resp = await rpc(self.clients.messages.ListMessages(request))
             messages = list(resp.messages)
+        note, seen = "", list[str]()
+        if state is not None and messages:
+            note, seen = await background.note(self.clients, req.trace_id, messages)
         messages.append(tp.Message(role=tp.MESSAGE_ROLE_USER, content=req.input))
-        return history_to_openai(messages)
+        out = history_to_openai(messages)
+        if note and state is not None:
+            out.append({"role": "system", "content": note})
+            state.background_note = note
+            state.background_seen.update(seen)
+        return out
 
     async def run(
         self, req: rt.RunAgentRequest, sink: EventSink, time_left_s: float | None = None
@@ -161,8 +173,10 @@ class AgentRunner:
                     return await self.remotes.run(req, sink)
                 agents = AgentDirectory(self.clients)
                 agents.remember(agent)
-                history = await self.history(req)
-                return await self._loop(req, agent, req.role or rt.RUN_ROLE_SUPERVISOR, sink, agents, history)
+                role = req.role or rt.RUN_ROLE_SUPERVISOR
+                state = RunState()
+                history = await self.history(req, state if role == rt.RUN_ROLE_SUPERVISOR else None)
+                return await self._loop(req, agent, role, sink, agents, history, state)
         except TimeoutError as exc:
             shown = int((limit_s or 0) * 1000 + (DEADLINE_MARGIN_S * 1000 if time_left_s else 0))
             raise DeadlineExceeded(f"agent {agent.slug} did not finish within {shown} ms") from exc
@@ -175,6 +189,7 @@ class AgentRunner:
         sink: EventSink,
         agents: AgentDirectory,
         history: list[dict[str, Any]],
+        state: RunState,
     ) -> rt.RunResult:
         o = req.overrides
         allow = list(o.tool_names.names) if o.HasField("tool_names") else None
@@ -187,7 +202,6 @@ class AgentRunner:
             {"role": "system", "content": o.system_prompt or agent.system_prompt},
             *history,
         ]
-        state = RunState()
         content, thinking, finish = "", "", int(ev.FINISH_REASON_STOP)
         used_in = used_out = 0
         tool_records: list[dict[str, Any]] = []
@@ -259,6 +273,10 @@ class AgentRunner:
             metadata["toolCalls"] = tool_records
         if state.subagent_batches:
             metadata["subagents"] = [b for b in state.subagent_batches.values() if b]
+        if state.background_note:
+            metadata[background.NOTE_KEY] = state.background_note
+        if state.background_seen:
+            metadata[background.SEEN_KEY] = sorted(state.background_seen)
         result = rt.RunResult(
             content=content,
             thinking=thinking,

@@ -6,7 +6,9 @@ clone, its tools, its guidance) and fails fast, creating nothing, when a task ca
 orchestrator runs the batch (RunSubagents): each subagent a turn in a hidden trace of its own, a row
 anchored to this turn's placeholder (`parentMessageId`), its live text on subagent:<id>, at most
 `maxConcurrent` at once. The tool turns the rows it reports into the batch's events in this turn's
-buffer; the supervisor's model receives every result or error.
+buffer; the supervisor's model receives every result or error. With `background: true` the same
+batch runs on without the call: the tool returns at once with a handle per subagent (its id and its
+trace), which background.py's tools follow (docs/agents.md#background-subagents).
 """
 
 from __future__ import annotations
@@ -95,10 +97,11 @@ class SubagentBatch:
     """One delegate call, as the supervisor's readers see it: the batch's events in the supervisor's
     buffer, from the rows the orchestrator reports while it runs the subagents."""
 
-    def __init__(self, ctx: ToolContext, plans: list[_Plan], title: str) -> None:
+    def __init__(self, ctx: ToolContext, plans: list[_Plan], title: str, background: bool = False) -> None:
         self.ctx = ctx
         self.plans = plans
         self.title = title
+        self.background = background
         self.cfg = ctx.agent.effective_subagent_config
         self.rows: list[tp.SubagentSession] = []
 
@@ -114,6 +117,7 @@ class SubagentBatch:
     def _request(self) -> orc.RunSubagentsRequest:
         ctx = self.ctx
         tasks = []
+        timeout_ms = ctx.settings.subagent.background_timeout_ms if self.background else self.cfg.timeout_ms
         for plan in self.plans:
             prompt = plan.agent.system_prompt + GUIDANCE.format(parent=ctx.agent.name, goal=plan.goal)
             overrides = rt.RunOverrides(
@@ -129,7 +133,7 @@ class SubagentBatch:
                     goal=plan.goal,
                     context=plan.context,
                     overrides=overrides,
-                    limits=orc.TurnLimits(timeout_ms=self.cfg.timeout_ms),  # its own, only its own
+                    limits=orc.TurnLimits(timeout_ms=timeout_ms),  # its own, only its own
                 )
             )
         return orc.RunSubagentsRequest(
@@ -141,11 +145,11 @@ class SubagentBatch:
             tasks=tasks,
             max_concurrent=self.cfg.max_concurrent,
             depth=ctx.depth,
+            background=self.background,
         )
 
-    async def run(self) -> ToolOutcome:
+    def _start_card(self) -> None:
         ctx = self.ctx
-        started = time.monotonic()
         ctx.sink.emit(
             ev.Event(
                 subagent_batch_start=ev.SubagentBatchStart(
@@ -156,6 +160,12 @@ class SubagentBatch:
                 )
             )
         )
+
+    async def run(self) -> ToolOutcome:
+        ctx = self.ctx
+        started = time.monotonic()
+        if not self.background:  # a background batch refused (too many running) shows no card
+            self._start_card()
         ctx.state.subagent_batches[ctx.tool_call_id] = {}  # holds its place among the turn's batches
         call = ctx.clients.orchestrator.RunSubagents(self._request(), timeout=ctx.settings.turn_timeout_s)
         try:
@@ -169,6 +179,8 @@ class SubagentBatch:
                         report.created.subagents if which == "created" else report.ended.subagents
                     )
                     if which == "created":
+                        if self.background:
+                            self._start_card()
                         for row in self.rows:
                             self._emit_update(row)
         except grpc.aio.AioRpcError as exc:
@@ -178,6 +190,10 @@ class SubagentBatch:
             # The anchor's metadata.subagents: the same builder restores it from the rows.
             batch = events.build_batches(self.rows)
             ctx.state.subagent_batches[ctx.tool_call_id] = to_json(batch[0]) if batch else {}
+        if self.background:  # the rows are the handles; the cards go on from the rows
+            handles = [_handle(row) for row in self.rows]
+            meta = {"subagentIds": [r.id for r in self.rows], "parentMessageId": ctx.anchor_message_id}
+            return ToolOutcome({"ok": True, "background": True, "handles": handles}, metadata=meta)
         summary = events.summarize(r.status for r in self.rows)
         ctx.sink.emit(
             ev.Event(
@@ -202,6 +218,11 @@ class SubagentBatch:
         return ToolOutcome({"ok": ok, "results": outputs, "summary": counts}, ok=ok, metadata=meta)
 
 
+def _handle(row: tp.SubagentSession) -> dict[str, Any]:
+    """What the supervisor's model keeps of a background subagent: the handle its tools take."""
+    return {"id": row.id, "traceId": row.child_trace_id, "name": row.name, "goal": row.goal}
+
+
 def _output(row: tp.SubagentSession) -> dict[str, Any]:
     """What the supervisor's model reads of one subagent."""
     out: dict[str, Any] = {"id": row.id, "name": row.name, "goal": row.goal}
@@ -213,7 +234,7 @@ def _output(row: tp.SubagentSession) -> dict[str, Any]:
     return out
 
 
-async def _delegate(ctx: ToolContext, tasks: list[Any], title: str) -> ToolOutcome:
+async def _delegate(ctx: ToolContext, tasks: list[Any], title: str, background: Any = False) -> ToolOutcome:
     if not ctx.agent.effective_subagent_config.enabled:
         return ToolOutcome.failed(InvalidArgument("subagents are disabled for this agent"))
     if not tasks or len(tasks) > MAX_TASKS:
@@ -226,16 +247,18 @@ async def _delegate(ctx: ToolContext, tasks: list[Any], title: str) -> ToolOutco
             problems.append(f"task {i + 1}: {err.message}" if len(tasks) > 1 else err.message)
     if problems:  # fail fast: nothing is created for a batch that cannot run as asked
         return ToolOutcome.failed(InvalidArgument("; ".join(problems)))
-    return await SubagentBatch(ctx, plans, title).run()
+    if not isinstance(background, bool):
+        return ToolOutcome.failed(InvalidArgument("background must be true or false"))
+    return await SubagentBatch(ctx, plans, title, background).run()
 
 
 async def delegate_task(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     goal = str(args.get("goal") or "").strip()
-    return await _delegate(ctx, [args], goal[:80] or "Subtask")
+    return await _delegate(ctx, [args], goal[:80] or "Subtask", args.get("background", False))
 
 
 async def delegate_parallel(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     tasks = args.get("tasks")
     if not isinstance(tasks, list):
         return ToolOutcome.failed(InvalidArgument("tasks must be a list"))
-    return await _delegate(ctx, tasks, f"{len(tasks)} parallel subtasks")
+    return await _delegate(ctx, tasks, f"{len(tasks)} parallel subtasks", args.get("background", False))

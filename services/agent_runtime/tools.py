@@ -73,6 +73,10 @@ class RunState:
     """What the tools of one run collect for the anchor's metadata."""
 
     subagent_batches: dict[str, dict[str, Any]] = field(default_factory=dict)  # by delegate call, in order
+    # Background children whose end this run's model learned (the note, a tool), and the note it got
+    # (docs/agents.md#background-subagents): kept on the reply, so that no later turn is told again.
+    background_seen: set[str] = field(default_factory=set)
+    background_note: str = ""
 
 
 @dataclass

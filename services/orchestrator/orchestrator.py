@@ -29,6 +29,7 @@ from agentmesh.services.orchestrator.subagents import SubagentBatch
 from agentmesh.services.orchestrator.turns import Begun, TurnEngine, ended_error
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import message_service_pb2 as ms
+from agentmesh.trace.v1 import subagent_service_pb2 as sbs
 from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
 from agentmesh.trace.v1 import trace_service_pb2 as ts
@@ -170,18 +171,26 @@ class Orchestrator:
             log.warning("could not move task %s: %s", task_id, exc.details(), extra={"task": task_id})
 
     async def run_subagents(self, req: orc.RunSubagentsRequest) -> AsyncIterator[orc.RunSubagentsResponse]:
-        """A delegate call's subagents, each a turn of the engine; cancelled with the call."""
-        batch = SubagentBatch(self.engine, self.kinds, req, self.turns)
+        """A delegate call's subagents, each a turn of the engine; cancelled with the call unless they
+        run in the background."""
+        batch = SubagentBatch(
+            self.engine, self.kinds, req, self.turns, max_background=self.settings.subagent.max_background
+        )
         async for response in batch.run():
             yield response
 
     # --- cancel and delete --------------------------------------------------------------------------
 
     async def cancel(self, req: orc.CancelTurnRequest) -> bool:
-        """Cancels the running turn of a trace or a task of the calling user (NOT_FOUND for anyone
-        else's): its buffer ends `cancelled`, and the replica running it stops it (its engine watches
-        the buffer). Always settles: what a turn that died with its process left pending (the trace's
-        placeholder, the task's state) is marked cancelled too."""
+        """Cancels the running turn of a trace, a task or a subagent of the calling user (NOT_FOUND for
+        anyone else's): its buffer ends `cancelled`, and the replica running it stops it (its engine
+        watches the buffer; a subagent still queued is settled by its batch). Always settles: what a
+        turn that died with its process left pending (the trace's placeholder, the task's state) is
+        marked cancelled too; a subagent's row is its batch's, or its lease's."""
+        if req.WhichOneof("target") == "subagent_id":
+            get = sbs.GetSubagentSessionRequest(subagent_id=req.subagent_id)
+            row = (await rpc(self.clients.subagents.GetSubagentSession(get))).subagent
+            return await self._cancel_buffer(subagent_key(row.id))
         if req.WhichOneof("target") == "task_id":
             task = (await rpc(self.clients.tasks.GetA2ATask(tks.GetA2ATaskRequest(task_id=req.task_id)))).task
             closed = await self._cancel_buffer(a2a_key(task.id))

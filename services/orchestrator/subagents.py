@@ -3,14 +3,17 @@
 
 The rows (each with its turn's messages) are created in one call, the buffers, each born with its
 turn's `start`, in another, before anyone learns of them (a reader of a card always finds its buffer).
-At most `max_concurrent` run at once; the rest wait `queued`. A failure or a timeout touches only its
-own subagent. Each change of a row is reported to the caller as it is stored.
+At most `max_concurrent` run at once; the rest wait `queued` (a stop while one waits ends it there). A
+failure or a timeout touches only its own subagent. Each change of a row is reported to the caller as
+it is stored. A background batch (docs/agents.md#background-subagents) is the same batch whose call
+ends once its rows exist: its subagents run on without it, each settled the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,7 +24,15 @@ from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs import events
 from agentmesh.libs.aio import to_the_end
 from agentmesh.libs.clients import Clients
-from agentmesh.libs.errors import Cancelled, InvalidArgument, MeshError, as_mesh_error, rpc
+from agentmesh.libs.errors import (
+    Cancelled,
+    InvalidArgument,
+    MeshError,
+    ResourceExhausted,
+    as_mesh_error,
+    from_event,
+    rpc,
+)
 from agentmesh.libs.ids import subagent_key
 from agentmesh.libs.protojson import enum_to_str
 from agentmesh.libs.tools import MAX_DELEGATE_TASKS
@@ -35,6 +46,7 @@ from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import subagent_service_pb2 as sbs
 from agentmesh.trace.v1 import trace_pb2 as tp
 
+log = logging.getLogger(__name__)
 _Queued = tuple[sbs.UpdateSubagentSessionRequest, "asyncio.Future[tp.SubagentSession]"]
 _UNSET = (ev.SUBAGENT_STATUS_QUEUED, ev.SUBAGENT_STATUS_RUNNING)
 
@@ -110,8 +122,10 @@ class SubagentBatch:
         kinds: Kinds,
         req: orc.RunSubagentsRequest,
         running: set[asyncio.Task[Any]] | None = None,
+        max_background: int = 0,
     ) -> None:
         self.engine, self.kinds, self.req = engine, kinds, req
+        self.max_background = max_background  # open background children per supervisor and trace
         self.running = running if running is not None else set()  # the process's work, for its drain
         self.clients = engine.clients
         self.writer = RowWriter(self.clients)
@@ -125,12 +139,16 @@ class SubagentBatch:
         req = self.req
         if not req.tasks or len(req.tasks) > MAX_DELEGATE_TASKS:
             raise InvalidArgument(f"give between 1 and {MAX_DELEGATE_TASKS} tasks")
+        if req.background:
+            await self._check_room()
         agents = await self._agents()
         await self._create(agents)
         yield orc.RunSubagentsResponse(created=orc.SubagentRows(subagents=self.rows))
         runner = asyncio.create_task(self._run_all(), name=f"subagents:{req.tool_call_id}")
         self.running.add(runner)
         runner.add_done_callback(self.running.discard)
+        if req.background:  # they run on without the call; the process's drain settles them
+            return
         try:
             while (report := await self._reports.get()) is not None:
                 yield report
@@ -140,6 +158,26 @@ class SubagentBatch:
                 runner.cancel()
                 await to_the_end(asyncio.gather(runner, return_exceptions=True))
         yield orc.RunSubagentsResponse(ended=orc.SubagentRows(subagents=self.rows))
+
+    async def _check_room(self) -> None:
+        """Refuses a background batch that would take its supervisor past the mesh's maximum of open
+        background children in the trace (ResourceExhausted: nothing is created)."""
+        req = self.req
+        listed = await rpc(
+            self.clients.subagents.ListSubagentSessions(
+                sbs.ListSubagentSessionsRequest(trace_id=req.trace_id)
+            )
+        )
+        running = sum(
+            1
+            for r in listed.subagents
+            if r.background and r.status in _UNSET and r.parent_agent == req.parent_agent
+        )
+        if running + len(req.tasks) > self.max_background:
+            raise ResourceExhausted(
+                f"{req.parent_agent} has {running} background subagents running in this trace and may "
+                f"have at most {self.max_background}: wait for one to end, or stop one"
+            )
 
     async def _agents(self) -> dict[str, ap.Agent]:
         """Each agent of the batch, read once."""
@@ -188,6 +226,7 @@ class SubagentBatch:
                     tool_names=list(task.overrides.tool_names.names),
                     sort_order=i,
                     batch_title=req.title,
+                    background=req.background,
                 )
             )
         created = await rpc(
@@ -245,11 +284,63 @@ class SubagentBatch:
         try:
             # queued or running: the row, its buffer and its placeholder
             with leases.hold(subagent=self.rows[i].id, stream=turn.stream_key, message=begun.placeholder.id):
-                async with slots:
+                if not await self._take_slot(i, slots):
+                    return
+                try:
                     await self._execute(i)
+                finally:
+                    slots.release()
         except asyncio.CancelledError:
             await to_the_end(self._settle_cancelled(i))
             raise
+        except MeshError as err:
+            if not self.req.background:
+                raise
+            # No caller to tell (its trace deleted meanwhile, say): the row's lease settles what is left.
+            log.warning("a background subagent ended unsettled: %s", err, extra={"subagent": self.rows[i].id})
+
+    async def _take_slot(self, i: int, slots: asyncio.Semaphore) -> bool:
+        """Waits for a free slot; False when the row's buffer ended first (its turn was stopped while it
+        waited `queued`): the row is then settled as that end says, and never runs."""
+        if not slots.locked():
+            await slots.acquire()
+            return True
+        acquire = asyncio.ensure_future(slots.acquire())
+        stopped = asyncio.ensure_future(self._buffer_end(self.turns[i].stream_key))
+        try:
+            await asyncio.wait((acquire, stopped), return_when=asyncio.FIRST_COMPLETED)
+            if not acquire.done() and stopped.result() is None:
+                await acquire  # the buffer could not be followed: the slot it is
+        except BaseException:
+            if acquire.done() and not acquire.cancelled():
+                slots.release()
+            acquire.cancel()
+            raise
+        finally:
+            stopped.cancel()
+        if acquire.done():
+            return True
+        acquire.cancel()
+        err = stopped.result()
+        assert err is not None
+        await self._settle_unbegun(i, err)
+        return False
+
+    async def _buffer_end(self, key: str) -> MeshError | None:
+        """The error `key` ends with (someone stopped the turn); None when it cannot be followed."""
+        follow = self.clients.follows.follow(
+            key, idle_timeout_ms=int(self.engine.write_timeout_s * 1000), terminal_only=True
+        )
+        try:
+            async for event in follow:
+                if event.HasField("error"):
+                    return from_event(event.error)
+                return Cancelled("the turn's buffer was ended before it ran")
+        except MeshError:
+            pass
+        finally:
+            follow.cancel()
+        return None
 
     async def _execute(self, i: int) -> None:
         # The row turns running while the turn starts: its model request waits on no bookkeeping.

@@ -86,6 +86,7 @@ class AgentHandler:
                 roles=[AGENT_ROLE[r] for r in ROLES if spec.name in by_role[r]],
             )
             for spec in self.tools.specs.values()
+            if any(spec.name in names for names in by_role.values())  # a tool no agent chooses: not offered
         ]
         choices = [ag.AgentChoice(slug=a.slug, name=a.name, owner=a.owner) for a in await self.list(owner)]
         defaults = rules.normalized(ap.Agent(slug="new", name="new"))

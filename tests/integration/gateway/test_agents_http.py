@@ -231,7 +231,9 @@ async def test_options(gateway_http, auth_stub, unique):
     resp = await gateway_http.get("/api/agents/options", headers=h)
     assert resp.status_code == 200, resp.text
     options = resp.json()
-    assert [t["name"] for t in options["tools"]] == list(tools.BUILTIN.specs)
+    # The background subagents' tools are never chosen: they come with the delegate tools.
+    chosen = [n for n in tools.BUILTIN.specs if n not in tools.BACKGROUND_TOOLS]
+    assert [t["name"] for t in options["tools"]] == chosen
     assert {t["name"]: t["roles"] for t in options["tools"]} == {
         "agent-invoke": ["supervisor", "subagent", "a2a-callee"],
         "delegate_task": ["supervisor"],

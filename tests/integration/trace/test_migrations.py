@@ -1,5 +1,5 @@
 """The Alembic migrations on both databases: upgrade from empty through 0001, 0002 (with rows in the
-tables 0002 changes), 0003, 0004, 0005 (the same rows, renamed), 0006 and 0007, match the models,
+tables 0002 changes), 0003, 0004, 0005 (the same rows, renamed), 0006, 0007 and 0008, match the models,
 downgrade step by step to base, upgrade again."""
 
 from __future__ import annotations
@@ -196,13 +196,19 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
         ix["name"] for ix in await _inspect(empty_engine, lambda i: i.get_indexes("messages"))
     }
     # 0007: a copied message's identity at home; NULL on every row of this mesh's own traces.
-    await migrate(empty_engine)
+    await migrate(empty_engine, "0007")
     assert await _revision(empty_engine) == "0007"
+    assert await _rows(empty_engine, "SELECT id FROM messages WHERE home_id IS NOT NULL") == []
+    # 0008: a subagent row says whether it runs in the background; every older row does not.
+    await migrate(empty_engine)
+    assert await _revision(empty_engine) == "0008"
     tables, diff = await _state(empty_engine)
     assert TABLES <= tables and diff == []
-    assert await _rows(empty_engine, "SELECT id FROM messages WHERE home_id IS NOT NULL") == []
+    assert await _rows(empty_engine, "SELECT count(*) FROM subagent_sessions WHERE background") == [(0,)]
     await migrate(empty_engine)  # idempotent at head
-    assert await _revision(empty_engine) == "0007"
+    assert await _revision(empty_engine) == "0008"
+    await downgrade(empty_engine, "0007")
+    assert "background" not in await _columns(empty_engine, "subagent_sessions")
     await downgrade(empty_engine, "0006")
     assert "home_id" not in await _columns(empty_engine, "messages")
     await downgrade(empty_engine, "0005")
@@ -235,4 +241,4 @@ async def test_upgrade_downgrade_roundtrip(empty_engine, tmp_path, monkeypatch):
 
     await migrate(empty_engine)
     tables, diff = await _state(empty_engine)
-    assert TABLES <= tables and diff == [] and await _revision(empty_engine) == "0007"
+    assert TABLES <= tables and diff == [] and await _revision(empty_engine) == "0008"

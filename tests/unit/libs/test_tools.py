@@ -37,3 +37,18 @@ def test_the_runtime_binds_a_handler_to_every_tool_and_only_to_those():
         registry.bind("nope", lambda ctx, args: None)  # type: ignore[arg-type,return-value]
     with pytest.raises(ValueError, match="declared twice"):
         ToolCatalog([tools.CLARIFY, tools.CLARIFY])
+
+
+def test_the_background_tools_come_with_the_delegate_tools():
+    from agentmesh.agents.v1 import agent_pb2 as ap
+
+    def agent(tool_names: list[str], enabled: bool = True) -> ap.Agent:
+        a = ap.Agent(slug="a", tools=tool_names)
+        a.effective_subagent_config.enabled = enabled
+        return a
+
+    background = list(tools.BACKGROUND_TOOLS)
+    assert BUILTIN.visible(agent(["delegate_task"]), SUPERVISOR) == ["delegate_task", *background]
+    assert BUILTIN.visible(agent(["clarify"]), SUPERVISOR) == ["clarify"], "no delegation, no handles"
+    assert BUILTIN.visible(agent(["delegate_task"], enabled=False), SUPERVISOR) == []
+    assert BUILTIN.visible(agent(["delegate_task", *background]), A2A_CALLEE) == []

@@ -238,6 +238,7 @@ def _subagent(row: Any, parent_agent: str, preset_agent: str) -> tp.SubagentSess
         update_time=ts(row.updated_at),
         child_trace_id=row.child_trace_id or "",
         batch_title=row.batch_title,
+        background=bool(row.background),
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     ForeignKey,
     Index,
@@ -16,6 +17,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     func,
     text,
 )
@@ -257,6 +259,8 @@ class SubagentRow(Base):
         ForeignKey("traces.id", ondelete="CASCADE"), index=True
     )
     batch_title: Mapped[str] = mapped_column(String(500), default="")
+    # a background child (docs/agents.md#background-subagents): its supervisor's call did not wait
+    background: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     parent_agent: Mapped[AgentRow | None] = relationship(foreign_keys=[parent_agent_id], lazy="joined")

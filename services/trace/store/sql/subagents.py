@@ -190,6 +190,7 @@ class SqlSubagentStore(SubagentStore):
                         "updated_at": stamp,
                         "child_trace_id": child,
                         "batch_title": sub.batch_title,
+                        "background": sub.background,
                         "parent_agent_slug": parent_agent.slug if parent_agent is not None else None,
                         "preset_agent_slug": preset_agent.slug if preset_agent is not None else None,
                     }

@@ -264,6 +264,7 @@ def test_subagent_pb_every_field():
         updated_at=UPDATED,
         child_trace_id="child-1",
         batch_title="research",
+        background=True,
     )
     pb = common.subagent_pb(row)
     assert pb.id == "9f86d081884c7d659a2feaa0"
@@ -290,6 +291,7 @@ def test_subagent_pb_every_field():
     assert pb.update_time == _stamp(UPDATED)
     assert pb.child_trace_id == "child-1"
     assert pb.batch_title == "research"
+    assert pb.background is True
     # Every field of the message was checked above.
     assert {f.name for f, _ in pb.ListFields()} | {"error"} == {f.name for f in pb.DESCRIPTOR.fields}
 
