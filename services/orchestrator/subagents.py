@@ -403,10 +403,12 @@ class SubagentBatch:
                 i, reason if not isinstance(reason, Cancelled) else Cancelled("cancelled before it ran")
             )
         elif self.rows[i].status in _UNSET:
+            reason = self.engine.cancel_reason()  # a drain's cut is an interruption, not a cancel
+            cancelled = isinstance(reason, Cancelled)
+            status = ev.SUBAGENT_STATUS_CANCELLED if cancelled else ev.SUBAGENT_STATUS_FAILED
+            error = "cancelled" if cancelled else f"{reason.code_name}: {reason.message}"
             with contextlib.suppress(MeshError):
-                await self._update(
-                    i, ["status", "error"], status=ev.SUBAGENT_STATUS_CANCELLED, error="cancelled"
-                )
+                await self._update(i, ["status", "error"], status=status, error=error)
 
     async def _settle_unbegun(self, i: int, err: MeshError) -> None:
         """A row whose turn never ran ends with `err`: its placeholder and its buffer first, then the

@@ -252,7 +252,7 @@ class TurnEngine:
             err = await ended_by(self.clients, turn.stream_key, self.grace_s)
             return await self._fail(turn, begun, err or Cancelled("the turn's buffer was ended elsewhere"))
         except grpc.aio.AioRpcError as exc:
-            return await self._fail(turn, begun, await self._run_error(turn, exc))
+            return await self._fail(turn, begun, await self._run_error(turn, begun, exc))
         except MeshError as err:
             return await self._fail(turn, begun, err)
         finally:
@@ -302,14 +302,28 @@ class TurnEngine:
         finally:
             follow.cancel()
 
-    async def _run_error(self, turn: Turn, exc: grpc.aio.AioRpcError) -> MeshError:
+    async def _run_error(self, turn: Turn, begun: Begun, exc: grpc.aio.AioRpcError) -> MeshError:
         """Why a run's call failed, as the turn ends."""
         if exc.code() == grpc.StatusCode.CANCELLED and (exc.details() or "CANCELLED") == "CANCELLED":
             # The runtime's side of the call was torn down (this turn was not cancelled)
             return Interrupted(f"the run of {turn.agent.slug} stopped before it ended")
+        if exc.code() == grpc.StatusCode.UNAVAILABLE and await self._streamed(turn, begun):
+            # The runtime went away under a run that had begun (it wrote past `start`): interrupted,
+            # as a run whose process stopped is (docs/design/turns.md, "When a process dies").
+            return Interrupted(f"the runtime running {turn.agent.slug} went away before the run ended")
         if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and turn.timeout_ms:
             return DeadlineExceeded(f"agent {turn.agent.slug} did not finish within {turn.timeout_ms} ms")
         return from_rpc_error(exc)
+
+    async def _streamed(self, turn: Turn, begun: Begun) -> bool:
+        """Whether the turn's run wrote anything into its buffer after `start`."""
+        try:
+            info = await self.clients.stream.GetStreamInfo(
+                ss.GetStreamInfoRequest(key=turn.stream_key), timeout=self.grace_s
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(info.exists and info.last_offset and info.last_offset != begun.start.offset)
 
     async def _write_back(self, placeholder_id: int, r: rt.RunResult) -> tp.Message:
         msg = tp.Message(
