@@ -27,7 +27,7 @@ from agentmesh.gateway.deps import authenticate, clients_dep, current_user, sett
 from agentmesh.gateway.drain import Drain
 from agentmesh.gateway.errors import READ, SSE, WRITE, responses
 from agentmesh.gateway.openapi import obj, ok
-from agentmesh.gateway.params import ID_PATTERN, MESSAGE_PATTERN, NO_NUL, SessionId
+from agentmesh.gateway.params import ID_PATTERN, MESSAGE_PATTERN, NO_NUL, SessionId, SubagentId
 from agentmesh.gateway.sse import drain_options, sse_message
 from agentmesh.gateway.turns import start_turn, turn_events
 from agentmesh.libs import events, jsonbound
@@ -128,6 +128,19 @@ async def cancel(
     session_id: SessionId, user: str = Depends(current_user), c: Clients = Depends(clients_dep)
 ) -> dict[str, bool]:
     resp = await rpc(c.orchestrator.CancelTurn(orc.CancelTurnRequest(trace_id=session_id)))
+    return {"cancelled": resp.cancelled}
+
+
+@router.post(
+    "/api/subagents/{subagent_id}/cancel",
+    responses={**ok(obj(cancelled={"type": "boolean"})), **responses(*READ)},
+)
+async def cancel_subagent(
+    subagent_id: SubagentId, user: str = Depends(current_user), c: Clients = Depends(clients_dep)
+) -> dict[str, bool]:
+    """Stops one subagent (a background one's stop): it ends `cancelled`, the rest of its batch and
+    the turn that started it go on."""
+    resp = await rpc(c.orchestrator.CancelTurn(orc.CancelTurnRequest(subagent_id=subagent_id)))
     return {"cancelled": resp.cancelled}
 
 

@@ -3,7 +3,8 @@
 // their state, agent, parent, age and tokens. It refreshes while anything on it runs. A chat turn opens
 // its chat (a link); any other run opens its trace in the side panel, following it live while it runs.
 // Stop reuses the cancel routes: a chat turn's own, the root chat turn's for a callee or a subagent
-// (that stops the turn and everything under it), the A2A CancelTask for a task served to a client.
+// (that stops the turn and everything under it), a background subagent's own (it outlives the turn
+// that started it), the A2A CancelTask for a task served to a client.
 // RunsBadge keeps the sidebar's count of running work.
 
 import { api, json } from "./api.js";
@@ -219,6 +220,9 @@ export class RunsPage {
           body: { jsonrpc: "2.0", id: 1, method: "tasks/cancel", params: { id: run.taskId } },
         });
         if (res.error) throw new Error(res.error.message || "the task could not be stopped");
+      } else if (run.kind === "subagent" && run.background) {
+        // A background subagent outlives the turn that started it: it stops on its own.
+        await api(`/api/subagents/${enc(run.subagentId)}/cancel`, { method: "POST" });
       } else {
         await api(`/api/sessions/${enc(this.rootTurn(run).traceId)}/cancel`, { method: "POST" });
       }

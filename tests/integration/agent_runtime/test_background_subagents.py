@@ -185,6 +185,18 @@ async def test_stop_one_and_the_parents_cancel_does_not_stop_them(mesh: Mesh) ->
     (handle,) = tool_output(got)["handles"]
     await wait_until(lambda: status_is(mesh, handle["id"], ev_pb.SUBAGENT_STATUS_COMPLETED), 15, "it ends")
 
+    # The runs page's stop of a background child (it outlives its supervisor's turn): its own route.
+    (other,) = tool_output(await chat(mesh, "general", "bg forever", session_id=trace))["handles"]
+    await wait_until(lambda: status_is(mesh, other["id"], ev_pb.SUBAGENT_STATUS_RUNNING), 10, "it runs")
+    async with mesh.http() as http:
+        runs = (await http.get("/api/runs", params={"kind": "subagent", "state": "running"})).json()["runs"]
+        assert [r["background"] for r in runs if r["subagentId"] == other["id"]] == [True]
+        stranger = await mesh.new_user(f"stranger-{other['id']}")
+        async with mesh.http(api_key=stranger) as theirs:
+            assert (await theirs.post(f"/api/subagents/{other['id']}/cancel")).status_code == 404
+        assert (await http.post(f"/api/subagents/{other['id']}/cancel")).json() == {"cancelled": True}
+    await wait_until(lambda: status_is(mesh, other["id"], ev_pb.SUBAGENT_STATUS_CANCELLED), 10, "stopped")
+
     # subagent_stop: the one named ends cancelled, its buffer too.
     (forever,) = tool_output(await chat(mesh, "general", "bg forever", session_id=trace))["handles"]
     await wait_until(lambda: status_is(mesh, forever["id"], ev_pb.SUBAGENT_STATUS_RUNNING), 10, "it runs")

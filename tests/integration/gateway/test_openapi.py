@@ -29,6 +29,7 @@ ERRORS = {
     ("GET", "/healthz"): set(),
     ("POST", "/api/chat"): {401, 404, 409, 413, 422, 429, 503, 504},
     ("POST", "/api/sessions/{session_id}/cancel"): {401, 404, 422, 503, 504},
+    ("POST", "/api/subagents/{subagent_id}/cancel"): {401, 404, 422, 503, 504},
     ("GET", "/api/agents"): {401, 503, 504},
     ("GET", "/api/agents/options"): {401, 503, 504},
     ("GET", "/api/agents/{slug}"): {401, 404, 422, 503, 504},

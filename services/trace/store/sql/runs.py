@@ -53,6 +53,7 @@ _COLUMNS = (
     _SUB.c.trace_id.label("supervisor_trace_id"),
     _SUB.c.parent_message_id,
     _SUB.c.name.label("subagent_name"),
+    _SUB.c.background,
     _T.c.caller_context,  # a few keys: toolCallId, depth, anchorMessageId
 )
 _FROM = (
@@ -113,6 +114,7 @@ def run_from_row(row: Any) -> tp.Run:
         start_time=ts(row.created_at),
         end_time=ts(row.ended_at),
         error=row.error_message or "",
+        background=bool(row.background) if kind == tp.RUN_KIND_SUBAGENT else False,
     )
 
 
