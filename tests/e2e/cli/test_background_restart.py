@@ -1,7 +1,9 @@
-"""A background subagent whose runtime is SIGKILLed and restarted while it streams (each service its
-own process, `agentmesh serve`): its live reader ends `interrupted`, its row ends failed with why, and
-its handle still answers the supervisor's next turn, on the restarted runtime. On SQLite + memory and
-PostgreSQL + Redis (docs/agents.md#background-subagents)."""
+"""A background subagent whose runtime (or the orchestrator running it) is SIGKILLed and restarted while
+it streams (each service its own process, `agentmesh serve`): its live reader ends `interrupted`, its row
+ends failed with why (the orchestrator's engine settles it when the runtime died; the runtime and the
+restarted orchestrator do when the orchestrator died), and its handle still answers the supervisor's
+next turn, on the restarted service. On SQLite + memory and PostgreSQL + Redis
+(docs/agents.md#background-subagents)."""
 
 from __future__ import annotations
 
@@ -55,8 +57,9 @@ def tool_output(events: list[dict[str, Any]]) -> Any:
     return next(e for e in events if e["type"] == "tool-output-available")["output"]
 
 
-async def test_a_runtime_restart_under_a_background_child_settles_it_and_its_handle_answers(
-    process_mesh: ProcessMesh,
+@pytest.mark.parametrize("victim", ["agent-runtime", "orchestrator"])
+async def test_a_restart_under_a_background_child_settles_it_and_its_handle_answers(
+    process_mesh: ProcessMesh, victim: str
 ) -> None:
     mesh = process_mesh
     first = await turn(mesh, "bg slow")
@@ -66,8 +69,8 @@ async def test_a_runtime_restart_under_a_background_child_settles_it_and_its_han
     reader = SseReader(lambda: mesh.http(timeout=60), f"/api/subagents/{handle['id']}/stream", reconnect=True)
     await asyncio.wait_for(reader.live.wait(), BOUND_S)  # it streams, its supervisor's turn long over
 
-    await mesh.kill("agent-runtime")
-    restart = asyncio.create_task(mesh.start("agent-runtime"))
+    await mesh.kill(victim)
+    restart = asyncio.create_task(mesh.start(victim))
     await asyncio.wait_for(reader.task, BOUND_S)
     assert reader.end["type"] == "error" and reader.end["code"] == "interrupted", reader.events[-3:]
     await restart
