@@ -29,8 +29,9 @@ from tests.mesh import (
     wait_until,
 )
 
-WORDS = 40  # at 20 tokens a second: two seconds of a child's text
-DEFAULTS = SubagentDefaults(max_concurrent=3, timeout_ms=1000, max_background=2, background_timeout_ms=6000)
+WORDS = 80  # at 20 tokens a second: four seconds of a child's text
+# A foreground subagent's deadline (3 s) is shorter than a slow child; a background one's (8 s) is not.
+DEFAULTS = SubagentDefaults(max_concurrent=3, timeout_ms=3000, max_background=2, background_timeout_ms=8000)
 
 
 def delegate(user: str, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -47,6 +48,10 @@ def bg(goal: str, slug: str = "coder") -> dict[str, Any]:
     return {"goal": goal, "agentSlug": slug, "background": True}
 
 
+def fg(goal: str) -> dict[str, Any]:
+    return {"goal": goal, "agentSlug": "coder"}
+
+
 RULES: dict[str, Any] = {
     "rules": [
         delegate("^bg slow$", "delegate_task", bg("slow job")),
@@ -54,6 +59,11 @@ RULES: dict[str, Any] = {
         delegate("^bg forever$", "delegate_task", bg("forever job")),
         delegate(
             "^bg two$", "delegate_parallel", {"tasks": [bg("forever a"), bg("forever b")], "background": True}
+        ),
+        delegate(
+            "^fg three$",
+            "delegate_parallel",
+            {"tasks": [fg("forever q1"), fg("forever q2"), fg("forever q3")]},
         ),
         delegate("^status$", "subagent_status", {}),
         delegate("^status (?P<sid>\\S+)$", "subagent_status", {"id": "{sid}"}),
@@ -115,7 +125,7 @@ async def test_a_background_child_returns_at_once_and_its_handle_answers(mesh: M
     sub_id, trace = handle["id"], first[0]["traceId"]
     assert handle["traceId"] and handle["goal"] == "slow job"
     assert first[-1]["type"] == "done"
-    # The supervisor's turn ended while its child had two seconds of text ahead of it.
+    # The supervisor's turn ended while its child had four seconds of text ahead of it.
     row = await row_of(mesh, sub_id)
     assert row.background and row.status in (ev_pb.SUBAGENT_STATUS_QUEUED, ev_pb.SUBAGENT_STATUS_RUNNING)
     assert row.child_trace_id == handle["traceId"]
@@ -139,7 +149,7 @@ async def test_a_background_child_returns_at_once_and_its_handle_answers(mesh: M
     assert reader.end["type"] == "done"
     text_at = [e["_t"] for e in reader.events if e["type"] == "text-delta"]
     assert text_at and text_at[0] < reader.events[-1]["_t"] - 0.5, "its text arrived while it ran"
-    # It outlived the foreground timeout (1 s): a background child has its own (6 s).
+    # It outlived the foreground timeout (3 s): a background child has its own (8 s).
     assert (await row_of(mesh, sub_id)).status == ev_pb.SUBAGENT_STATUS_COMPLETED
     # The wait told the supervisor how it ended: no note says it again.
     start = len(mesh.mock.requests())
@@ -226,12 +236,12 @@ async def test_limits_stop_all_and_a_delete_stops_them(mesh: Mesh) -> None:
     stopped = tool_output(await chat(mesh, "general", "stop all", session_id=trace))
     assert sorted(stopped["stopped"]) == sorted(ids)
     assert [c["status"] for c in stopped["subagents"]] == ["cancelled", "cancelled"], stopped
-    # Their own timeout (6 s, not the foreground 1 s) ends one left running.
+    # Their own timeout (8 s, not the foreground 3 s) ends one left running.
     (left,) = tool_output(await chat(mesh, "general", "bg forever", session_id=trace))["handles"]
     await wait_until(lambda: status_is(mesh, left["id"], ev_pb.SUBAGENT_STATUS_RUNNING), 10, "it runs")
     await wait_until(lambda: status_is(mesh, left["id"], ev_pb.SUBAGENT_STATUS_FAILED), 15, "its timeout")
     row = await row_of(mesh, left["id"])
-    assert row.error.startswith("timeout") and "6000 ms" in row.error, row.error
+    assert row.error.startswith("timeout") and "8000 ms" in row.error, row.error
     # The trace's deletion stops one that runs: its reader gets the end, its model call stops.
     (doomed,) = tool_output(await chat(mesh, "general", "bg forever", session_id=trace))["handles"]
     reader = SseReader(lambda: mesh.http(timeout=30), f"/api/subagents/{doomed['id']}/stream")
@@ -241,3 +251,36 @@ async def test_limits_stop_all_and_a_delete_stops_them(mesh: Mesh) -> None:
     await asyncio.wait_for(reader.task, 10)
     assert reader.end["type"] == "error" and reader.end["code"] == "cancelled", reader.end
     await mesh.mock.wait_idle(timeout=10)  # nothing runs the children's model any more
+
+
+async def test_a_subagent_stopped_while_queued_never_runs(mesh: Mesh) -> None:
+    """Three in a batch that runs two at once (general's maxConcurrent): the third, stopped while it
+    waits, ends cancelled at once and never reaches the model; the other two go on."""
+    start = len(mesh.mock.requests())
+    async with (
+        mesh.http(timeout=30) as http,
+        http.stream("POST", "/api/chat", json={"agent": "general", "message": "fg three"}) as resp,
+    ):
+        rows: dict[str, str] = {}
+        stream = sse_events(resp)
+        async with asyncio.timeout(20):
+            async for event in stream:
+                if event["type"] == "subagent-update":
+                    rows[event["subagent"]["goal"]] = event["subagent"]["id"]
+                    if len(rows) == 3:
+                        break
+            queued = rows["forever q3"]
+            assert (await row_of(mesh, queued)).status == ev_pb.SUBAGENT_STATUS_QUEUED
+            assert (await http.post(f"/api/subagents/{queued}/cancel")).json() == {"cancelled": True}
+            await wait_until(lambda: status_is(mesh, queued, ev_pb.SUBAGENT_STATUS_CANCELLED), 5, "it ends")
+            for goal in ("forever q1", "forever q2"):
+                assert (await row_of(mesh, rows[goal])).status == ev_pb.SUBAGENT_STATUS_RUNNING, goal
+            got = [event async for event in stream]  # the others end at their (foreground) timeout
+    out = tool_output(got)
+    assert [(r["goal"], r["status"]) for r in out["results"]] == [
+        ("forever q1", "failed"),
+        ("forever q2", "failed"),
+        ("forever q3", "cancelled"),
+    ], out
+    users = [m["content"] for b in mesh.mock.requests()[start:] for m in b["messages"] if m["role"] == "user"]
+    assert "forever q1" in users and "forever q3" not in users, "the stopped one never ran"
