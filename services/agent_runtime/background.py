@@ -137,15 +137,13 @@ def _which(args: dict[str, Any]) -> str:
 
 async def subagent_status(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
     rows = await _children(ctx.clients, ctx.trace_id, _which(args))
-    latest = await asyncio.gather(
-        *(_latest(ctx.clients, subagent_key(r.id)) if r.status not in FINAL else _none() for r in rows)
-    )
+
+    async def latest(row: tp.SubagentSession) -> str:
+        return "" if row.status in FINAL else await _latest(ctx.clients, subagent_key(row.id))
+
+    texts = await asyncio.gather(*(latest(r) for r in rows))
     _seen(ctx, rows)
-    return ToolOutcome({"ok": True, "subagents": [describe(r, t) for r, t in zip(rows, latest, strict=True)]})
-
-
-async def _none() -> str:
-    return ""
+    return ToolOutcome({"ok": True, "subagents": [describe(r, t) for r, t in zip(rows, texts, strict=True)]})
 
 
 async def subagent_wait(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
