@@ -85,7 +85,8 @@ async def test_a_restart_under_a_background_child_settles_it_and_its_handle_answ
 
     settled = await wait_until(row, BOUND_S, "the child's row settled")
     assert settled.error.startswith("interrupted"), settled.error
-    assert settled.summary.startswith("slow slow"), "what it streamed is kept"
+    if victim == "agent-runtime":  # (a row the lease settles first, the orchestrator away, keeps no text)
+        assert settled.summary.startswith("slow slow"), "what it streamed is kept"
 
     # Its handle answers the supervisor's next turn, run by the restarted runtime (once the
     # orchestrator's channel to it is back: a turn meanwhile ends `unavailable`, as test_faults.py's).
