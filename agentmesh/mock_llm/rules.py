@@ -279,6 +279,11 @@ def _item(result: Any) -> str:
     status = str(result.get("status") or "")
     if status in ("failed", "cancelled") or result.get("ok") is False or "error" in result:
         body = _failure(result) if status != "cancelled" else "cancelled"
+    elif status in ("queued", "running"):  # a background subagent under way, with its text so far
+        latest = brief(str(result.get("latest") or ""))
+        body = f"{status}: {latest}" if latest else status
+    elif not status and result.get("traceId") and result.get("goal"):  # a background subagent's handle
+        body = f"started ({result.get('id')}): {result['goal']}"
     else:
         body = brief(str(result.get("summary") or result.get("output") or result.get("content") or ""))
     return f"- **{name}**: {body}" if name else f"- {body}"
@@ -291,8 +296,9 @@ def readable_value(value: Any) -> str:
     if isinstance(value, list):
         return "\n".join(_item(item) for item in value)
     if isinstance(value, dict):
-        if isinstance(value.get("results"), list):  # a batch: subagents, or agent-invoke with a list
-            return "\n".join(_item(item) for item in value["results"])
+        for key in ("results", "subagents", "handles"):  # a batch, background subagents, their handles
+            if isinstance(value.get(key), list):
+                return "\n".join(_item(item) for item in value[key])
         if value.get("ok") is False and "output" not in value:
             return _failure(value)
         for key in ("output", "summary", "content", "text"):  # an agent-invoke callee's reply, ...

@@ -114,6 +114,51 @@ async def test_general_splits_into_subtasks(demo: MockLLM, client: openai.AsyncO
     )
 
 
+async def test_general_researches_in_the_background(demo: MockLLM, client: openai.AsyncOpenAI) -> None:
+    tools = TOOLS + [
+        {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+        for name in ("subagent_status", "subagent_wait", "subagent_stop")
+    ]
+    messages = messages_for("general", "research in the background: vector databases")
+    first = await turn(client, messages, tools)
+    (call,) = first.message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "delegate_task",
+        {"goal": "Research: vector databases", "agentSlug": "researcher", "background": True},
+    )
+    handle = {"id": "s1", "traceId": "t1", "name": "Research Assistant", "goal": "Research: vector databases"}
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump(exclude_none=True)]},
+        {"role": "tool", "tool_call_id": call.id,
+         "content": json.dumps({"ok": True, "background": True, "handles": [handle]})},
+    ]  # fmt: skip
+    started = await turn(client, messages, tools)
+    assert started.message.content.startswith(
+        "The research runs in the background:\n\n- **Research Assistant**: started (s1): Research: vector"
+    ), started.message.content
+    for ask, tool in (
+        ("how is the research going?", "subagent_status"),
+        ("wait for the research", "subagent_wait"),
+    ):
+        asked = await turn(client, messages_for("general", ask), tools)
+        (follow,) = asked.message.tool_calls
+        assert follow.function.name == tool
+    running = {**handle, "status": "running", "latest": "The essentials of vector"}
+    status = [
+        *messages_for("general", "how is the research going?"),
+        {"role": "assistant", "content": None, "tool_calls": [follow.model_dump(exclude_none=True)]},
+        {
+            "role": "tool",
+            "tool_call_id": follow.id,
+            "content": json.dumps({"ok": True, "subagents": [running]}),
+        },
+    ]
+    report = await turn(client, status, tools)
+    assert report.message.content == (
+        "Your background research:\n\n- **Research Assistant**: running: The essentials of vector"
+    )
+
+
 async def test_anything_else_is_echoed(demo: MockLLM, client: openai.AsyncOpenAI) -> None:
     reply = await turn(client, messages_for("general", "what is the weather?"), TOOLS)
     assert reply.message.content.startswith('Hello! You said: "what is the weather?"')
