@@ -194,8 +194,10 @@ class ChatRequestView:
     @classmethod
     def of(cls, body: dict[str, Any]) -> ChatRequestView:
         messages: list[dict[str, Any]] = body["messages"]
-        system = "\n".join(
-            content_text(m.get("content")) for m in messages if m["role"] in ("system", "developer")
+        # The first system message, the agent's prompt: a later one (a background subagent's note,
+        # docs/agents.md#background-subagents) names other agents, which must not match their rules.
+        system = next(
+            (content_text(m.get("content")) for m in messages if m["role"] in ("system", "developer")), ""
         )
         users = [content_text(m.get("content")) for m in messages if m["role"] == "user"]
         results: list[str] = []
