@@ -143,13 +143,17 @@ class SubagentBatch:
             await self._check_room()
         agents = await self._agents()
         await self._create(agents)
-        yield orc.RunSubagentsResponse(created=orc.SubagentRows(subagents=self.rows))
+        # The rows have their runner before anyone hears of them: a caller gone at once leaves none
+        # without one (each row's lease is held from its start).
         runner = asyncio.create_task(self._run_all(), name=f"subagents:{req.tool_call_id}")
         self.running.add(runner)
         runner.add_done_callback(self.running.discard)
+        created = orc.RunSubagentsResponse(created=orc.SubagentRows(subagents=self.rows))
         if req.background:  # they run on without the call; the process's drain settles them
+            yield created
             return
         try:
+            yield created
             while (report := await self._reports.get()) is not None:
                 yield report
             await runner
