@@ -106,6 +106,7 @@ def item_from_row(row: tp.SubagentSession) -> ev.SubagentItem:
         sort_order=row.sort_order,
         child_trace_id=row.child_trace_id,
         model=row.model,
+        background=row.background,
     )
 
 

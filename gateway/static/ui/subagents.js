@@ -61,13 +61,21 @@ export class BatchCard {
   update(item) {
     let row = this.items.get(item.id);
     if (!row) {
-      row = new SubagentRow(item);
+      row = new SubagentRow(item, () => this.changed());
       this.items.set(item.id, row);
       const after = [...this.items.values()].find((r) => r !== row && r.sortOrder > row.sortOrder);
       this.list.insertBefore(row.el, after ? after.el : null);
     }
     row.set(item);
     this.refresh();
+  }
+
+  /** A background item ended after its turn (no subagent-done comes for it): the counts, and the
+   * card's end once every item has ended. */
+  changed() {
+    const counts = this.liveCounts();
+    if (!this.finished && !counts.running) this.done(counts);
+    else this.refresh();
   }
 
   /** subagent-done: the final counts. */
@@ -110,7 +118,9 @@ export function batchState({ total = 0, completed = 0, failed = 0, cancelled = 0
 
 /** One subagent: name, status, goal, summary or error; a click shows its live text. */
 class SubagentRow {
-  constructor(item) {
+  constructor(item, onChange = () => {}) {
+    this.onChange = onChange;
+    this.watching = false;
     this.id = item.id;
     this.traceId = item.childTraceId ?? "";
     this.sortOrder = item.sortOrder ?? 0;
@@ -153,6 +163,7 @@ class SubagentRow {
   }
 
   set(item) {
+    this.item = item;
     this.status = item.status;
     this.traceId = item.childTraceId || this.traceId;
     this.sortOrder = item.sortOrder ?? this.sortOrder;
@@ -162,6 +173,31 @@ class SubagentRow {
     this.badge.dataset.status = item.status;
     this.goal.textContent = item.goal || "";
     this.setResult(item.error ? { error: item.error } : { summary: item.summary || "" });
+    if (item.background && !TERMINAL.has(item.status)) this.watch();
+  }
+
+  /** A background subagent outlives the turn that started it, whose events stop before it ends: its
+   * own buffer says how it ends (docs/agents.md#background-subagents). */
+  async watch() {
+    if (this.watching) return;
+    this.watching = true;
+    let text = "";
+    try {
+      await follow(
+        (lastId) => api(this.streamUrl(), { headers: resumeHeaders(lastId) }),
+        (ev) => {
+          if (ev.type === "text-delta") text += ev.textDelta;
+          else if (ev.type === "done") this.set({ ...this.item, status: "completed", summary: text, error: "" });
+          else if (ev.type === "error") {
+            const status = ev.code === "cancelled" ? "cancelled" : "failed";
+            this.set({ ...this.item, status, summary: text, error: `${ev.code}: ${ev.message}` });
+          }
+        },
+      );
+    } catch {
+      // Left as it is: reading the chat again shows its row.
+    }
+    this.onChange();
   }
 
   /** The error as text, or the summary as markdown (rendered again only when it changed). */

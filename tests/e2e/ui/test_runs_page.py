@@ -2,13 +2,18 @@
 chat turn and the agent-invoke callee it starts appear running (the sidebar's badge counts them), then
 end done without a reload (the page refreshes itself while anything runs); a run opens its trace (a
 chat turn its chat, a callee the side panel); Stop on a subagent stops the turn that started it and
-everything under it; the page keeps the UI's accessibility and fits a phone."""
+everything under it; a background subagent's card and run end after its turn; the page keeps the UI's
+accessibility and fits a phone."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+import yaml
 from playwright.async_api import Browser, Page, expect
 
+from agentmesh.mock_llm import DEMO_RULES
 from tests.e2e.ui.test_layout import NARROW, no_sideways_scroll, open_page, serious_violations
 from tests.e2e.ui.test_ui import send, sign_in
 from tests.mesh import BACKENDS, Mesh
@@ -83,6 +88,30 @@ async def test_stop_on_a_subagent_stops_its_whole_turn(page: Page, mesh: Mesh) -
     await page.select_option("#runs-state", "cancelled")
     await expect(page.locator(".run").first).to_have_attribute("data-state", "cancelled", timeout=T)
     await expect(page.locator('.run:not([data-state="cancelled"])')).to_have_count(0)
+
+
+async def test_a_background_subagent_ends_on_its_card_after_its_turn(page: Page, mesh: Mesh) -> None:
+    """Its turn's events stop at its handle (queued): the card follows the subagent's own buffer to its
+    end, without a reload, and so does its run. (13 s of text: past the 10 s a chat's cards are read
+    again from their rows after a turn, which covers a short child.)"""
+    demo = yaml.safe_load(DEMO_RULES.read_text())
+    slow = {"system": "Research Assistant", "user": "vector", "text": "slowly " * 260}  # at 20/s
+    mesh.mock.set_rules({**demo, "rules": [slow, *demo["rules"]]})
+    try:
+        await sign_in(page, mesh, mesh.api_key)
+        reply = await send(page, "research in the background: vector databases")
+        item = reply.locator(".batch .sub")
+        await expect(reply.locator(".content").first).to_contain_text(
+            "runs in the background", timeout=SLOW_T
+        )
+        await expect(item).to_have_attribute("data-status", re.compile("queued|running"))  # the turn ended
+        await expect(item).to_have_attribute("data-status", "completed", timeout=SLOW_T)
+        await expect(item.locator(".sub-result")).to_contain_text("slowly slowly")
+        await expect(reply.locator(".batch")).to_have_attribute("data-status", "completed")
+        await page.click("#open-runs")
+        await expect(run_row(page, "subagent", "done")).to_be_visible(timeout=T)
+    finally:
+        mesh.mock.set_rules(DEMO_RULES.read_text())
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])

@@ -67,7 +67,7 @@ def test_the_live_card_and_the_stored_card_are_the_same_json() -> None:
     )
     stored = events.batches_json([done])[0]["items"][0]
     assert live["subagent"] == stored
-    fields = "id name sourceType status goal summary error tokenUsage sortOrder childTraceId model"
+    fields = "id name sourceType status goal summary error tokenUsage sortOrder childTraceId model background"
     assert set(stored) == set(fields.split())
     assert stored["summary"] == "" and stored["error"] == "" and stored["model"] == "m", "empty fields stay"
 
