@@ -292,21 +292,27 @@ def is_lost_send(exc: grpc.RpcError) -> bool:
     return code == grpc.StatusCode.INTERNAL and details == LOST_SEND
 
 
+def error_reason(exc: grpc.RpcError) -> str:
+    """The ErrorInfo reason one of our services sent with a failed RPC; "" when the failure is not
+    theirs (the transport's: a process gone, a connection refused or cut)."""
+    try:
+        status = rpc_status.from_call(exc)  # type: ignore[arg-type]
+    except Exception:  # pragma: no cover - malformed trailers
+        return ""
+    if status is not None:
+        for detail in status.details:
+            info = error_details_pb2.ErrorInfo()
+            if detail.Unpack(info) and info.domain == DOMAIN:
+                return str(info.reason)
+    return ""
+
+
 def from_rpc_error(exc: grpc.RpcError) -> MeshError:
     """The domain error behind a failed RPC: by the ErrorInfo reason our services send, else by the
     gRPC status code."""
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     message = exc.details() if hasattr(exc, "details") else str(exc)
-    reason = ""
-    try:
-        status = rpc_status.from_call(exc)  # type: ignore[arg-type]
-    except Exception:  # pragma: no cover - malformed trailers
-        status = None
-    if status is not None:
-        for detail in status.details:
-            info = error_details_pb2.ErrorInfo()
-            if detail.Unpack(info) and info.domain == DOMAIN:
-                reason = info.reason
+    reason = error_reason(exc)
     if not reason and is_lost_send(exc):
         code = grpc.StatusCode.UNAVAILABLE  # the call's own status is unknown: gone, as far as we can tell
     cls = _BY_REASON.get(reason) or _BY_GRPC.get(code, Internal)

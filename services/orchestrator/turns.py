@@ -35,6 +35,7 @@ from agentmesh.libs.errors import (
     Interrupted,
     MeshError,
     as_mesh_error,
+    error_reason,
     from_event,
     from_rpc_error,
     rpc,
@@ -307,7 +308,11 @@ class TurnEngine:
         if exc.code() == grpc.StatusCode.CANCELLED and (exc.details() or "CANCELLED") == "CANCELLED":
             # The runtime's side of the call was torn down (this turn was not cancelled)
             return Interrupted(f"the run of {turn.agent.slug} stopped before it ended")
-        if exc.code() == grpc.StatusCode.UNAVAILABLE and await self._streamed(turn, begun):
+        if (
+            exc.code() == grpc.StatusCode.UNAVAILABLE
+            and not error_reason(exc)  # the transport's, not the run's own (a remote agent gone)
+            and await self._streamed(turn, begun)
+        ):
             # The runtime went away under a run that had begun (it wrote past `start`): interrupted,
             # as a run whose process stopped is (docs/design/turns.md, "When a process dies").
             return Interrupted(f"the runtime running {turn.agent.slug} went away before the run ended")
