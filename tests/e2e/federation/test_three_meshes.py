@@ -18,6 +18,7 @@ from typing import Any
 from tests.e2e.federation.conftest import Fed
 from tests.e2e.federation.test_appends import copy_id_of, note
 from tests.e2e.federation.test_continuation import tool_output
+from tests.e2e.federation.test_identity import all_messages
 from tests.e2e.federation.test_reads import new_trace
 from tests.mesh import Mesh, chat, wait_until
 
@@ -52,13 +53,6 @@ async def stored_call(mesh: Mesh, chat_id: str) -> dict[str, Any]:
     return dict(calls[0])
 
 
-async def home_messages(mesh: Mesh, trace_id: str) -> list[dict[str, Any]]:
-    async with mesh.http() as http:
-        resp = await http.get(f"/api/traces/{trace_id}/messages", params={"mode": "all", "limit": 1000})
-    assert resp.status_code == 200, resp.text
-    return list(resp.json()["messages"])
-
-
 async def test_trace_id_means_where_the_callee_ran_in_the_event_the_result_and_the_record(fed: Fed) -> None:
     # a new call of a peer's agent: the peer's trace, learned from the peer, in all three places
     first = ids_of(await chat(fed.cloud, "general", "remote-invoke @orgb/coder where do you run"))
@@ -66,10 +60,10 @@ async def test_trace_id_means_where_the_callee_ran_in_the_event_the_result_and_t
     record = first["out"]["localTraceId"]
     assert ref.startswith("@orgb/") and "/" not in record and first["out"]["remote"] is True
     same_everywhere(first, ref, record)
-    at_home = await home_messages(fed.orgb, ref.split("/", 1)[1])
+    at_home = await all_messages(fed.orgb, ref.split("/", 1)[1])
     assert [m["content"] for m in at_home] == ["where do you run", "coder says: where do you run"]
     # the record: a trace of org A (either of its meshes reads it) with the exchange
-    assert [m["content"] for m in await home_messages(fed.terminal, record)][-1] == at_home[-1]["content"]
+    assert [m["content"] for m in await all_messages(fed.terminal, record)][-1] == at_home[-1]["content"]
     # stored: the terminal reads the cloud's chat through the shared database, with the same ids
     stored = await stored_call(fed.terminal, first["chat"])
     assert stored["output"]["traceId"] == stored["metadata"]["traceId"] == ref, stored
@@ -83,7 +77,7 @@ async def test_trace_id_means_where_the_callee_ran_in_the_event_the_result_and_t
     # continued here by one of our agents (on our copy, the turn sent home): the same trace, no record
     here = ids_of(await chat(fed.cloud, "general", f"remote-continue coder {ref} and here"))
     same_everywhere(here, ref, None)
-    assert [m["content"] for m in await home_messages(fed.orgb, ref.split("/", 1)[1])][-4:] == [
+    assert [m["content"] for m in await all_messages(fed.orgb, ref.split("/", 1)[1])][-4:] == [
         "and next",
         "coder says: and next",
         "and here",
@@ -106,7 +100,7 @@ async def test_an_append_through_every_id_a_client_obtains_reaches_home(fed: Fed
     catalogued = tool_output(await chat(fed.cloud, "general", "remote-invoke b-coder by its card"))
     address = catalogued["traceId"]
     assert address.startswith("agent://127.0.0.1:") and catalogued["remote"] is True, catalogued
-    copied = await home_messages(fed.cloud, f"@orgb/{tid}")
+    copied = await all_messages(fed.cloud, f"@orgb/{tid}")
     caller = next(m["callerTraceId"] for m in copied if m.get("callerTraceId"))
     assert caller.startswith("@orgb/"), copied
     targets = {  # name -> (the mesh of org A appending, the id it appends to, the home id at org B)
@@ -136,26 +130,26 @@ async def test_an_append_through_every_id_a_client_obtains_reaches_home(fed: Fed
     assert refused.status_code == 409 and f"@orgb/{tid}" in refused.json()["error"]["message"], refused.text
     assert no_run.status_code == 422 and f"@orgb/{tid}" in no_run.json()["error"]["message"], no_run.text
     assert kept.status_code == 200, kept.text
-    record = await home_messages(fed.terminal, catalogued["localTraceId"])  # org A's shared database
+    record = await all_messages(fed.terminal, catalogued["localTraceId"])  # org A's shared database
     assert record[-1]["id"] == kept.json()["messages"][0]["id"] and record[-1]["content"] == "in the record"
     assert "in the record" not in {
-        m["content"] for m in await home_messages(fed.orgb, targets["agent:// from a result"][2])
+        m["content"] for m in await all_messages(fed.orgb, targets["agent:// from a result"][2])
     }
     for name, (_, _, home_id) in targets.items():
-        at_home = {m["content"]: m for m in await home_messages(fed.orgb, home_id)}
+        at_home = {m["content"]: m for m in await all_messages(fed.orgb, home_id)}
         assert f"via {name}" in at_home, name
         assert acked[name]["id"] == at_home[f"via {name}"]["id"], name
         assert acked[name]["sequence"] == at_home[f"via {name}"]["sequence"], name
-    assert "via the copy's id" not in {m["content"] for m in await home_messages(fed.orgb, tid)}
+    assert "via the copy's id" not in {m["content"] for m in await all_messages(fed.orgb, tid)}
 
 
 async def test_a_copy_keeps_the_homes_identity_on_either_mesh_of_org_a(fed: Fed) -> None:
     made = tool_output(await chat(fed.orgb, "general", "remote-invoke coder who called me"))
     tid = made["traceId"]
-    home = await home_messages(fed.orgb, tid)
+    home = await all_messages(fed.orgb, tid)
     assert any(m.get("callerAgent") == "general" and m.get("callerTraceId") for m in home), home
     for mesh in (fed.terminal, fed.cloud):
-        copy = await home_messages(mesh, f"@orgb/{tid}")
+        copy = await all_messages(mesh, f"@orgb/{tid}")
         assert len(copy) == len(home)
         for copied, original in zip(copy, home, strict=True):
             for key in SAME:
@@ -210,5 +204,5 @@ async def test_a_peer_that_never_took_the_call_leaves_our_record_as_its_trace(fe
     assert out["ok"] is False and out["code"] == "unavailable", out
     assert len(started) == 1 and started[0]["traceId"] == out["traceId"], (started, out)
     assert "/" not in out["traceId"] and not started[0]["localTraceId"] and "localTraceId" not in out
-    record = await home_messages(fed.cloud, out["traceId"])
+    record = await all_messages(fed.cloud, out["traceId"])
     assert [m["content"] for m in record][:1] == ["are you there"] and record[-1]["status"] == "failed"
