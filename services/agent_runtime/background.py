@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from google.protobuf import json_format
+from google.protobuf.struct_pb2 import Value
 
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.libs import events
@@ -172,16 +172,22 @@ async def subagent_stop(ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
 # --- the note -------------------------------------------------------------------------------------
 
 
-def _meta(message: tp.Message) -> dict[str, Any]:
-    return json_format.MessageToDict(message.metadata) if message.HasField("metadata") else {}
+def _listed(message: tp.Message, key: str) -> list[Value]:
+    """The items of the list `key` of a message's metadata, read in place (every supervisor turn reads
+    its whole history here: no conversion of each message's metadata)."""
+    if not message.HasField("metadata"):
+        return []
+    value = message.metadata.fields.get(key)
+    return list(value.list_value.values) if value is not None and value.HasField("list_value") else []
 
 
 def delegated_in_background(messages: list[tp.Message]) -> bool:
     """Whether a turn of this history started a background child (else there is none to tell of)."""
     for m in messages:
-        for call in _meta(m).get("toolCalls") or []:
-            output = call.get("output")
-            if isinstance(output, dict) and output.get("background") is True:
+        for call in _listed(m, "toolCalls"):
+            output = call.struct_value.fields.get("output")
+            flag = output.struct_value.fields.get("background") if output is not None else None
+            if flag is not None and flag.HasField("bool_value") and flag.bool_value:
                 return True
     return False
 
@@ -192,7 +198,7 @@ async def note(clients: Clients, trace_id: str, history: list[tp.Message]) -> tu
     ids. ("", []) when there are none."""
     if not delegated_in_background(history):
         return "", []
-    seen = {i for m in history for i in _meta(m).get(SEEN_KEY) or []}
+    seen = {v.string_value for m in history for v in _listed(m, SEEN_KEY)}
     rows = [r for r in await _children(clients, trace_id) if r.status in FINAL and r.id not in seen]
     if not rows:
         return "", []
