@@ -12,13 +12,13 @@ are A2A's.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 from a2a.types import a2a_pb2 as a2a
 from google.protobuf import json_format
 
+from agentmesh.libs import jsonbound
 from agentmesh.libs.errors import InvalidArgument
 from agentmesh.trace.v1 import trace_pb2 as tp
 
@@ -91,8 +91,9 @@ def metadata_depth(metadata: Any) -> int:
 
 def parse_push_notification(body: str) -> a2a.StreamResponse:
     """A push notification's body (a StreamResponse as JSON, or a bare Task) as a StreamResponse;
-    ValueError (json_format.ParseError is one) for anything else."""
-    data = json.loads(body)
+    ValueError (json_format.ParseError is one) for anything else, and the JSON bound's BoundError
+    (an InvalidArgument) for JSON past it (libs/jsonbound.py)."""
+    data = jsonbound.loads(body, root="notification")
     if not isinstance(data, dict):
         raise ValueError("a push notification is a JSON object")
     out = a2a.StreamResponse()

@@ -287,6 +287,7 @@ async def test_receiver_refuses_a_wrong_token_or_signature(meshes: Meshes) -> No
             ]
             missing = await post(token, f"{meshes.receiver_url}/no-such-receiver")
             not_json = await http.post(inbox.url, content=b'{"foo": 1}', headers=token)
+            deep = await http.post(inbox.url, content=b'{"task":' * 2000 + b"1" + b"}" * 2000, headers=token)
             taken = await post({**token, "Authorization": f"Bearer {jwt_of(b_signer, inbox.url)}"})
         assert [r.status_code for r in refused] == [401] * 6, [r.text for r in refused]
         reasons = [r.json()["error"]["reason"] for r in refused]
@@ -294,6 +295,7 @@ async def test_receiver_refuses_a_wrong_token_or_signature(meshes: Meshes) -> No
         assert missing.status_code == 404 and missing.json()["error"]["reason"] == "NOT_FOUND"
         assert "too old" in refused[-1].json()["error"]["message"]
         assert not_json.status_code == 422 and not_json.json()["error"]["reason"] == "INVALID_ARGUMENT"
+        assert deep.status_code == 422 and "nested deeper" in deep.json()["error"]["message"], deep.text
         assert taken.status_code == 200, taken.text
 
         async def get_task() -> a2a.Task:
