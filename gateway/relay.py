@@ -15,6 +15,7 @@ import httpx
 from httpx_sse import EventSource
 from sse_starlette.sse import EventSourceResponse
 
+from agentmesh.libs import jsonbound
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.errors import InvalidArgument, MeshError, Unavailable
 from agentmesh.libs.identity import current_user
@@ -39,8 +40,8 @@ async def _events(resp: httpx.Response) -> AsyncIterator[dict[str, Any]]:
     """The JSON objects of the peer's SSE events (pings and anything else skipped)."""
     async for sse in EventSource(resp).aiter_sse():
         try:
-            data = json.loads(sse.data)
-        except ValueError:
+            data = jsonbound.loads(sse.data)
+        except (ValueError, jsonbound.BoundError):
             continue
         if isinstance(data, dict):
             yield data

@@ -13,7 +13,6 @@ intervals up to `probe_max_s`) finds it answering again.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -23,7 +22,7 @@ from urllib.parse import quote
 
 import httpx
 
-from agentmesh.libs import deadlines
+from agentmesh.libs import deadlines, jsonbound
 from agentmesh.libs.config import FederationSettings
 from agentmesh.libs.errors import (
     DeadlineExceeded,
@@ -71,8 +70,8 @@ def _error_from(peer: Peer, status: int, body: bytes) -> MeshError:
     """The peer's JSON error, as our error class (its message prefixed with the peer)."""
     message = ""
     try:
-        message = str(json.loads(body)["error"]["message"])[:300]
-    except (ValueError, KeyError, TypeError):
+        message = str(jsonbound.loads(body)["error"]["message"])[:300]
+    except (ValueError, KeyError, TypeError, jsonbound.BoundError):
         pass
     where = f"peer {peer.alias!r}"
     if status == 404:
@@ -234,9 +233,11 @@ class PeerClient:
         if resp.status_code != 200 and resp.status_code != 201:
             raise _error_from(self.peer, resp.status_code, body)
         try:
-            return json.loads(body)
-        except ValueError as exc:
-            raise Unavailable(f"peer {self.peer.alias!r} answered something that is not JSON") from exc
+            return jsonbound.loads(body)
+        except (ValueError, jsonbound.BoundError) as exc:
+            raise Unavailable(
+                f"peer {self.peer.alias!r} answered something that is not JSON within our bounds"
+            ) from exc
 
     async def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
         """An idempotent read: retried on connection failures, timeouts and 502/503/504, all of it

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -23,7 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from agentmesh.events.v1 import events_pb2 as ev
-from agentmesh.libs import identity
+from agentmesh.libs import identity, jsonbound
 from agentmesh.libs.a2a import PUSH_AUDIENCE, PUSH_JWKS_URL, PUSH_TOKEN_SHA256, parse_push_notification
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.config import MeshSettings
@@ -127,10 +126,10 @@ class PushReceiver:
                 raise Unavailable(f"the remote agent's JWKS answered HTTP {status}")
             if status != 200:
                 raise jwt.PyJWKSetError(f"the remote agent serves no JWKS at {url} (HTTP {status})")
-            keys = jwt.PyJWKSet.from_dict(json.loads(data))
+            keys = jwt.PyJWKSet.from_dict(jsonbound.loads(data))
         except jwt.PyJWKSetError:
             raise
-        except (httpx.HTTPError, ValueError, jwt.PyJWTError) as exc:
+        except (httpx.HTTPError, ValueError, jwt.PyJWTError, jsonbound.BoundError) as exc:
             raise Unavailable(
                 f"the remote agent's JWKS is unreachable or invalid ({type(exc).__name__})"
             ) from exc

@@ -14,13 +14,12 @@ text deltas, and the turn is stored like any (docs/design/turns.md).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any
 
 from agentmesh.events.v1 import events_pb2 as ev
-from agentmesh.libs import events, telemetry
+from agentmesh.libs import events, jsonbound, telemetry
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.errors import InvalidArgument, MeshError, from_event
 from agentmesh.libs.identity import current_user
@@ -134,8 +133,10 @@ class RemoteRuns:
                 if not line.startswith("data:"):
                     continue
                 try:
-                    data = json.loads(line[5:])
-                except ValueError:
+                    data = jsonbound.loads(line[5:])
+                except (ValueError, jsonbound.BoundError):
+                    continue
+                if not isinstance(data, dict):
                     continue
                 kind = data.get("type")
                 if kind == "start":

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agentmesh.libs.config import FederationSettings
-from agentmesh.libs.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+from agentmesh.libs.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from agentmesh.libs.peer_http import PeerClient
 from agentmesh.libs.peers import Peer
 from tests.e2e.federation.conftest import Fed
@@ -101,3 +101,31 @@ async def test_a_peer_that_never_answers_times_out(fed: Fed) -> None:
     finally:
         await c.close()
         hole.close()
+
+
+async def test_an_answer_past_the_json_bound_is_a_clear_error(fed: Fed) -> None:
+    """A peer answering JSON nested 5,000 levels deep is a peer that answered nothing usable:
+    Unavailable (an error body so deep: its status alone), never the parser's RecursionError."""
+    import asyncio
+
+    deep = b"[" * 5000 + b"]" * 5000
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        status = b"200 OK" if head.startswith(b"GET") else b"422 Unprocessable Entity"
+        writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\n")
+        writer.write(b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(deep) + deep)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    c = client(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", read_retries=0)
+    try:
+        with pytest.raises(Unavailable, match="not JSON within our bounds"):
+            await c.get("/api/traces/x")
+        with pytest.raises(InvalidArgument, match=r"p': invalid request$"):  # its message unread
+            await c.post("/api/traces/x/messages", {})
+    finally:
+        await c.close()
+        server.close()
+        await server.wait_closed()
