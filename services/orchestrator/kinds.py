@@ -81,17 +81,29 @@ class Kinds:
     async def agent(self, slug: str) -> ap.Agent:
         """The agent `slug` as the calling user reads it: theirs or built-in, or a registered peer's
         (`@alias/slug`: called over A2A with the peer's key)."""
+        return await self.reading(slug)
+
+    async def _get_agent(self, slug: str) -> ap.Agent:
+        return (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=slug)))).agent
+
+    def reading(self, slug: str) -> asyncio.Future[ap.Agent]:
+        """`agent(slug)` under way: a peer's agent is resolved at once (a malformed slug or an unset
+        credential fails here, before anything is created), one of ours is read meanwhile."""
         peer_agent = _peer_slug(slug)
         if peer_agent is None:
-            return (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=slug)))).agent
+            return asyncio.ensure_future(self._get_agent(slug))
         alias, name = peer_agent
         peer = self.clients.peers.registry.resolve(TraceRef("x", alias=alias), current_user())
-        peer.api_key()  # an unset credential fails here, before anything is created
-        return ap.Agent(
-            slug=slug,
-            name=f"{name} ({alias})",
-            remote=ap.RemoteAgent(card_url=agent_url(peer.url, name), credential_env=peer.credential),
+        peer.api_key()
+        resolved: asyncio.Future[ap.Agent] = asyncio.get_running_loop().create_future()
+        resolved.set_result(
+            ap.Agent(
+                slug=slug,
+                name=f"{name} ({alias})",
+                remote=ap.RemoteAgent(card_url=agent_url(peer.url, name), credential_env=peer.credential),
+            )
         )
+        return resolved
 
     # --- chat ---------------------------------------------------------------------------------------
 
@@ -99,15 +111,10 @@ class Kinds:
         if not req.trace_id:
             if not req.agent:
                 raise InvalidArgument("agent is required for a new trace")
-            # The agent is read while the turn begins: its rows and buffer need only its slug.
-            _peer_slug(req.agent)  # (a malformed peer's slug is refused before anything is made)
-            reading = asyncio.ensure_future(self.agent(req.agent))
             trace_id = new_id()
             title = req.input.strip()[:TITLE_CHARS]
             new_trace = tp.Trace(id=trace_id, agent=req.agent, kind=tp.TRACE_KIND_CHAT, title=title)
-            turn = self._chat_turn(req, trace_id, ap.Agent(slug=req.agent), new_trace)
-            turn.agent_read = reading
-            return Resolved(turn)
+            return Resolved(self._chat_turn(req, trace_id, req.agent, new_trace))
         if not is_local_id(req.trace_id):
             raise InvalidArgument(
                 "a peer's trace is continued at its home (its POST /api/traces/{id}/run), or by "
@@ -118,15 +125,16 @@ class Kinds:
             raise InvalidArgument(
                 f"{trace.home} lives on a peer: continue it there, or with agent-invoke continueFrom"
             )
-        agent = await self.agent(req.agent or trace.agent)
-        return Resolved(self._chat_turn(req, trace.id, agent, None))
+        return Resolved(self._chat_turn(req, trace.id, req.agent or trace.agent, None))
 
     def _chat_turn(
-        self, req: orc.RunTurnRequest, trace_id: str, agent: ap.Agent, new_trace: tp.Trace | None
+        self, req: orc.RunTurnRequest, trace_id: str, slug: str, new_trace: tp.Trace | None
     ) -> Turn:
+        # The agent is read while the turn begins: its rows and buffer need only its slug.
         return Turn(
             trace_id=trace_id,
-            agent=agent,
+            agent=ap.Agent(slug=slug),
+            agent_read=self.reading(slug),
             input=req.input,
             stream_key=trace_key(trace_id),
             role=rt.RUN_ROLE_SUPERVISOR,
@@ -136,7 +144,7 @@ class Kinds:
             parent_sequence=req.parent_sequence if req.HasField("parent_sequence") else None,
             new_trace=new_trace,
             fresh_key=new_trace is not None,
-            stream_metadata={"agent": agent.slug, "kind": "chat"},
+            stream_metadata={"agent": slug, "kind": "chat"},
         )
 
     # --- tasks --------------------------------------------------------------------------------------

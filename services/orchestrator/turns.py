@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -84,8 +84,8 @@ class Turn:
     fresh_key: bool = False  # its buffer's key is new: no other turn can hold it
     stream_metadata: dict[str, str] = field(default_factory=dict)
     remote_context_id: str = ""  # a remote agent's conversation to continue
-    # A new trace's agent, read while the turn begins (its rows and buffer name only its slug, which
-    # the request gives): `agent` holds the slug alone until then.
+    # A chat turn's agent, read while the turn begins (its rows and buffer name only its slug):
+    # `agent` holds the slug alone until then.
     agent_read: Awaitable[ap.Agent] | None = None
 
     @property
@@ -159,18 +159,21 @@ class TurnEngine:
             store.new_trace.CopyFrom(turn.new_trace)
         creating = rpc(self.clients.stream.CreateStream(create, timeout=self.write_timeout_s))
         reading, turn.agent_read = turn.agent_read, None
+
+        def storing() -> Awaitable[ms.BeginTurnResponse]:  # (a gRPC call starts when it is made)
+            return rpc(self.clients.messages.BeginTurn(store, timeout=self.write_timeout_s))
+
+        created: ss.CreateStreamResponse | BaseException
+        stored: ms.BeginTurnResponse | BaseException | None
         if turn.fresh_key:  # nothing to lock out: all at once
-            storing = rpc(self.clients.messages.BeginTurn(store, timeout=self.write_timeout_s))
             created, stored, read = await asyncio.gather(
-                creating, storing, reading or _nothing(), return_exceptions=True
+                creating, storing(), reading or _nothing(), return_exceptions=True
             )
         else:  # the buffer first: it is the trace's lock against a second turn
-            assert reading is None, "an existing trace's agent is read before its turn begins"
-            created, read = await creating, None
-            try:
-                stored = await rpc(self.clients.messages.BeginTurn(store, timeout=self.write_timeout_s))
-            except (MeshError, asyncio.CancelledError) as exc:
-                stored = exc
+            locked, read = await asyncio.gather(
+                _then(creating, storing), reading or _nothing(), return_exceptions=True
+            )
+            created, stored = locked if isinstance(locked, tuple) else (locked, None)
         failure = next((r for r in (read, created, stored) if isinstance(r, BaseException)), None)
         if failure is not None:
             err = (
@@ -421,6 +424,17 @@ class TurnEngine:
 
 async def _nothing() -> None:
     return None
+
+
+async def _then(
+    creating: Awaitable[ss.CreateStreamResponse], storing: Callable[[], Awaitable[ms.BeginTurnResponse]]
+) -> tuple[ss.CreateStreamResponse, ms.BeginTurnResponse | BaseException]:
+    """The buffer, then the rows (or why they were not stored): the rows never come without it."""
+    created = await creating
+    try:
+        return created, await storing()
+    except (MeshError, asyncio.CancelledError) as exc:
+        return created, exc
 
 
 def ended_error(ended: orc.TurnEnded) -> MeshError | None:

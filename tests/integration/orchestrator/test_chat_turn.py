@@ -129,6 +129,29 @@ async def test_bad_input(mesh: Mesh) -> None:
         assert r.status_code == 401
 
 
+async def test_a_chat_continued_with_an_unknown_agent_is_a_404_and_a_failed_turn(mesh: Mesh) -> None:
+    """A continued chat's agent is read while its turn begins (docs/design/turns.md, "Begin"): an agent
+    that is not there is a 404, and the turn is settled like any turn that failed, nothing left open."""
+    trace = (await chat(mesh, "general", "hello"))[0]["traceId"]
+    backend = mesh.servers["stream"].registrations[0].servicer.backend
+    open_before = await backend.open_buffers()
+    async with mesh.http() as http:
+        r = await http.post("/api/chat", json={"traceId": trace, "agent": "nobody", "message": "again"})
+        assert r.status_code == 404 and r.json()["error"]["message"] == "unknown agent 'nobody'"
+        messages = (await http.get(f"/api/traces/{trace}/messages")).json()["messages"]
+    assert [(m["role"], m["status"]) for m in messages] == [
+        ("user", "completed"),
+        ("assistant", "completed"),
+        ("user", "completed"),
+        ("assistant", "failed"),
+    ]
+    assert (messages[2]["content"], messages[3]["content"]) == ("again", "")
+    assert messages[-1]["metadata"]["error"]["code"] == "not_found"
+    assert await backend.open_buffers() == open_before
+    events = await chat(mesh, "general", "and again", session_id=trace)  # the trace takes its next turn
+    assert [events[0]["type"], events[-1]["type"]] == ["start", "done"]
+
+
 @pytest.mark.parametrize(
     ("fault", "code"),
     [("http_500", "model_error"), ("stall", "timeout"), ("stall_before", "timeout"), ("cut", "model_error")],
