@@ -119,6 +119,8 @@ class LLM:
         kwargs: dict[str, Any],
     ) -> Step:
         out = Step(model=model)
+        texts: list[str] = []  # joined at the end: `+=` on an attribute copies the whole reply each time
+        reasonings: list[str] = []
         calls: dict[int, ToolCall] = {}
         next_yield = 0.0
         sent = time.monotonic()
@@ -151,10 +153,10 @@ class LLM:
                                 first = time.monotonic()
                                 self.metrics.ttft.labels(model).observe(first - sent)
                         if reasoning:
-                            out.reasoning += reasoning
+                            reasonings.append(reasoning)
                             on_reasoning(reasoning)
                         if content:
-                            out.content += content
+                            texts.append(content)
                             on_text(content)
                         for tc in tool_calls or ():
                             call = calls.setdefault(tc.get("index", 0), ToolCall(id="", name=""))
@@ -173,7 +175,7 @@ class LLM:
                     # whole reply before the sink's writer ever ran. Let it run at the first delta, then
                     # every few milliseconds (so deltas still travel in batches).
                     now = time.monotonic()
-                    if now >= next_yield and (out.content or out.reasoning):
+                    if now >= next_yield and (texts or reasonings):
                         next_yield = now + YIELD_EVERY_S
                         await asyncio.sleep(0)
             outcome = "ok"
@@ -209,6 +211,7 @@ class LLM:
             outcome = "cancelled"
             raise
         finally:
+            out.content, out.reasoning = "".join(texts), "".join(reasonings)
             self._observe(model, outcome, out, first, deltas)
         out.tool_calls = [calls[i] for i in sorted(calls)]
         if not out.finish_reason:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import grpc
 
 from agentmesh.events.v1 import events_pb2
-from agentmesh.libs import identity
+from agentmesh.libs import events, identity
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.errors import (
     Cancelled,
@@ -30,7 +30,42 @@ from agentmesh.stream.v1.stream_service_pb2 import StreamBatch, StreamBatchAnswe
 
 _MAX_BATCH = 256
 _MAX_UNANSWERED = 64  # batches without an answer: then one asks (it bounds what is held)
+_MERGE_CHARS = 16 * 1024  # the text of deltas merged into one event, at most
+_DELTAS = {"text_delta": events.text_delta, "reasoning_delta": events.reasoning_delta}  # by oneof field
 _Entry = tuple[events_pb2.Event, "asyncio.Future[str] | None"]  # a future only where someone waits
+
+
+def merged(pending: list[_Entry]) -> list[_Entry]:
+    """`pending` with each run of consecutive deltas of one kind (text, or reasoning) that nobody waits
+    for as one delta of their joined text: one event to encode, store and read instead of one per model
+    token (docs/design/streams.md, "Merged deltas")."""
+    out: list[_Entry] = []
+    texts: list[str] = []
+    kind, chars = "", 0
+
+    def end_run() -> None:
+        if len(texts) > 1:
+            out[-1] = (_DELTAS[kind]("".join(texts)), None)
+        texts.clear()
+
+    for entry in pending:
+        event, fut = entry
+        which = event.WhichOneof("payload") if fut is None else None
+        if which in _DELTAS:  # (the oneof field, and its message's one string field)
+            text = getattr(getattr(event, which), which)
+            if which == kind and chars + len(text) <= _MERGE_CHARS:
+                texts.append(text)
+                chars += len(text)
+                continue
+            end_run()
+            kind, chars = which, len(text)
+            texts.append(text)
+        else:
+            end_run()
+            kind, chars = "", 0
+        out.append(entry)
+    end_run()
+    return out
 
 
 @dataclass(eq=False)
@@ -58,6 +93,7 @@ class EventSink:
         self._sequence = 0
         self._flush_wanted = False  # someone waits until everything emitted is stored
         self._pending: list[_Entry] = []
+        self._resending = 0  # pending entries at the front that went before: sent again as they were
         self._unanswered: collections.deque[_Sent] = collections.deque()
         self._call: WritesCall | None = None  # the call it writes on, and its id there
         self._id = 0
@@ -112,6 +148,8 @@ class EventSink:
         if not (self._pending or closing or flushing or settling):
             self._leave_retired()
             return
+        if len(self._pending) - self._resending > 1:
+            self._pending[self._resending :] = merged(self._pending[self._resending :])
         count = self._batch_length()
         if count < 0:
             return  # failed: its next event is more than a request may carry
@@ -127,6 +165,7 @@ class EventSink:
         else:
             announce = False
         entries, self._pending = self._pending[:count], self._pending[count:]
+        self._resending = max(0, self._resending - count)
         last = self._closed and not self._pending
         asked = (
             last
@@ -203,6 +242,7 @@ class EventSink:
                 return
             again = [entry for sent in self._unanswered for entry in sent.entries]
             self._pending[:0] = again
+            self._resending += len(again)  # (its producer's sequence names them: never merged anew)
             self._sequence -= len(again)
             self._unanswered.clear()
         self._progress()
@@ -280,6 +320,7 @@ class EventSink:
             if fut is not None and not fut.done():
                 fut.set_exception(err)
         self._pending.clear()
+        self._resending = 0
         self._unanswered.clear()
         self._idle.set()
 

@@ -196,7 +196,9 @@ async def test_a_writer_and_a_reader_go_on_across_a_restart_of_their_stream_serv
             await clients.stream.CloseStream(pb.CloseStreamRequest(key=key, done=ev.StreamDone()))
         await asyncio.wait_for(reader, 20)
         deltas = [e.reasoning_delta.reasoning_delta for e in got if e.HasField("reasoning_delta")]
-        assert deltas == texts, "every event once, in order"
+        assert deltas[:10] == texts[:10]  # each stored alone (store() waits for it)
+        # the rest, merged by the sink as it queued: every delta once, in order
+        assert "".join(deltas[10:]) == "".join(texts[10:]), "every event once, in order"
         assert got[-1].HasField("done")
         assert follow.resumed
     finally:
