@@ -141,6 +141,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--targets", default="", help="a subset of direct,mesh,langgraph (diagnosis; ratios need direct)"
     )
     p.add_argument("--scale-replicas", type=int, default=2, help="S: replicas of the replicated services")
+    p.add_argument("--scale-services", default="gateway,orchestrator,agent-runtime",
+                   help="S: the services replicated (stream may be one; trace runs once)")  # fmt: skip
     p.add_argument("--load-procs", default="auto", help="C's load generator processes: a number, or auto")
     p.add_argument("--out", type=Path, help="results directory")
     p.add_argument("--no-plots", action="store_true")

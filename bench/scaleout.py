@@ -2,12 +2,12 @@
 beside the same mesh with one replica of each, in one run (`python -m bench.run --scenarios S`).
 
 Each mesh is started here process by process (`agentmesh serve SERVICE`), as Kubernetes runs it: one
-trace service and one stream service (Redis backend), and R replicas each of gateway, orchestrator
-and agent-runtime, every replica on its own loopback port. The callers of a replicated service dial
-all of its replicas (`ipv4:127.0.0.1:P1,127.0.0.1:P2` in AGENTMESH_ADDRESSES__*, round robin, see
-libs/rpc.py), and the load generator spreads the sessions over the gateways in turn. Each mesh gets a
-fresh PostgreSQL database (created next to the admin URL's, dropped at the end) and a key prefix of
-its own in Redis (its keys deleted at the end).
+trace service, and R replicas each of gateway, orchestrator and agent-runtime (--scale-services; stream
+may be one, on its Redis backend it always is), every replica on its own loopback port. The callers of
+a replicated service dial all of its replicas (`ipv4:127.0.0.1:P1,127.0.0.1:P2` in
+AGENTMESH_ADDRESSES__*, round robin, see libs/rpc.py), and the load generator spreads the sessions
+over the gateways in turn. Each mesh gets a fresh PostgreSQL database (created next to the admin
+URL's, dropped at the end) and a key prefix of its own in Redis (its keys deleted at the end).
 
 Reported per mesh and N: the sessions' figures as in C, CPU seconds per 1k tokens by process kind
 (summed over replicas), the busiest process and its CPU, and how evenly each replicated gRPC service's
@@ -22,12 +22,14 @@ import os
 import secrets
 import shutil
 import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import procs
@@ -40,7 +42,7 @@ from bench.tables import errors, get, num, skipped, table
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 SERVICES = ("trace", "stream", "agent-runtime", "orchestrator", "gateway")  # callees first
-REPLICATED = ("gateway", "orchestrator", "agent-runtime")
+REPLICATED = ("gateway", "orchestrator", "agent-runtime")  # the default of --scale-services
 KINDS = ("gateway", "orchestrator", "agent-runtime", "stream", "trace")
 
 
@@ -98,9 +100,17 @@ async def _wait_http(proc: Proc, url: str, timeout_s: float = 60.0) -> None:
 
 
 async def start(
-    work: Path, mock_url: str, catalog: Path, database_url: str, redis_url: str, replicas: int, log_level: str
+    work: Path,
+    mock_url: str,
+    catalog: Path,
+    database_url: str,
+    redis_url: str,
+    replicas: int,
+    log_level: str,
+    replicated: tuple[str, ...] = REPLICATED,
 ) -> Replicas:
-    """The mesh with `replicas` of each replicated service, on `database_url` and `redis_url`."""
+    """The mesh with `replicas` of each service in `replicated` (one of the others), on `database_url`
+    and `redis_url`."""
     data = work / f"mesh-x{replicas}"
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
@@ -125,7 +135,7 @@ async def start(
     env["AGENTMESH_CATALOG"] = str(rendered)
     own: dict[str, tuple[str, dict[str, str]]] = {}  # process name -> (service, its own environment)
     for service in SERVICES:
-        count = replicas if service in REPLICATED else 1
+        count = replicas if service in replicated else 1
         names = [service] if count == 1 else [f"{service}-{i + 1}" for i in range(count)]
         if service == "gateway":
             for i, name in enumerate(names):
@@ -212,6 +222,33 @@ async def rpcs_by_process(mesh: Replicas) -> dict[str, float]:
     return out
 
 
+STORES = {"redis-server": "redis", "postgres": "postgres"}  # process name -> how the report calls it
+
+
+def _store_cpu() -> dict[str, float]:
+    """CPU seconds so far of the Redis and PostgreSQL servers on this machine (every process of each;
+    they may serve other clients too)."""
+    out = dict.fromkeys(STORES.values(), 0.0)
+    for proc in psutil.process_iter(["name", "cpu_times"]):
+        label = STORES.get(proc.info["name"] or "")
+        if label and proc.info["cpu_times"] is not None:
+            out[label] += proc.info["cpu_times"].user + proc.info["cpu_times"].system
+    return out
+
+
+async def sample_peaks(mesh: Replicas, peaks: dict[str, float], interval_s: float = 1.0) -> None:
+    """Until cancelled: each process's (and the stores') busiest `interval_s` in cores, into `peaks`.
+    A phase's average hides a process that ran at a whole core while the sessions streamed."""
+    last, t0 = {**mesh.cpu(), **_store_cpu()}, time.monotonic()
+    while True:
+        await asyncio.sleep(interval_s)
+        now, t1 = {**mesh.cpu(), **_store_cpu()}, time.monotonic()
+        for name, value in now.items():
+            cores = (value - last.get(name, value)) / (t1 - t0)
+            peaks[name] = max(peaks.get(name, 0.0), cores)
+        last, t0 = now, t1
+
+
 async def create_database(admin_url: str) -> str:
     import asyncpg
 
@@ -274,11 +311,16 @@ async def scenario_s(bench: Bench, args: Any, work: Path, catalog: Path) -> dict
     admin = args.e_database_url or os.environ.get("TEST_DATABASE_URL") or DEFAULT_PG
     admin = admin.replace("postgresql+asyncpg://", "postgresql://")
     redis_url = os.environ.get("TEST_REDIS_URL") or DEFAULT_REDIS
+    replicated = tuple(x.strip() for x in args.scale_services.split(",") if x.strip())
+    if set(replicated) - set(SERVICES) or "trace" in replicated:
+        raise ValueError(
+            f"--scale-services: a subset of gateway,orchestrator,agent-runtime,stream: {replicated}"
+        )
     result: dict[str, Any] = {
         "what": (
             f"scenario C ({z.c_tokens} tokens each at {z.c_tps:g} tokens/s, starts spread over "
             f"{z.c_spread_s:g} s) on PostgreSQL + Redis: one replica of each service, then "
-            f"{args.scale_replicas} each of gateway, orchestrator and agent-runtime (one trace, one stream)"
+            f"{args.scale_replicas} each of {', '.join(replicated)} (one of the others)"
         ),
         "phases": [],
         "logs": {},
@@ -292,15 +334,28 @@ async def scenario_s(bench: Bench, args: Any, work: Path, catalog: Path) -> dict
             mesh: Replicas | None = None
             try:
                 mesh = await start(
-                    work, bench.mock.url, catalog, database, redis_url, replicas, args.mesh_log_level
+                    work,
+                    bench.mock.url,
+                    catalog,
+                    database,
+                    redis_url,
+                    replicas,
+                    args.mesh_log_level,
+                    replicated,
                 )
                 run = Bench(sizes=z, mock=bench.mock, mesh=mesh, peers={}, load_procs=bench.load_procs)
                 for n in z.c_sessions:
                     gen.procs = load_procs_for(bench.load_procs, n)
                     print(f"  S N={n} replicas={replicas} ...", flush=True)
                     before = await rpcs_by_process(mesh)
-                    phase = await _c_phase(run, gen, "mesh", n)
+                    peaks: dict[str, float] = {}
+                    sampler = asyncio.create_task(sample_peaks(mesh, peaks))
+                    try:
+                        phase = await _c_phase(run, gen, "mesh", n)
+                    finally:
+                        sampler.cancel()
                     summarise(phase, before, await rpcs_by_process(mesh))
+                    phase["peak_cores_1s"] = peaks
                     phase["replicas"] = replicas
                     result["phases"].append(phase)
                     print("   ", _line(phase), flush=True)
@@ -334,7 +389,7 @@ def _balance(p: dict[str, Any]) -> str:
     """Each replicated gRPC service's RPCs split over its replicas, e.g. `orchestrator 50/50`."""
     rpcs = p.get("rpcs_by_process") or {}
     parts = []
-    for kind in ("orchestrator", "agent-runtime"):
+    for kind in ("orchestrator", "agent-runtime", "stream"):
         counts = [v for name, v in sorted(rpcs.items()) if kind_of(name) == kind and name != kind]
         total = sum(counts)
         if len(counts) > 1 and total:
@@ -372,4 +427,20 @@ def markdown(s: dict[str, Any]) -> list[str]:
             *(f"{k} CPU s / 1k tok" for k in KINDS), "mesh CPU s / 1k tok",
             "busiest process (cores over the phase, share of the mesh's CPU)", "machine busy cores",
             "RPC split over replicas %"]  # fmt: skip
-    return [*out, *table(head, rows), ""]
+    out += [*table(head, rows), ""]
+    out += [
+        "Each process's busiest second of the phase, in cores (the replicated kinds: their busiest "
+        "replica), and the Redis and PostgreSQL servers' (all their processes, whoever they served):",
+        "",
+    ]
+    peak_rows = []
+    for p in phases:
+        peaks = p.get("peak_cores_1s") or {}
+        by_kind: dict[str, float] = {}
+        for name, cores in peaks.items():
+            by_kind[kind_of(name)] = max(by_kind.get(kind_of(name), 0.0), cores)
+        peak_rows.append(
+            [str(p["n"]), str(p["replicas"]), *(num(by_kind.get(k), 2) for k in (*KINDS, *STORES.values()))]
+        )
+    out += table(["N", "replicas", *KINDS, *STORES.values()], peak_rows)
+    return [*out, ""]
