@@ -1,7 +1,8 @@
 """The load generator of scenario C: K worker processes (spawned once, reused for every phase), each
 one asyncio loop with one httpx client whose pool holds a connection per session it drives.
 
-A worker starts each of its sessions at its scheduled epoch time, streams it with the target's
+A worker starts each of its sessions at its scheduled epoch time against its base URL (a target with
+several gateways, the scale-out mesh, has its sessions spread over them in turn), streams it with the target's
 client (bench/clients.py) and returns the `Stream`s with its own health: CPU seconds, wall
 seconds and the lag of its event loop (a 20 ms ticker's overshoot). A loop that lags or a worker
 near a whole core means the load generator, not the target, set the pace: the report says so.
@@ -27,7 +28,7 @@ _TICK_S = 0.02
 @dataclass
 class Job:
     target: str  # direct | mesh | langgraph
-    base_url: str
+    base_urls: list[str]  # one per tag: the gateway (or server) that session talks to
     headers: dict[str, str]
     agent: str
     tags: list[str]
@@ -78,16 +79,22 @@ async def _run(job: Job) -> JobResult:
 
     streams = [Stream(target=job.target, tag=tag) for tag in job.tags]
     read_s = max(60.0, job.deadline - time.time())
-    async with httpx.AsyncClient(
-        base_url=job.base_url,
-        headers=job.headers,
-        limits=clients.limits(len(job.tags) + 8),
-        timeout=clients.timeout(read_s),
-    ) as http:
+    async with contextlib.AsyncExitStack() as stack:
+        https = {
+            url: await stack.enter_async_context(
+                httpx.AsyncClient(
+                    base_url=url,
+                    headers=job.headers,
+                    limits=clients.limits(job.base_urls.count(url) + 8),
+                    timeout=clients.timeout(read_s),
+                )
+            )
+            for url in dict.fromkeys(job.base_urls)
+        }
         tick = asyncio.create_task(ticker())
         tasks = [
-            asyncio.create_task(_one(http, job, out, start))
-            for out, start in zip(streams, job.starts, strict=True)
+            asyncio.create_task(_one(https[url], job, out, start))
+            for out, start, url in zip(streams, job.starts, job.base_urls, strict=True)
         ]
         _, pending = await asyncio.wait(tasks, timeout=max(0.0, job.deadline - time.time()))
         for task in pending:
@@ -115,15 +122,17 @@ class LoadGenerator:
     def run(
         self,
         target: str,
-        base_url: str,
+        base_urls: list[str],
         headers: dict[str, str],
         agent: str,
         tags: list[str],
         starts: list[float],
         deadline: float,
     ) -> list[JobResult]:
+        """Session i talks to base_urls[i % len(base_urls)]."""
         k = max(1, min(self.procs, len(tags)))
-        jobs = [Job(target, base_url, headers, agent, tags[i::k], starts[i::k], deadline) for i in range(k)]
+        urls = [base_urls[i % len(base_urls)] for i in range(len(tags))]
+        jobs = [Job(target, urls[i::k], headers, agent, tags[i::k], starts[i::k], deadline) for i in range(k)]
         return list(self.pool.map(run_job, jobs))
 
     def close(self) -> None:

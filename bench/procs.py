@@ -87,6 +87,7 @@ class Proc:
     popen: subprocess.Popen[bytes]
     log: Path
     url: str = ""
+    urls: list[str] = field(default_factory=list)  # every gateway's URL when there are several
     extra: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, str] = field(default_factory=dict)  # service -> its /metrics URL (the mesh)
 

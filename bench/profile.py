@@ -95,7 +95,7 @@ def profile_mesh(args: argparse.Namespace, spy: str, mock: procs.Proc, gen: Load
         time.sleep(2.0)
         # Warm-up: one turn through every process, so imports and first connections are not profiled.
         t = time.time()
-        gen.run("mesh", mesh.url, headers, "plain", [f"bench-c warm {name}"], [t], t + 60)
+        gen.run("mesh", [mesh.url], headers, "plain", [f"bench-c warm {name}"], [t], t + 60)
         stream_s = args.tokens / args.tps
         t0 = time.time() + 1.0
         starts = [t0 + args.spread_s * i / args.sessions for i in range(args.sessions)]
@@ -114,7 +114,7 @@ def profile_mesh(args: argparse.Namespace, spy: str, mock: procs.Proc, gen: Load
                 spies.append((label, popen, out))
         before = bench.cpu()
         tags = [f"bench-c prof {name} {i}" for i in range(args.sessions)]
-        results = gen.run("mesh", mesh.url, headers, "plain", tags, starts, deadline)
+        results = gen.run("mesh", [mesh.url], headers, "plain", tags, starts, deadline)
         after = bench.cpu()
         for _, popen, _ in spies:
             popen.wait(60)

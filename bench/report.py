@@ -241,7 +241,11 @@ def markdown(r: dict[str, Any]) -> str:
         from bench.scenarios import federation
 
         lines += federation.markdown(sc["G"])
-    logs = r.get("logs") or {}
+    if "S" in sc:
+        from bench import scaleout
+
+        lines += scaleout.markdown(sc["S"])
+    logs = {**(r.get("logs") or {}), **(get(sc, "S", "logs") or {})}
     noisy = {k: v for k, v in logs.items() if v.get("lines")}
     if noisy:
         lines += ["## Warnings and errors in the logs", ""]

@@ -8,6 +8,8 @@ same scripted model server read directly, measured in one run.
      pace, lateness, first delta, errors by code, CPU seconds of the mesh's processes per 1k tokens
   D  delegate_parallel with 8 subagents of 100 tokens at 50 tok/s: wall time over the slowest
      child's own model time
+  S  (not in the default run) scale-out: C on PostgreSQL + Redis with one replica of each service,
+     then with two each of gateway, orchestrator and agent-runtime (bench/scaleout.py)
   E  trace appends per second through the trace service on PostgreSQL (and SQLite) for three shapes,
      next to the gRPC floor and raw asyncpg ceilings measured in the same run (bench/scenarios/appends/)
 
@@ -51,7 +53,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 WORK = ROOT / ".agentmesh" / "bench"
-ALL = ("A", "B", "C", "D", "E", "F", "G")
+ALL = ("A", "B", "C", "D", "E", "F", "G")  # the default run
+OPTIONAL = ("S",)  # run only when named in --scenarios
 PEER_SCENARIOS = ("A", "B", "C")  # the scenarios that run the peers beside the mesh
 
 
@@ -128,7 +131,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--quick", action="store_true", help="small sizes: a couple of minutes in all")
-    p.add_argument("--scenarios", default=",".join(ALL), help="comma-separated subset of A,B,C,D,E,F,G")
+    p.add_argument("--scenarios", default=",".join(ALL), help="comma-separated subset of A,B,C,D,E,F,G, or S")
     p.add_argument("--sessions", help="scenario C's N values, e.g. 50,200 (full: 50,200,500,1000)")
     p.add_argument("--peers", default="", help="peer servers to run too: langgraph")
     p.add_argument(
@@ -137,6 +140,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--targets", default="", help="a subset of direct,mesh,langgraph (diagnosis; ratios need direct)"
     )
+    p.add_argument("--scale-replicas", type=int, default=2, help="S: replicas of the replicated services")
+    p.add_argument("--scale-services", default="gateway,orchestrator,agent-runtime",
+                   help="S: the services replicated (stream may be one; trace runs once)")  # fmt: skip
     p.add_argument("--load-procs", default="auto", help="C's load generator processes: a number, or auto")
     p.add_argument("--out", type=Path, help="results directory")
     p.add_argument("--no-plots", action="store_true")
@@ -189,6 +195,10 @@ async def run_scenarios(bench: Bench, selected: list[str], args: argparse.Namesp
                 z = bench.sizes
                 ctx = appends.Context(args.e_database_url, WORK / "e", z.e_appends, z.e_writers)
                 out["E"] = await appends.run(ctx)
+            elif name == "S":
+                from bench import scaleout
+
+                out["S"] = await scaleout.scenario_s(bench, args, WORK / "s", HERE / "catalog.yaml")
             elif name == "G":
                 out["G"] = await federation.run(5 if args.quick else 20, WORK / "g")
             else:
@@ -204,9 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = sizes_from(args)
     selected = [s.strip().upper() for s in args.scenarios.split(",") if s.strip()]
-    unknown = set(selected) - set(ALL)
+    unknown = set(selected) - set(ALL + OPTIONAL)
     if unknown:
-        print(f"unknown scenarios {sorted(unknown)}; choose from {','.join(ALL)}", file=sys.stderr)
+        print(f"unknown scenarios {sorted(unknown)}; choose from {','.join(ALL + OPTIONAL)}", file=sys.stderr)
         return 2
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     if set(peers) - {"langgraph"}:

@@ -41,7 +41,7 @@ MESH = {  # component: port (gateway: HTTP, the others gRPC)
     "gateway": 8080,
 }
 HEADLESS = ("orchestrator", "agent-runtime", "stream")
-AUTOSCALED = ("gateway", "orchestrator", "agent-runtime")
+AUTOSCALED = ("gateway", "orchestrator", "agent-runtime", "stream")
 WORKLOADS = ("Deployment", "StatefulSet")
 
 Obj = dict[str, Any]

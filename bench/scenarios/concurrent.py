@@ -35,11 +35,13 @@ async def _c_phase(bench: Bench, gen: LoadGenerator, target: str, n: int) -> dic
         print(f"  warning: a target still burns CPU before C {target} N={n}", flush=True)
     await bench.mock_reset()
     if target == "mesh":
-        base, headers, agent = bench.mesh.url, {"Authorization": f"Bearer {bench.mesh.extra['key']}"}, "plain"
+        # A mesh with several gateways (the scale-out run) has its sessions spread over them in turn.
+        base = bench.mesh.urls or [bench.mesh.url]
+        headers, agent = {"Authorization": f"Bearer {bench.mesh.extra['key']}"}, "plain"
     elif target == "direct":
-        base, headers, agent = bench.mock.url, {}, ""
+        base, headers, agent = [bench.mock.url], {}, ""
     else:
-        base, headers, agent = bench.peers[target].url, {}, ""
+        base, headers, agent = [bench.peers[target].url], {}, ""
     tags = [f"bench-c n{n} {target} {i}" for i in range(n)]
     stream_s = z.c_tokens / z.c_tps
     t0 = time.time() + 1.0

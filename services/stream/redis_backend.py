@@ -171,7 +171,9 @@ class RedisBackend(StreamBackend):
     ) -> None:
         super().__init__(settings)
         self.prefix = prefix
-        self.client = client or aioredis.Redis.from_url(url, decode_responses=False)
+        self.client = client or aioredis.Redis.from_url(
+            url, decode_responses=False, max_connections=self.settings.redis_max_connections
+        )
         self._create = self.client.register_script(scripts.CREATE)
         self._append = self.client.register_script(scripts.APPEND)
         self._close = self.client.register_script(scripts.CLOSE)

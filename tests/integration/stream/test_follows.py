@@ -356,3 +356,44 @@ async def test_a_follow_whose_backend_loses_redis_ends_with_an_error(
     await wait_until(lambda: 1 in follows.ended, timeout=30, what="the follow's end")
     assert follows.ended[1].error_reason == "UNAVAILABLE" and "Redis" in follows.ended[1].error_message
     assert await follows.end() == grpc.StatusCode.OK  # the call ends once it has no follow left
+
+
+LIVE_FOLLOWS = 150  # past redis-py's default pool of 100 connections
+
+
+@pytest.mark.parametrize("backend_kind", [pytest.param("redis", marks=pytest.mark.redis)], indirect=True)
+async def test_more_live_follows_than_a_default_redis_pool_all_get_their_events(
+    stream: StreamHarness, signer: Signer, redis_url: str, unique: str
+) -> None:
+    """Every live follow on Redis blocks a connection of the backend's pool in XREAD: with 150 of them
+    waiting at once, each still gets its event and its end, and the writes beside them go through."""
+    import redis.asyncio as aioredis
+
+    keys = [f"trace:{unique}-{i}" for i in range(LIVE_FOLLOWS)]
+    for key in keys:
+        await create(stream, key)
+    admin = aioredis.Redis.from_url(redis_url)
+    clients = clients_for(stream, signer)
+    try:
+        with identity.acting_as("alice"):
+            follows = [clients.follows.follow(key) for key in keys]
+        reads = [asyncio.ensure_future(_events(f)) for f in follows]
+
+        async def blocked() -> bool:
+            return int((await admin.info("clients"))["blocked_clients"]) >= LIVE_FOLLOWS
+
+        await wait_until(blocked, timeout=30, what=f"{LIVE_FOLLOWS} follows waiting in XREAD")
+        for i, key in enumerate(keys):
+            await append(stream, key, reasoning(f"r{i}"))
+            await close(stream, key)
+        got = await asyncio.gather(*reads)
+    finally:
+        await clients.close()
+        await admin.aclose()
+    for i, events_of in enumerate(got):
+        assert [events.kind(e) for e in events_of] == ["reasoning_delta", "done"]
+        assert events_of[0].reasoning_delta.reasoning_delta == f"r{i}"
+
+
+async def _events(follow: Any) -> list[ev.Event]:
+    return [e async for e in follow]
