@@ -1,14 +1,15 @@
 """The shared backend: Redis Streams, so any number of stream-service replicas serve the same keys.
 
-Per buffer two keys: `<prefix>stream:<key>` (a Redis Stream; field `e` = the serialized Event; the
-entry id IS the offset) and `<prefix>meta:<key>` (a hash: owner, metadata as JSON, closed, close_offset,
-gen: a random token per create, so a subscriber tells its buffer from a later one under the key, and
-begin: the server's time at the create as an entry id, below which no offset is this buffer's).
-Create, append, close, renew and delete are Lua scripts, so the checks and the writes are atomic across
-replicas. Replacing a closed buffer trims its stream to zero entries instead of deleting it: Redis keeps
-the last id, so new offsets stay above every old one. Both keys always carry a TTL of `ttl_s`,
-refreshed by every write. The leases of open buffers are one sorted set, `<prefix>leases` (score: the
-deadline in Redis server time); every replica sweeps it and ends the buffers whose writer died.
+Per buffer two keys: `<prefix>stream:<key>` (a Redis Stream; field `e` = the serialized Event, `g` = the
+gen of the buffer that wrote it; the entry id IS the offset) and `<prefix>meta:<key>` (a hash: owner,
+metadata as JSON, closed, close_offset, gen: a random token per create, so a subscriber tells its buffer
+from a later one under the key without asking the meta, and begin: the server's time at the create as an
+entry id, below which no offset is this buffer's). Create, append, close, renew and delete are Lua
+scripts, so the checks and the writes are atomic across replicas. Replacing a closed buffer trims its
+stream to zero entries instead of deleting it: Redis keeps the last id, so new offsets stay above every
+old one. Both keys always carry a TTL of `ttl_s`, refreshed by every write. The leases of open buffers
+are one sorted set, `<prefix>leases` (score: the deadline in Redis server time); every replica sweeps it
+and ends the buffers whose writer died.
 """
 
 from __future__ import annotations
@@ -147,8 +148,13 @@ class _RedisCursor(Cursor):
         return await self._checked(entries)
 
     async def _checked(self, entries: list[Any]) -> list[ev.Event]:
-        """The entries, unless they are another buffer's (then none, ever again)."""
-        if await self.client.hget(self.meta, "gen") != self.gen:
+        """The entries, unless they are another buffer's (then none, ever again): each names the gen of
+        the buffer that wrote it (an entry without one, of an older version's script, asks the meta)."""
+        gens = {fields.get(b"g") for _, fields in entries}
+        if None in gens:
+            gens.discard(None)
+            gens.add(await self.client.hget(self.meta, "gen"))
+        if gens != {self.gen}:
             self.replaced = True
             return []
         return self._advance(entries)

@@ -69,8 +69,9 @@ local n = redis.call('XLEN', KEYS[2])
 local out = {'full', tostring(n)}
 if n + #ARGV - first + 1 <= tonumber(ARGV[1]) then
   out = {'ok'}
+  local gen = redis.call('HGET', KEYS[1], 'gen')
   for i = 9, math.min(first - 1, #ARGV) do out[#out + 1] = '' end
-  for i = first, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i]) end
+  for i = first, #ARGV do out[#out + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i], 'g', gen) end
   if ARGV[7] ~= '' and #ARGV >= first then
     redis.call('HSET', KEYS[1], 'p:' .. ARGV[7], tonumber(ARGV[8]) + #ARGV - 8)
   end
@@ -91,7 +92,7 @@ if not closed or redis.call('HGET', KEYS[1], 'deleted') == '1' then return {'mis
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[3] then return {'missing'} end
 if replaced(KEYS[1], ARGV[5]) then return {'replaced'} end
 if closed == '1' then return {'closed', redis.call('HGET', KEYS[1], 'close_offset')} end
-local id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[1])
+local id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[1], 'g', redis.call('HGET', KEYS[1], 'gen'))
 redis.call('HSET', KEYS[1], 'closed', '1', 'close_offset', id)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
@@ -108,7 +109,7 @@ local closed = redis.call('HGET', KEYS[1], 'closed')
 if not closed or redis.call('HGET', KEYS[1], 'deleted') == '1' then return 0 end
 if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
 if closed == '0' then
-  local id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[2])
+  local id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[2], 'g', redis.call('HGET', KEYS[1], 'gen'))
   redis.call('HSET', KEYS[1], 'closed', '1', 'close_offset', id)
 end
 redis.call('HSET', KEYS[1], 'deleted', '1')
@@ -147,7 +148,7 @@ for _, key in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms(), 'LIM
   redis.call('ZREM', KEYS[1], key)
   local meta, stream = ARGV[1] .. 'meta:' .. key, ARGV[1] .. 'stream:' .. key
   if redis.call('HGET', meta, 'closed') == '0' then
-    local id = redis.call('XADD', stream, '*', 'e', ARGV[3])
+    local id = redis.call('XADD', stream, '*', 'e', ARGV[3], 'g', redis.call('HGET', meta, 'gen'))
     redis.call('HSET', meta, 'closed', '1', 'close_offset', id)
     redis.call('PEXPIRE', meta, ARGV[4])
     redis.call('PEXPIRE', stream, ARGV[4])

@@ -397,3 +397,33 @@ async def test_more_live_follows_than_a_default_redis_pool_all_get_their_events(
 
 async def _events(follow: Any) -> list[ev.Event]:
     return [e async for e in follow]
+
+
+@pytest.mark.parametrize("backend_kind", [pytest.param("redis", marks=pytest.mark.redis)], indirect=True)
+async def test_a_follow_on_redis_never_reads_a_later_buffer_of_its_key(
+    stream: StreamHarness, unique: str
+) -> None:
+    """Each entry names the buffer that wrote it (docs/design/streams.md): a follow of a buffer whose key
+    was made anew under it (its meta expired, CreateStream made another) reads none of the new buffer's
+    events and idles out; an entry without a name (an earlier version's) is checked against the meta."""
+    key = f"trace:{unique}"
+    backend, redis = stream.backend, stream.redis
+    assert redis is not None
+    meta_key, stream_key = stream.redis_keys(key)
+    await create(stream, key)
+    await append(stream, key, reasoning("mine"))
+    old = backend.subscribe(key, "", "alice", idle_timeout_ms=1500)
+    assert (await anext(old)).reasoning_delta.reasoning_delta == "mine"
+    reading = asyncio.ensure_future(anext(old))  # waiting live for the next entry
+    await redis.delete(meta_key)  # the abandoned buffer's meta expired
+    await create(stream, key)
+    await append(stream, key, reasoning("theirs"))
+    ended = await asyncio.wait_for(reading, 10)
+    assert ended.HasField("error") and ended.error.code == ev.ERROR_CODE_IDLE_TIMEOUT, ended
+    await old.aclose()
+
+    new = backend.subscribe(key, "", "alice", idle_timeout_ms=1500)
+    assert (await anext(new)).reasoning_delta.reasoning_delta == "theirs"
+    await redis.xadd(stream_key, {"e": events.reasoning_delta("unnamed").SerializeToString()})
+    assert (await anext(new)).reasoning_delta.reasoning_delta == "unnamed"
+    await new.aclose()
