@@ -63,10 +63,9 @@ class StreamSettings(BaseModel):
     idle_timeout_ms: int = 300_000  # an idle subscription of an open buffer ends with an error
     heartbeat_s: float = 15.0  # SSE comment interval at the gateway
     redis_prefix: str = "agentmesh:"  # namespace of this mesh's keys in a shared Redis
-    # Connections a stream service holds to Redis at most: every live subscription blocks one in XREAD
-    # (docs/design/streams.md#the-service-side), so this bounds the live readers of one replica
-    # (redis-py's own default, 100, refused the 101st live reader and every write after it).
-    redis_max_connections: int = Field(default=10_000, ge=1)
+    # Connections a stream service holds to Redis at most; a command waits for a free one. Its live
+    # subscriptions share one (docs/design/streams.md#the-service-side).
+    redis_max_connections: int = Field(default=100, ge=2)
     # A process's writes (its runs' events) go out at most this often once a batch went, so that the
     # events of many runs streaming at once share a message; a buffer's first batch goes at once.
     linger_ms: float = 10.0

@@ -49,10 +49,10 @@ from agentmesh.services.stream.backend import (
     validate_key,
     written_elsewhere,
 )
+from agentmesh.services.stream.redis_live import LiveFollow, LiveReads
 
 log = logging.getLogger(__name__)
 DEFAULT_PREFIX = "agentmesh:"
-BLOCK_MAX_S = 2.0  # one XREAD BLOCK stays below the client's socket timeout (redis-py: 5 s)
 _OFFSET = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 _U64 = 2**64 - 1
 
@@ -107,18 +107,22 @@ def _decode(entry_id: Any, fields: dict[Any, Any]) -> ev.Event:
 
 
 class _RedisCursor(Cursor):
-    """XRANGE (exclusive start) while replaying, then XREAD BLOCK; COUNT bounds every batch.
+    """XRANGE (exclusive start) while replaying, then live: a follow of the process's one XREAD BLOCK
+    (redis_live.py); COUNT bounds every batch.
 
     It follows one buffer, not its key: entries read after the buffer was replaced (its `gen` changed:
     an abandoned buffer expired and CreateStream made a new one, maybe another user's) end the reading,
     and the subscription idles out as it does on a memory buffer nobody writes to any more.
     """
 
-    def __init__(self, client: aioredis.Redis, stream: str, after: str, meta: str, gen: Any) -> None:
+    def __init__(
+        self, client: aioredis.Redis, live: LiveReads, stream: str, after: str, meta: str, gen: Any
+    ) -> None:
         self.client = client
+        self.live_reads = live
         self.stream = stream
         self.last = after
-        self.live = False
+        self.live: LiveFollow | None = None
         self.meta = meta
         self.gen = gen
         self.replaced = False
@@ -131,21 +135,31 @@ class _RedisCursor(Cursor):
         if self.replaced:
             await asyncio.sleep(timeout_s)
             return []
-        if not self.live:
+        live = self.live
+        if live is None:
             start = f"({self.last}" if self.last else "-"
             entries = await self.client.xrange(self.stream, min=start, max="+", count=limit)
             if entries:
                 return await self._checked(entries)
-            self.live = True
-        reply: Any = await self.client.xread(
-            {self.stream: self.last or "0-0"},
-            count=limit,
-            block=max(1, int(min(timeout_s, BLOCK_MAX_S) * 1000)),
-        )
-        if not reply:
-            return []
-        entries = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0]  # RESP2 | RESP3
+            live = self.live = LiveFollow(self.stream, self.last)
+            self.live_reads.join(live)
+        if not live.entries and live.error is None:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await live.ready.wait()
+            except TimeoutError:
+                return []
+        if live.error is not None:
+            raise live.error
+        was_full = live.full
+        entries = live.take(limit)
+        if was_full:
+            self.live_reads.resume(live)
         return await self._checked(entries)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live_reads.leave(self.live)
 
     async def _checked(self, entries: list[Any]) -> list[ev.Event]:
         """The entries, unless they are another buffer's (then none, ever again): each names the gen of
@@ -177,8 +191,12 @@ class RedisBackend(StreamBackend):
     ) -> None:
         super().__init__(settings)
         self.prefix = prefix
-        self.client = client or aioredis.Redis.from_url(
-            url, decode_responses=False, max_connections=self.settings.redis_max_connections
+        # Commands wait for a free connection of the pool (up to the socket timeout) instead of failing
+        # a burst; the live follows take one between them (redis_live.py).
+        self.client = client or aioredis.Redis(
+            connection_pool=aioredis.BlockingConnectionPool.from_url(
+                url, max_connections=self.settings.redis_max_connections, timeout=5.0
+            )
         )
         self._create = self.client.register_script(scripts.CREATE)
         self._append = self.client.register_script(scripts.APPEND)
@@ -188,6 +206,7 @@ class RedisBackend(StreamBackend):
         self._sweep = self.client.register_script(scripts.SWEEP)
         self._leases = f"{prefix}leases"
         self._sweeper: asyncio.Task[None] | None = None
+        self._live = LiveReads(self.client, prefix)
 
     def _keys(self, key: str) -> list[str]:
         return [f"{self.prefix}meta:{key}", f"{self.prefix}stream:{key}", self._leases]
@@ -231,6 +250,7 @@ class RedisBackend(StreamBackend):
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
             self._sweeper = None
+        await self._live.aclose()
         await self.client.aclose()
 
     async def create(self, key: str, owner: str, metadata: dict[str, str] | None = None) -> None:
@@ -351,7 +371,7 @@ class RedisBackend(StreamBackend):
             raise replaced(key, after)
         if _s(closed) == "1" and after and _id_tuple(after) >= _id_tuple(_s(close_offset)):
             return None
-        return _RedisCursor(self.client, stream_key, after, meta_key, gen)
+        return _RedisCursor(self.client, self._live, stream_key, after, meta_key, gen)
 
     async def open_buffers(self) -> int:
         with _reachable():
