@@ -11,8 +11,8 @@ import collections
 from collections.abc import Callable
 
 from agentmesh.events.v1 import events_pb2 as ev
-from agentmesh.libs import identity
-from agentmesh.libs.errors import MeshError
+from agentmesh.libs import events, identity
+from agentmesh.libs.errors import MeshError, Unavailable
 from agentmesh.libs.streams.follower import Follow, FollowCancelled, Follower, acting_user
 
 RECENT = 1024  # events a shared follow keeps for its readers: one further behind reads on its own follow
@@ -30,6 +30,7 @@ class SharedFollow:
         self.base = from_offset
         self.first = 0  # the number of the oldest event kept
         self.recent: collections.deque[ev.Event] = collections.deque()
+        self._after: dict[str, int] = {}  # offset of a kept event -> the number of the one after it
         self.ended = False
         self.error: MeshError | None = None
         self.readers: set[Reader] = set()
@@ -46,10 +47,7 @@ class SharedFollow:
         """The number of the first event after `offset`, when a reader may start there, else None."""
         if offset == self.base:
             return self.first
-        for index in range(len(self.recent) - 1, -1, -1):
-            if self.recent[index].offset == offset:
-                return self.first + index + 1
-        return None
+        return self._after.get(offset)
 
     def event(self, number: int) -> ev.Event:
         return self.recent[number - self.first]
@@ -69,15 +67,22 @@ class SharedFollow:
         try:
             async for event in self.upstream:
                 self.recent.append(event)
+                if event.offset:
+                    self._after[event.offset] = self.next
                 if len(self.recent) > RECENT:
                     gone = self.recent.popleft()
                     self.first += 1
-                    self.base = gone.offset or self.base
+                    if gone.offset:
+                        self.base = gone.offset
+                        self._after.pop(gone.offset, None)
                 self._wake()
         except FollowCancelled:
             pass  # its last reader left
         except MeshError as err:
             self.error = err
+        except asyncio.CancelledError:  # the process is closing: no reader is left without an end
+            self.error = Unavailable("the shared follow was cancelled")
+            raise
         finally:
             self._end()
             self._wake()
@@ -135,7 +140,21 @@ class Reader:
         event = await self._own.__anext__()
         if event.offset:
             self.last_offset = event.offset
+            if not self._terminal_only and not events.is_terminal(event):
+                self._catch_up()
         return event
+
+    def _catch_up(self) -> None:
+        """On a follow of its own: once its last event is one the shared follow of its key keeps, in
+        the newer half of them, it reads on there (so that it does not fall behind again at once)."""
+        shared = self._fanout.running(self.share)
+        if shared is None or self._own is None:
+            return
+        position = shared.position_after(self.last_offset)
+        if position is not None and position >= shared.next - RECENT // 2:
+            self._own.cancel()
+            self._own = None
+            self._join(shared, position)
 
     async def _next_shared(self, shared: SharedFollow) -> ev.Event | None:
         """Its next event there; None once it reads there no more (it moved to a follow of its own, or
@@ -229,6 +248,10 @@ class Fanout:
         user, key, idle_timeout_ms = share
         with identity.acting_as(user):
             return self._follower.follow(key, from_offset, idle_timeout_ms, terminal_only)
+
+    def running(self, share: ShareKey) -> SharedFollow | None:
+        """The shared follow that takes readers of `share` now."""
+        return self._shared.get(share)
 
     def shared_follows(self) -> int:
         """Shared follows running."""

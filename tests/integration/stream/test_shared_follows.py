@@ -114,26 +114,29 @@ async def test_readers_from_other_offsets_each_get_their_whole_sequence(
     assert stream.backend.subscribers == 0
 
 
-async def test_a_reader_from_an_offset_not_kept_follows_on_its_own(
+async def test_a_reader_from_an_offset_not_kept_catches_up_on_its_own(
     stream: StreamHarness, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The shared follow keeps its latest RECENT events: a reader resuming before them (or from the start
-    once they moved on) reads its own follow, with its whole sequence."""
-    monkeypatch.setattr(fanout_module, "RECENT", 3)
+    once they moved on) reads a follow of its own until its last event is among the newer half of the
+    kept ones, then reads on the shared follow; each gets its whole sequence."""
+    monkeypatch.setattr(fanout_module, "RECENT", 4)
     key = f"trace:{unique}"
     await create(stream, key)
     fanout = Fanout(stream.follows)
     first = Collected(reader(fanout, key))
-    early = await append_read(stream, key, 6, 0, first)
+    early = await append_read(stream, key, 8, 0, first)  # kept: early[4:], after early[3]
     start, old = Collected(reader(fanout, key)), Collected(reader(fanout, key, from_offset=early[1]))
-    kept = Collected(reader(fanout, key, from_offset=early[2]))  # the offset the kept events follow
+    kept = Collected(reader(fanout, key, from_offset=early[3]))
     assert not start.follow.shared and not old.follow.shared and kept.follow.shared
-    await wait_until(lambda: stream.backend.subscribers == 3, 5, "the own follows")
+    await wait_until(lambda: start.follow.shared and old.follow.shared, 10, "the own follows to catch up")
+    await wait_until(lambda: stream.backend.subscribers == 1, 5, "the own follows to end")
+    late = await append_read(stream, key, 2, 8, first)
     done = (await close(stream, key)).offset
     await read_all(first, start, old, kept)
-    assert start.offsets == first.offsets == [*early, done]
-    assert old.offsets == [*early[2:], done]
-    assert kept.offsets == [*early[3:], done]
+    assert start.offsets == first.offsets == early + late + [done]
+    assert old.offsets == early[2:] + late + [done]
+    assert kept.offsets == early[4:] + late + [done]
 
 
 async def test_a_reader_that_cancels_leaves_the_others_reading(stream: StreamHarness, unique: str) -> None:
