@@ -101,7 +101,8 @@ class SharedFollow:
 class Reader:
     """One reader's follow: its events from its own offset as they come (the last one terminal), or its
     failure raised; the same interface as `Follow`. It reads a shared follow's events, or a follow of
-    its own (when it started where no shared follow could serve it, or fell RECENT events behind)."""
+    its own (when it started where no shared follow could serve it, or fell RECENT events behind) until
+    it caught up with a shared one."""
 
     def __init__(self, fanout: Fanout, share: ShareKey, from_offset: str, terminal_only: bool) -> None:
         self._fanout = fanout
