@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import grpc
 
 from agentmesh.libs.errors import Shutdown
-from agentmesh.libs.streams.fanout import Reader
+from agentmesh.libs.streams.follower import Follow
 
 RESUME_HINT = "resume with the last event id (GET /api/sessions/{id}/stream) once the gateway is back"
 
@@ -38,7 +38,7 @@ class Drain:
         return Shutdown(f"the gateway is shutting down; {RESUME_HINT}")
 
     @contextlib.contextmanager
-    def cancels(self, call: grpc.aio.Call | Reader) -> Iterator[None]:
+    def cancels(self, call: grpc.aio.Call | Follow) -> Iterator[None]:
         """While the block runs, shutdown cancels `call` (one watcher per connection, not per event)."""
         watcher = asyncio.ensure_future(self.event.wait())
         watcher.add_done_callback(lambda w: None if w.cancelled() else call.cancel())

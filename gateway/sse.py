@@ -27,8 +27,7 @@ from agentmesh.libs.clients import Clients
 from agentmesh.libs.config import MeshSettings
 from agentmesh.libs.errors import Interrupted, InvalidArgument, MeshError, NotFound
 from agentmesh.libs.ids import shown
-from agentmesh.libs.streams.fanout import Reader
-from agentmesh.libs.streams.follower import FollowCancelled
+from agentmesh.libs.streams.follower import Follow, FollowCancelled
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 
 NO_BUFFER = {"active": False, "reason": "no-buffer"}
@@ -63,10 +62,9 @@ def sse_message(event: Any) -> dict[str, str]:
     return item
 
 
-def subscribe(clients: Clients, key: str, from_offset: str, idle_timeout_ms: int = 0) -> Reader:
-    """The follow `follow` reads (started now: a caller may start it before it reads); the readers of
-    one buffer and user in this gateway share one follow (docs/design/streams.md#shared-follows)."""
-    return clients.shared_follows.follow(key, from_offset, idle_timeout_ms)
+def subscribe(clients: Clients, key: str, from_offset: str, idle_timeout_ms: int = 0) -> Follow:
+    """The follow `follow` reads (started now: a caller may start it before it reads)."""
+    return clients.follows.follow(key, from_offset, idle_timeout_ms)
 
 
 async def follow(
@@ -76,7 +74,7 @@ async def follow(
     idle_timeout_ms: int = 0,
     drain: Drain | None = None,
     interrupt: asyncio.Future[ev.Event] | None = None,
-    started: Reader | None = None,
+    started: Follow | None = None,
 ) -> AsyncIterator[ev.Event]:
     """Yields the events of `key` after `from_offset`, replay then live, up to the terminal one.
 

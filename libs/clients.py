@@ -22,7 +22,6 @@ from agentmesh.libs.identity import Signer, signer_for
 from agentmesh.libs.peer_http import PeerClients
 from agentmesh.libs.peers import PeerRegistry
 from agentmesh.libs.rpc import channel, end_call_soon
-from agentmesh.libs.streams.fanout import Fanout
 from agentmesh.libs.streams.follower import Follower
 from agentmesh.libs.streams.reconnect import Reconnect
 from agentmesh.libs.streams.writer import Writer
@@ -100,12 +99,6 @@ class Clients:
         """Follows of stream buffers, every one of this process on one FollowStreams call."""
         life_s = self.settings.stream_rpc_timeout_s / 2
         return Follower(lambda: self.stream, self.signer, life_s, self._reconnect())
-
-    @cached_property
-    def shared_follows(self) -> Fanout:
-        """Follows for many readers of the same buffers (a gateway's browsers): the readers of one key and
-        user share one of `follows` (docs/design/streams.md#shared-follows)."""
-        return Fanout(self.follows)
 
     @cached_property
     def writes(self) -> Writer:
