@@ -28,7 +28,6 @@ import random
 import re
 import sys
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from bench.databases import create_database, drop_database
 from tests.mesh import (
     SERVICE_ORDER,
     ProcessMesh,
@@ -257,7 +257,7 @@ async def run(args: argparse.Namespace, backend: str) -> dict[str, Any]:
         old.unlink()
     database = redis_url = ""
     if backend == "postgres-redis":
-        database = await create_database(args.database_url)
+        database = await create_database(args.database_url, "chaos")
         redis_url = args.redis_url
     mesh = await start_process_mesh(
         work, RULES, database_url=database, redis_url=redis_url, lease_s=args.lease_s
@@ -376,28 +376,6 @@ def _services(names: str) -> list[str]:
         wrong = f" (not {', '.join(unknown)})" if unknown else ""
         raise argparse.ArgumentTypeError(f"name services of {', '.join(SERVICE_ORDER)}{wrong}")
     return picked
-
-
-async def create_database(admin_url: str) -> str:
-    import asyncpg
-
-    name = f"agentmesh_chaos_{uuid.uuid4().hex[:8]}"
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    return admin_url.rsplit("/", 1)[0] + f"/{name}"
-
-
-async def drop_database(admin_url: str, url: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
-    finally:
-        await conn.close()
 
 
 def markdown(results: list[dict[str, Any]]) -> str:

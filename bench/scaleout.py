@@ -33,6 +33,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import procs
+from bench.databases import create_database, drop_database
 from bench.harness import Bench
 from bench.loadgen import LoadGenerator
 from bench.procs import Proc
@@ -249,28 +250,6 @@ async def sample_peaks(mesh: Replicas, peaks: dict[str, float], interval_s: floa
         last, t0 = now, t1
 
 
-async def create_database(admin_url: str) -> str:
-    import asyncpg
-
-    name = f"agentmesh_bench_{uuid.uuid4().hex[:8]}"
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    return admin_url.rsplit("/", 1)[0] + f"/{name}"
-
-
-async def drop_database(admin_url: str, url: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
-    finally:
-        await conn.close()
-
-
 async def drop_keys(redis_url: str, prefix: str) -> None:
     import redis.asyncio as aioredis
 
@@ -330,7 +309,7 @@ async def scenario_s(bench: Bench, args: Any, work: Path, catalog: Path) -> dict
     )
     try:
         for replicas in (1, args.scale_replicas):
-            database = await create_database(admin)
+            database = await create_database(admin, "bench")
             mesh: Replicas | None = None
             try:
                 mesh = await start(
