@@ -160,6 +160,7 @@ class _RedisCursor(Cursor):
     def close(self) -> None:
         if self.live is not None:
             self.live_reads.leave(self.live)
+            self.live = None
 
     async def _checked(self, entries: list[Any]) -> list[ev.Event]:
         """The entries, unless they are another buffer's (then none, ever again): each names the gen of
@@ -170,6 +171,7 @@ class _RedisCursor(Cursor):
             gens.add(await self.client.hget(self.meta, "gen"))
         if gens != {self.gen}:
             self.replaced = True
+            self.close()  # nothing more of this key is its buffer's
             return []
         return self._advance(entries)
 

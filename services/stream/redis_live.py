@@ -123,7 +123,7 @@ class LiveReads:
                 try:
                     streams: dict[Any, Any] = {**positions, self.wake_key: self._wake_after}
                     reply = await self.client.xread(streams, count=COUNT, block=BLOCK_MS)
-                except (aioredis.RedisError, OSError) as exc:
+                except Exception as exc:  # whatever fails the read ends every follow with it
                     self._fail(exc)
                     continue
                 finally:
@@ -154,7 +154,8 @@ class LiveReads:
                     follow.ready.set()
 
     def _fail(self, exc: BaseException) -> None:
-        """Redis failed the read: every follow gets the error and leaves (its reader raises it)."""
+        """The read failed (Redis away, or anything else): every follow gets the error and leaves (its
+        reader raises it, and its subscription ends with it)."""
         for follows in self.follows.values():
             for follow in follows:
                 follow.error = exc
