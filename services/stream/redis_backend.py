@@ -4,7 +4,8 @@ Per buffer two keys: `<prefix>stream:<key>` (a Redis Stream; field `e` = the ser
 gen of the buffer that wrote it; the entry id IS the offset) and `<prefix>meta:<key>` (a hash: owner,
 metadata as JSON, closed, close_offset, gen: a random token per create, so a subscriber tells its buffer
 from a later one under the key without asking the meta, and begin: the server's time at the create as an
-entry id, below which no offset is this buffer's). Create, append, close, renew and delete are Lua
+entry id, or just above the replaced buffer's last entry when that came in the same millisecond, below
+which no offset is this buffer's). Create, append, close, renew and delete are Lua
 scripts, so the checks and the writes are atomic across replicas. Replacing a closed buffer trims its
 stream to zero entries instead of deleting it: Redis keeps the last id, so new offsets stay above every
 old one. Both keys always carry a TTL of `ttl_s`, refreshed by every write. The leases of open buffers

@@ -17,15 +17,22 @@ local closed = redis.call('HGET', KEYS[1], 'closed')
 if closed == '0' then return 'open' end
 if closed and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 'foreign' end
 redis.call('DEL', KEYS[1])
+local now = now_ms()
+local begin = tostring(now) .. '-0'
 if redis.call('EXISTS', KEYS[2]) == 1 then
+  -- the new buffer's first id is above the old one's last (written in this millisecond, or past it)
+  local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
+  if last then
+    local ms, seq = string.match(last[1], '^(%d+)%-(%d+)$')
+    if tonumber(ms) >= now then begin = ms .. '-' .. tostring(tonumber(seq) + 1) end
+  end
   redis.call('XTRIM', KEYS[2], 'MAXLEN', 0)
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
-local begin = tostring(now_ms()) .. '-0'
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'metadata', ARGV[2], 'closed', '0', 'gen', ARGV[4],
   'begin', begin)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('ZADD', KEYS[3], now_ms() + tonumber(ARGV[5]), ARGV[6])
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[5]), ARGV[6])
 return 'ok'
 """
 )

@@ -26,6 +26,7 @@ from agentmesh.libs.errors import (
     Cancelled,
     FailedPrecondition,
     Interrupted,
+    MeshError,
     ResourceExhausted,
     Shutdown,
     Unavailable,
@@ -702,6 +703,34 @@ async def test_a_write_naming_an_earlier_buffer_of_its_key_writes_nothing(
     got = await collect(stream, key, reader="alice")
     assert [e.text_delta.text_delta for e in got if e.HasField("text_delta")] == ["new"]
     assert texts(got) == ["mine"] and events.kind(got[-1]) == "done"
+
+
+async def test_a_buffer_made_again_in_the_millisecond_of_its_last_entry_is_told_apart(
+    stream: StreamHarness, unique: str
+) -> None:
+    """Redis: the next turn's buffer can be made in the millisecond of the old one's last entry (or with
+    the server's clock behind it); its first offset is still above every old one, so a write or a read
+    naming the old buffer is refused instead of landing in the new one. The old buffer's last entry is
+    put a minute ahead here, so the create always shares or trails its millisecond."""
+    if not isinstance(stream.backend, RedisBackend):
+        pytest.skip("the memory backend counts its offsets from its own clock, above its key's last")
+    key = f"trace:{unique}"
+    await create(stream, key)
+    await append(stream, key, deltas("old"))
+    await close(stream, key)
+    _, stream_key, _ = stream.backend._keys(key)
+    ahead = await stream.backend.client.execute_command("TIME")
+    last = f"{int(ahead[0]) * 1000 + 60_000}-0"
+    old = (await stream.backend.client.xadd(stream_key, {"e": b"", "g": "old"}, id=last)).decode()
+    await create(stream, key)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stream.stub.AppendEvents(pb.AppendEventsRequest(key=key, events=deltas("stray"), since=old))
+    assert err.value.code() == grpc.StatusCode.ABORTED, err.value.details()
+    with pytest.raises(MeshError) as gone:
+        await collect(stream, key, reader="alice", from_offset=old, idle_timeout_ms=100)
+    assert gone.value.grpc_code == grpc.StatusCode.NOT_FOUND, gone.value.message
+    (new,) = await append(stream, key, deltas("new"))
+    assert tuple(map(int, new.split("-"))) > tuple(map(int, old.split("-")))
 
 
 async def test_a_sink_whose_buffer_was_replaced_fails_instead_of_writing_into_the_new_one(
