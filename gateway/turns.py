@@ -4,9 +4,9 @@ the one way POST /api/chat, the WebSocket and POST /api/traces/{id}/run run a tu
 
 The call's first answer says the turn began (its trace, its buffer and `start`); a turn that does not
 begin answers an error instead, which becomes an HTTP error, not a broken stream. The events then
-come from the buffer, one hop from the runtime that writes them; the call stays open until the turn
-ends, so the reader learns when the orchestrator goes away or ends the turn where the buffer could
-not say so.
+come from the buffer, one hop from the runtime that writes them, followed from that answer on (while
+the response is set up); the call stays open until the turn ends, so the reader learns when the
+orchestrator goes away or ends the turn where the buffer could not say so.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import grpc
 
 from agentmesh.events.v1 import events_pb2 as ev
 from agentmesh.gateway.drain import Drain
-from agentmesh.gateway.sse import follow
+from agentmesh.gateway.sse import follow, subscribe
 from agentmesh.libs import events
 from agentmesh.libs.clients import Clients
 from agentmesh.libs.errors import Internal, from_event, from_rpc_error, rpc
+from agentmesh.libs.streams.follower import Follow
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 
 END_WAIT_S = 10.0  # the longest the end of a live turn's buffer waits for the turn to be over
@@ -31,15 +32,17 @@ END_WAIT_S = 10.0  # the longest the end of a live turn's buffer waits for the t
 
 @dataclass
 class Started:
-    """A turn that began: its first answer, and the call that reports its end."""
+    """A turn that began: its first answer, the follow of its buffer, and the call that reports its end."""
 
     call: grpc.aio.UnaryStreamCall
     begun: orc.TurnBegun
+    follow: Follow
     ended: asyncio.Task[orc.TurnEnded | None]
 
     def close(self) -> None:
         """Stops reading (a client that left): a chat turn itself goes on."""
         self.call.cancel()
+        self.follow.cancel()
         self.ended.cancel()
 
 
@@ -53,7 +56,10 @@ async def start_turn(clients: Clients, request: orc.RunTurnRequest) -> Started:
     except BaseException:
         call.cancel()
         raise
-    return Started(call, first.begun, asyncio.create_task(_ended(call), name="turn:ended"))
+    begun = first.begun
+    idle_ms = int(clients.settings.turn_timeout_s * 1000)
+    handle = subscribe(clients, begun.stream_key, begun.start.offset, idle_ms)
+    return Started(call, begun, handle, asyncio.create_task(_ended(call), name="turn:ended"))
 
 
 async def _ended(call: grpc.aio.UnaryStreamCall) -> orc.TurnEnded | None:
@@ -80,7 +86,7 @@ def ended_event(ended: orc.TurnEnded | None, failure: BaseException | None = Non
     return events.error(Internal("the orchestrator went away before the turn ended"))
 
 
-async def turn_events(clients: Clients, turn: Started, idle_ms: int, drain: Drain) -> AsyncIterator[ev.Event]:
+async def turn_events(clients: Clients, turn: Started, drain: Drain) -> AsyncIterator[ev.Event]:
     """`start`, then the turn's buffer up to its terminal event. Once the buffer ends, the reading ends
     when the turn is over too, so the answer it settled is stored when the client reads the end. When
     the orchestrator goes away (or reports an end the buffer could not store), that ends the reading."""
@@ -97,7 +103,8 @@ async def turn_events(clients: Clients, turn: Started, idle_ms: int, drain: Drai
     turn.ended.add_done_callback(on_end)
     try:
         yield begun.start
-        async for event in follow(clients, begun.stream_key, begun.start.offset, idle_ms, drain, interrupt):
+        key, offset, handle = begun.stream_key, begun.start.offset, turn.follow
+        async for event in follow(clients, key, offset, drain=drain, interrupt=interrupt, started=handle):
             if events.is_terminal(event) and event.offset:
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.wait({turn.ended}, timeout=END_WAIT_S)

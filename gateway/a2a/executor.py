@@ -119,8 +119,7 @@ class MeshAgentExecutor(AgentExecutor):
         """The turn's events as A2A events until its terminal one, which ends the task."""
         task_id, trace_id = started.begun.task_id, started.begun.trace_id
         first_text = True
-        idle_ms = int(self.settings.turn_timeout_s * 1000)
-        async for event in turn_events(self.clients, started, idle_ms, self.drain):
+        async for event in turn_events(self.clients, started, self.drain):
             out = to_a2a(event, task_id, trace_id, first_text=first_text and not events.is_terminal(event))
             if out is not None:
                 first_text = first_text and not isinstance(out, a2a.TaskArtifactUpdateEvent)

@@ -114,7 +114,7 @@ async def chat(
     drain: Drain = request.app.state.drain
 
     async def stream() -> AsyncIterator[dict[str, str]]:
-        async for event in turn_events(c, turn, int(mesh.turn_timeout_s * 1000), drain):
+        async for event in turn_events(c, turn, drain):
             yield sse_message(event)
 
     return EventSourceResponse(stream(), ping=mesh.stream.heartbeat_s, **drain_options(mesh))
@@ -189,8 +189,7 @@ async def ws(socket: WebSocket) -> None:
         except MeshError as err:
             await send(_ws_error(err))
             return
-        idle_ms = int(socket.app.state.settings.turn_timeout_s * 1000)
-        async for event in turn_events(c, turn, idle_ms, drain):
+        async for event in turn_events(c, turn, drain):
             await send(events.to_dict(event, with_offset=True))
 
     async def handle(data: Any) -> None:

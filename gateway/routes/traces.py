@@ -228,7 +228,7 @@ async def run(
         drain: Drain = request.app.state.drain
 
         async def stream() -> AsyncIterator[dict[str, str]]:
-            async for event in turn_events(c, turn, int(mesh.turn_timeout_s * 1000), drain):
+            async for event in turn_events(c, turn, drain):
                 yield sse_message(event)
 
         return EventSourceResponse(stream(), ping=mesh.stream.heartbeat_s, **drain_options(mesh))
