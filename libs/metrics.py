@@ -247,6 +247,13 @@ class OrchestratorMetrics:
             "Chat and A2A turns running on this replica (what AGENTMESH_MAX_TURNS bounds)",
             registry=r,
         )
+        self.early_runs = Counter(
+            "agentmesh_orchestrator_early_runs",
+            "New chats whose run started before their agent's read ended (docs/design/turns.md), by "
+            "outcome: kept, dropped (the agent had changed), failed (the turn did not begin)",
+            ["outcome"],
+            registry=r,
+        )
         self.reaped = Counter(
             "agentmesh_orchestrator_reaped_rows", "Orphaned rows settled by the reaper", ["kind"], registry=r
         )

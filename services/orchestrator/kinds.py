@@ -26,6 +26,7 @@ from agentmesh.libs.identity import current_user
 from agentmesh.libs.ids import SLUG_PATTERN, TraceRef, a2a_key, is_local_id, new_id, trace_key
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.services.orchestrator.early import LastReads, runs_alone
 from agentmesh.services.orchestrator.turns import Turn, limit
 from agentmesh.trace.v1 import task_service_pb2 as tks
 from agentmesh.trace.v1 import trace_pb2 as tp
@@ -61,6 +62,7 @@ def _authority(card_url: str) -> str:
 class Kinds:
     def __init__(self, clients: Clients) -> None:
         self.clients = clients
+        self.last_reads = LastReads()
 
     @property
     def _timeout_ms(self) -> int:
@@ -84,7 +86,14 @@ class Kinds:
         return await self.reading(slug)
 
     async def _get_agent(self, slug: str) -> ap.Agent:
-        return (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=slug)))).agent
+        user = current_user()
+        try:
+            agent = (await rpc(self.clients.agents.GetAgent(ag.GetAgentRequest(slug=slug)))).agent
+        except NotFound:
+            self.last_reads.forget(user, slug)
+            raise
+        self.last_reads.put(user, slug, agent)
+        return agent
 
     def reading(self, slug: str) -> asyncio.Future[ap.Agent]:
         """`agent(slug)` under way: a peer's agent is resolved at once (a malformed slug or an unset
@@ -130,11 +139,15 @@ class Kinds:
     def _chat_turn(
         self, req: orc.RunTurnRequest, trace_id: str, slug: str, new_trace: tp.Trace | None
     ) -> Turn:
-        # The agent is read while the turn begins: its rows and buffer need only its slug.
+        # The agent is read while the turn begins: its rows and buffer need only its slug. A new chat
+        # of an agent that runs alone starts its run with the agent as last read here meanwhile.
+        last = self.last_reads.get(current_user(), slug) if new_trace is not None else None
+        early = last if last is not None and runs_alone(last) else None
         return Turn(
             trace_id=trace_id,
-            agent=ap.Agent(slug=slug),
+            agent=early or ap.Agent(slug=slug),
             agent_read=self.reading(slug),
+            early=early is not None,
             input=req.input,
             stream_key=trace_key(trace_id),
             role=rt.RUN_ROLE_SUPERVISOR,

@@ -23,6 +23,7 @@ from agentmesh.libs.ids import a2a_key, subagent_key, trace_key
 from agentmesh.libs.leases import LeaseKeeper
 from agentmesh.libs.metrics import OrchestratorMetrics
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
+from agentmesh.services.orchestrator.early import AgentChanged
 from agentmesh.services.orchestrator.kinds import Kinds, Resolved
 from agentmesh.services.orchestrator.orphans import Orphans
 from agentmesh.services.orchestrator.subagents import SubagentBatch
@@ -123,10 +124,18 @@ class Orchestrator:
         self.engine.metrics.running.dec()
 
     async def _turn(self, resolved: Resolved, began: asyncio.Future[Begun]) -> orc.TurnEnded | None:
+        try:
+            return await self._begin_and_run(resolved, began)
+        except AgentChanged:  # its early run dropped, the turn begins again as a new chat of its own
+            return await self._begin_and_run(resolved, began)
+
+    async def _begin_and_run(self, resolved: Resolved, began: asyncio.Future[Begun]) -> orc.TurnEnded | None:
         turn, task = resolved.turn, resolved.task
         with self.leases.hold(stream=turn.stream_key, task=task.id if task else ""):
             try:
                 begun = await self.engine.begin(turn)
+            except AgentChanged:
+                raise
             except BaseException as exc:
                 if not began.done():
                     began.set_exception(exc if isinstance(exc, Exception) else Cancelled("cancelled"))

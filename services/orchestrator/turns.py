@@ -4,7 +4,9 @@ begin: the turn names its two messages (random ids) and its `start`; the buffer 
 `start` as its first event and the user message and the placeholder (the anchor) are stored, at once
 when the buffer's key is new, else the buffer first (it locks the trace against a second turn).
 run: AgentRuntimeService.RunAgent (its events go straight into the buffer) -> the answer written back
-onto the placeholder -> `finish` and `done` in one CloseStream.
+onto the placeholder -> `finish` and `done` in one CloseStream. A new chat of an agent that runs alone
+starts its run as soon as its buffer exists, with the agent as last read (docs/design/turns.md, "The
+early run"): when the read finds it changed, that chat is dropped and the turn begins a new one.
 
 Whatever fails after `begin`, the placeholder keeps what streamed (read back from the buffer), marked
 failed or cancelled with `metadata.error`, and the buffer ends with an `error` event. The message
@@ -40,12 +42,13 @@ from agentmesh.libs.errors import (
     from_rpc_error,
     rpc,
 )
-from agentmesh.libs.ids import new_message_id
+from agentmesh.libs.ids import new_id, new_message_id, trace_key
 from agentmesh.libs.leases import LeaseKeeper
 from agentmesh.libs.metrics import OrchestratorMetrics
 from agentmesh.libs.turns import turn_messages, turn_start
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
+from agentmesh.services.orchestrator.early import AgentChanged
 from agentmesh.services.orchestrator.partial import Partial, ended_by, read_back
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import message_service_pb2 as ms
@@ -85,13 +88,22 @@ class Turn:
     stream_metadata: dict[str, str] = field(default_factory=dict)
     remote_context_id: str = ""  # a remote agent's conversation to continue
     # A chat turn's agent, read while the turn begins (its rows and buffer name only its slug):
-    # `agent` holds the slug alone until then.
+    # `agent` holds the slug alone until then, or the agent as last read when `early`.
     agent_read: Awaitable[ap.Agent] | None = None
+    early: bool = False  # a new chat whose run starts once its buffer exists, before the read ends
 
     @property
     def timeout_ms(self) -> int:
         """The turn's limit: the lowest of the request's, the mesh's and the agent's that is set."""
         return limit(self.limit_ms, self.agent.limits.timeout_ms)
+
+    def again(self, agent: ap.Agent) -> None:
+        """A new chat whose early run was dropped, made a new chat again: another trace, another
+        buffer, and the agent as read (early.py)."""
+        assert self.new_trace is not None
+        self.trace_id = self.new_trace.id = new_id()
+        self.stream_key = trace_key(self.trace_id)
+        self.agent, self.early = agent, False
 
     def messages(self, user_id: int = 0, placeholder_id: int = 0) -> tuple[tp.Message, tp.Message]:
         """The turn's user message and placeholder, with their provenance."""
@@ -114,6 +126,7 @@ class Begun:
     user: tp.Message
     placeholder: tp.Message
     start: ev.Event  # with its offset
+    run: grpc.aio.UnaryUnaryCall | None = None  # the early run's call, under way
 
 
 class TurnEngine:
@@ -159,23 +172,33 @@ class TurnEngine:
             store.new_trace.CopyFrom(turn.new_trace)
         creating = rpc(self.clients.stream.CreateStream(create, timeout=self.write_timeout_s))
         reading, turn.agent_read = turn.agent_read, None
+        runs: list[grpc.aio.UnaryUnaryCall] = []  # the early run's call, once its buffer exists
+        if turn.early:
+            creating = self._then_run(creating, turn, placeholder.id, runs)
 
         def storing() -> Awaitable[ms.BeginTurnResponse]:  # (a gRPC call starts when it is made)
             return rpc(self.clients.messages.BeginTurn(store, timeout=self.write_timeout_s))
 
         created: ss.CreateStreamResponse | BaseException
         stored: ms.BeginTurnResponse | BaseException | None
-        if turn.fresh_key:  # nothing to lock out: all at once
-            created, stored, read = await asyncio.gather(
-                creating, storing(), reading or _nothing(), return_exceptions=True
-            )
-        else:  # the buffer first: it is the trace's lock against a second turn
-            locked, read = await asyncio.gather(
-                _then(creating, storing), reading or _nothing(), return_exceptions=True
-            )
-            created, stored = locked if isinstance(locked, tuple) else (locked, None)
+        try:
+            if turn.fresh_key:  # nothing to lock out: all at once
+                created, stored, read = await asyncio.gather(
+                    creating, storing(), reading or _nothing(), return_exceptions=True
+                )
+            else:  # the buffer first: it is the trace's lock against a second turn
+                locked, read = await asyncio.gather(
+                    _then(creating, storing), reading or _nothing(), return_exceptions=True
+                )
+                created, stored = locked if isinstance(locked, tuple) else (locked, None)
+        except BaseException:
+            _cancel(runs)
+            raise
         failure = next((r for r in (read, created, stored) if isinstance(r, BaseException)), None)
+        if turn.early:
+            failure = self._early_verdict(turn, read, failure)
         if failure is not None:
+            _cancel(runs)
             err = (
                 self.cancel_reason()
                 if isinstance(failure, asyncio.CancelledError)
@@ -185,12 +208,35 @@ class TurnEngine:
                 await to_the_end(self.close_buffer(turn.stream_key, events.error(err), created.offsets[0]))
             if isinstance(stored, ms.BeginTurnResponse):
                 await to_the_end(self._undo(turn, stored, err))
+            if isinstance(failure, AgentChanged) and isinstance(read, ap.Agent):
+                turn.again(read)
             raise failure
         assert isinstance(created, ss.CreateStreamResponse) and isinstance(stored, ms.BeginTurnResponse)
         if isinstance(read, ap.Agent):
             turn.agent = read
         start.offset = created.offsets[0]
-        return Begun(stored.user_message, stored.assistant_message, start)
+        return Begun(stored.user_message, stored.assistant_message, start, runs[0] if runs else None)
+
+    def _early_verdict(self, turn: Turn, read: object, failure: BaseException | None) -> BaseException | None:
+        """Why an early run is not the turn's run: the turn did not begin, or its agent reads otherwise
+        than it was last read (AgentChanged); None when it is kept."""
+        if failure is None and read != turn.agent:
+            failure = AgentChanged(f"agent {turn.agent.slug} changed since it was last read")
+        outcome = "kept" if failure is None else "dropped" if isinstance(failure, AgentChanged) else "failed"
+        self.metrics.early_runs.labels(outcome).inc()
+        return failure
+
+    async def _then_run(
+        self,
+        creating: Awaitable[ss.CreateStreamResponse],
+        turn: Turn,
+        placeholder_id: int,
+        runs: list[grpc.aio.UnaryUnaryCall],
+    ) -> ss.CreateStreamResponse:
+        """The buffer, then the early run's call (a new trace: no history before its message)."""
+        created = await creating
+        runs.append(self._call_run(turn, placeholder_id, 0, created.offsets[0]))
+        return created
 
     async def _undo(self, turn: Turn, stored: ms.BeginTurnResponse, err: MeshError) -> None:
         """What a turn that did not begin stored: the trace it created goes, else its placeholder
@@ -241,7 +287,9 @@ class TurnEngine:
                 )
 
     async def _run(self, turn: Turn, begun: Begun) -> orc.TurnEnded:
-        call = self._call_run(turn, begun)
+        call = begun.run or self._call_run(
+            turn, begun.placeholder.id, begun.user.parent_sequence, begun.start.offset
+        )
         ended_elsewhere = asyncio.Event()
         watcher = asyncio.create_task(
             self._watch(turn.stream_key, call, ended_elsewhere), name=f"watch:{turn.stream_key}"
@@ -274,15 +322,17 @@ class TurnEngine:
         ended.trace_ref = result.trace_ref or turn.trace_id
         return ended
 
-    def _call_run(self, turn: Turn, begun: Begun) -> grpc.aio.UnaryUnaryCall:
+    def _call_run(
+        self, turn: Turn, placeholder_id: int, head_sequence: int, start_offset: str
+    ) -> grpc.aio.UnaryUnaryCall:
         request = rt.RunAgentRequest(
             agent=turn.agent,
             role=turn.role,  # type: ignore[arg-type]
             trace_id=turn.trace_id,
-            history_head_sequence=begun.user.parent_sequence,
+            history_head_sequence=head_sequence,
             input=turn.input,
-            anchor_message_id=begun.placeholder.id,
-            stream=rt.StreamRef(key=turn.stream_key, start_offset=begun.start.offset),
+            anchor_message_id=placeholder_id,
+            stream=rt.StreamRef(key=turn.stream_key, start_offset=start_offset),
             depth=turn.depth,
             overrides=turn.overrides,
             remote_context_id=turn.remote_context_id,
@@ -424,6 +474,11 @@ class TurnEngine:
 
 async def _nothing() -> None:
     return None
+
+
+def _cancel(calls: list[grpc.aio.UnaryUnaryCall]) -> None:
+    for call in calls:
+        call.cancel()
 
 
 async def _then(

@@ -152,6 +152,106 @@ async def test_a_chat_continued_with_an_unknown_agent_is_a_404_and_a_failed_turn
     assert [events[0]["type"], events[-1]["type"]] == ["start", "done"]
 
 
+def _early_runs(mesh: Mesh, outcome: str) -> float:
+    registry = mesh.servers["orchestrator"].registry
+    return registry.get_sample_value("agentmesh_orchestrator_early_runs_total", {"outcome": outcome}) or 0.0
+
+
+async def _solo_agent(mesh: Mesh, slug: str, prompt: str) -> None:
+    """An agent of the user's with no tool: a new chat of it runs early once it was read."""
+    body = {"slug": slug, "name": slug, "systemPrompt": prompt, "model": "mock-gpt", "tools": []}
+    async with mesh.http() as http:
+        r = await http.post("/api/agents", json=body)
+    assert r.status_code == 201, r.text
+
+
+async def _chats_of(mesh: Mesh, slug: str) -> list[str]:
+    async with mesh.http() as http:
+        r = await http.get("/api/sessions", params={"pageSize": 200})
+    assert r.status_code == 200, r.text
+    return [s["id"] for s in r.json()["sessions"] if s["agent"] == slug]
+
+
+async def test_a_new_chat_of_an_agent_read_before_runs_early_at_the_models_pace(
+    mesh: Mesh, unique: str
+) -> None:
+    """A new chat's run starts with its agent as last read while the agent is read again
+    (docs/design/turns.md, "The early run"): kept when the agent is unchanged, the text streaming at the
+    model's pace before the turn ends, and the turn stored as any other."""
+    slug = f"solo-{unique}"
+    await _solo_agent(mesh, slug, "[solo] You answer.")
+    mesh.mock.set_rules(ECHO)
+    await chat(mesh, slug, "first")  # the agent read: the next new chat runs early
+    kept = _early_runs(mesh, "kept")
+    got = await _paced_turn(mesh, {"agent": slug, "message": "pace"})
+    assert _early_runs(mesh, "kept") == kept + 1
+    start = got[0][1]
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{start['traceId']}/messages")).json()["messages"]
+    assert [(m["role"], m["status"]) for m in messages] == [("user", "completed"), ("assistant", "completed")]
+    assert messages[1]["id"] == start["assistantMessageId"] and messages[1]["content"] == "tick " * 30
+    assert len(await _chats_of(mesh, slug)) == 2
+
+
+async def test_an_agent_edited_since_its_last_read_runs_as_edited_in_a_chat_of_its_own(
+    mesh: Mesh, unique: str
+) -> None:
+    """An edit between two new chats: the second one's early run (the agent as before) is dropped, its
+    chat deleted and its buffer ended, and the turn runs the agent as edited in a new chat; the reader
+    sees that chat only, with none of the dropped run's text."""
+    slug = f"edited-{unique}"
+    mesh.mock.set_rules(
+        {
+            "rules": [
+                {"system": r"\[before\]", "text": "stale " * 40, "tokens_per_second": 400},
+                {"system": r"\[after\]", "text": "fresh reply"},
+            ],
+            "default": {"text": "x"},
+        }
+    )
+    await _solo_agent(mesh, slug, "[before] You answer.")
+    first = await chat(mesh, slug, "one")
+    assert "stale" in "".join(e.get("textDelta", "") for e in first)
+    async with mesh.http() as http:
+        r = await http.patch(f"/api/agents/{slug}", json={"systemPrompt": "[after] You answer."})
+    assert r.status_code == 200, r.text
+    dropped = _early_runs(mesh, "dropped")
+    backend = mesh.servers["stream"].registrations[0].servicer.backend
+    open_before = await backend.open_buffers()
+    second = await chat(mesh, slug, "two")
+    assert _early_runs(mesh, "dropped") == dropped + 1
+    assert [e["type"] for e in (second[0], *second[-2:])] == ["start", "finish", "done"], second
+    assert "".join(e.get("textDelta", "") for e in second) == "fresh reply"
+    trace = second[0]["traceId"]
+    assert sorted(await _chats_of(mesh, slug)) == sorted([first[0]["traceId"], trace])
+    async with mesh.http() as http:
+        messages = (await http.get(f"/api/sessions/{trace}/messages")).json()["messages"]
+    assert [m["content"] for m in messages] == ["two", "fresh reply"]
+    assert await backend.open_buffers() == open_before
+
+
+async def test_an_agent_deleted_since_its_last_read_is_a_404_and_leaves_nothing(
+    mesh: Mesh, unique: str
+) -> None:
+    """The read that confirms an early run finds no agent: the turn does not begin (404), its chat is
+    deleted and its buffer ended, as for a chat of an unknown agent."""
+    slug = f"gone-{unique}"
+    await _solo_agent(mesh, slug, "[gone] You answer.")
+    mesh.mock.set_rules(ECHO)
+    first = (await chat(mesh, slug, "one"))[0]["traceId"]
+    async with mesh.http() as http:
+        assert (await http.delete(f"/api/agents/{slug}")).status_code == 200
+    failed = _early_runs(mesh, "failed")
+    backend = mesh.servers["stream"].registrations[0].servicer.backend
+    open_before = await backend.open_buffers()
+    async with mesh.http() as http:
+        r = await http.post("/api/chat", json={"agent": slug, "message": "two"})
+    assert r.status_code == 404 and r.json()["error"]["message"] == f"unknown agent {slug!r}", r.text
+    assert _early_runs(mesh, "failed") == failed + 1
+    assert await _chats_of(mesh, slug) == [first]
+    assert await backend.open_buffers() == open_before
+
+
 @pytest.mark.parametrize(
     ("fault", "code"),
     [("http_500", "model_error"), ("stall", "timeout"), ("stall_before", "timeout"), ("cut", "model_error")],
