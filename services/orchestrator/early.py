@@ -13,6 +13,10 @@ from agentmesh.agents.v1 import agent_pb2 as ap
 from agentmesh.libs.errors import Cancelled
 from agentmesh.libs.tools import BUILTIN, SUPERVISOR
 
+# A new chat runs early only while no other turn of the replica begins: under load the early run's
+# work would compete with the other turns' set-up and lengthen their tails (bench C).
+EARLY_WHILE_BEGINNING = 1
+
 
 class LastReads:
     """The agent each user's slug was last read as on this replica (at most `size`, the least recently
@@ -47,3 +51,12 @@ def runs_alone(agent: ap.Agent) -> bool:
 class AgentChanged(Cancelled):
     """The agent of an early run changed since it was last read: its new chat was dropped, and the
     turn (re-keyed, with the agent as read) begins again."""
+
+
+def verdict(last: ap.Agent, read: object, failure: BaseException | None) -> tuple[BaseException | None, str]:
+    """Why an early run is not the turn's run (None: it is kept), and the outcome to count: the turn
+    did not begin (failed), or its agent reads otherwise than it was last read (AgentChanged: dropped)."""
+    if failure is None and read != last:
+        failure = AgentChanged(f"agent {last.slug} changed since it was last read")
+    outcome = "kept" if failure is None else "dropped" if isinstance(failure, AgentChanged) else "failed"
+    return failure, outcome

@@ -140,14 +140,13 @@ class Kinds:
         self, req: orc.RunTurnRequest, trace_id: str, slug: str, new_trace: tp.Trace | None
     ) -> Turn:
         # The agent is read while the turn begins: its rows and buffer need only its slug. A new chat
-        # of an agent that runs alone starts its run with the agent as last read here meanwhile.
+        # of an agent that runs alone may start its run with the agent as last read here meanwhile.
         last = self.last_reads.get(current_user(), slug) if new_trace is not None else None
-        early = last if last is not None and runs_alone(last) else None
         return Turn(
             trace_id=trace_id,
-            agent=early or ap.Agent(slug=slug),
+            agent=ap.Agent(slug=slug),
             agent_read=self.reading(slug),
-            early=early is not None,
+            last_read=last if last is not None and runs_alone(last) else None,
             input=req.input,
             stream_key=trace_key(trace_id),
             role=rt.RUN_ROLE_SUPERVISOR,

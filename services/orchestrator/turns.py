@@ -4,9 +4,8 @@ begin: the turn names its two messages (random ids) and its `start`; the buffer 
 `start` as its first event and the user message and the placeholder (the anchor) are stored, at once
 when the buffer's key is new, else the buffer first (it locks the trace against a second turn).
 run: AgentRuntimeService.RunAgent (its events go straight into the buffer) -> the answer written back
-onto the placeholder -> `finish` and `done` in one CloseStream. A new chat of an agent that runs alone
-starts its run as soon as its buffer exists, with the agent as last read (docs/design/turns.md, "The
-early run"): when the read finds it changed, that chat is dropped and the turn begins a new one.
+onto the placeholder -> `finish` and `done` in one CloseStream. A new chat may start its run as soon
+as its buffer exists, with the agent as last read (early.py).
 
 Whatever fails after `begin`, the placeholder keeps what streamed (read back from the buffer), marked
 failed or cancelled with `metadata.error`, and the buffer ends with an `error` event. The message
@@ -48,7 +47,7 @@ from agentmesh.libs.metrics import OrchestratorMetrics
 from agentmesh.libs.turns import turn_messages, turn_start
 from agentmesh.orchestrator.v1 import orchestrator_service_pb2 as orc
 from agentmesh.runtime.v1 import runtime_service_pb2 as rt
-from agentmesh.services.orchestrator.early import AgentChanged
+from agentmesh.services.orchestrator.early import EARLY_WHILE_BEGINNING, AgentChanged, verdict
 from agentmesh.services.orchestrator.partial import Partial, ended_by, read_back
 from agentmesh.stream.v1 import stream_service_pb2 as ss
 from agentmesh.trace.v1 import message_service_pb2 as ms
@@ -88,9 +87,10 @@ class Turn:
     stream_metadata: dict[str, str] = field(default_factory=dict)
     remote_context_id: str = ""  # a remote agent's conversation to continue
     # A chat turn's agent, read while the turn begins (its rows and buffer name only its slug):
-    # `agent` holds the slug alone until then, or the agent as last read when `early`.
+    # `agent` holds the slug alone until then.
     agent_read: Awaitable[ap.Agent] | None = None
-    early: bool = False  # a new chat whose run starts once its buffer exists, before the read ends
+    # A new chat's agent as last read here: its run may start once its buffer exists (early.py).
+    last_read: ap.Agent | None = None
 
     @property
     def timeout_ms(self) -> int:
@@ -103,7 +103,7 @@ class Turn:
         assert self.new_trace is not None
         self.trace_id = self.new_trace.id = new_id()
         self.stream_key = trace_key(self.trace_id)
-        self.agent, self.early = agent, False
+        self.agent, self.last_read = agent, None
 
     def messages(self, user_id: int = 0, placeholder_id: int = 0) -> tuple[tp.Message, tp.Message]:
         """The turn's user message and placeholder, with their provenance."""
@@ -142,6 +142,7 @@ class TurnEngine:
         self.metrics = metrics or OrchestratorMetrics()
         self.grace_s = grace_s
         self.stopping = False  # the process stops: what it cancels now is interrupted, not cancelled
+        self.beginning = 0  # turns in `begin`
 
     def cancel_reason(self) -> MeshError:
         """Why a turn this process cancelled ended: a caller up the tree cancelled it, or the process
@@ -162,6 +163,16 @@ class TurnEngine:
         """Stores the turn's messages and creates its buffer born with `start` (a new trace's agent is
         read meanwhile). A turn that does not begin leaves nothing open: a buffer it created ends with
         the error, a placeholder it stored is marked failed, a trace it created is deleted."""
+        self.beginning += 1
+        try:
+            return await self._begin(turn)
+        finally:
+            self.beginning -= 1
+
+    async def _begin(self, turn: Turn) -> Begun:
+        last, turn.last_read = turn.last_read, None
+        early = last is not None and self.beginning <= EARLY_WHILE_BEGINNING
+        turn.agent = last if last is not None and early else turn.agent
         user, placeholder = turn.messages(new_message_id(), new_message_id())
         start = turn_start(turn.trace_id, user.id, placeholder.id, turn.agent.slug)
         create = ss.CreateStreamRequest(key=turn.stream_key, metadata=turn.stream_metadata, events=[start])
@@ -173,7 +184,7 @@ class TurnEngine:
         creating = rpc(self.clients.stream.CreateStream(create, timeout=self.write_timeout_s))
         reading, turn.agent_read = turn.agent_read, None
         runs: list[grpc.aio.UnaryUnaryCall] = []  # the early run's call, once its buffer exists
-        if turn.early:
+        if early:
             creating = self._then_run(creating, turn, placeholder.id, runs)
 
         def storing() -> Awaitable[ms.BeginTurnResponse]:  # (a gRPC call starts when it is made)
@@ -195,8 +206,9 @@ class TurnEngine:
             _cancel(runs)
             raise
         failure = next((r for r in (read, created, stored) if isinstance(r, BaseException)), None)
-        if turn.early:
-            failure = self._early_verdict(turn, read, failure)
+        if early:
+            failure, outcome = verdict(turn.agent, read, failure)
+            self.metrics.early_runs.labels(outcome).inc()
         if failure is not None:
             _cancel(runs)
             err = (
@@ -216,15 +228,6 @@ class TurnEngine:
             turn.agent = read
         start.offset = created.offsets[0]
         return Begun(stored.user_message, stored.assistant_message, start, runs[0] if runs else None)
-
-    def _early_verdict(self, turn: Turn, read: object, failure: BaseException | None) -> BaseException | None:
-        """Why an early run is not the turn's run: the turn did not begin, or its agent reads otherwise
-        than it was last read (AgentChanged); None when it is kept."""
-        if failure is None and read != turn.agent:
-            failure = AgentChanged(f"agent {turn.agent.slug} changed since it was last read")
-        outcome = "kept" if failure is None else "dropped" if isinstance(failure, AgentChanged) else "failed"
-        self.metrics.early_runs.labels(outcome).inc()
-        return failure
 
     async def _then_run(
         self,
