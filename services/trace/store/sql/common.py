@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any, TypeVar, cast
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
-from sqlalchemy import ColumnElement, Row, Table, and_, bindparam, or_, select
+from sqlalchemy import ColumnElement, Row, Table, and_, bindparam, exists, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
@@ -242,11 +242,24 @@ def _subagent(row: Any, parent_agent: str, preset_agent: str) -> tp.SubagentSess
     )
 
 
+def owner_id_param(param: str = "owner") -> Any:
+    """The id of the user named by bind parameter `param` (a scalar subquery)."""
+    return select(USERS.c.id).where(USERS.c.name == bindparam(param)).scalar_subquery()
+
+
 def owned_by_param(param: str = "owner") -> ColumnElement[bool]:
     """The live traces (TRACES) of the user named by bind parameter `param`: one Core statement for
     every owner."""
-    uid = select(USERS.c.id).where(USERS.c.name == bindparam(param)).scalar_subquery()
-    return and_(TRACES.c.user_id == uid, TRACES.c.deleted_at.is_(None))
+    return and_(TRACES.c.user_id == owner_id_param(param), TRACES.c.deleted_at.is_(None))
+
+
+def in_owned_trace(trace_id: ColumnElement[Any], owned: ColumnElement[bool]) -> ColumnElement[bool]:
+    """`trace_id` (a column of the statement's row) names a trace that `owned` (`owned_by_param`,
+    `Database.owned`) holds: a correlated EXISTS, which both databases answer by the one trace's key.
+    Never `trace_id IN (SELECT the owner's traces)`: SQLite builds that list, every trace the user
+    ever had, on each execution, so each message read or update of a turn grew with the user's
+    history (1.2 ms a statement at 2,300 traces, against 3 us by the key)."""
+    return exists().where(TRACES.c.id == trace_id, owned)
 
 
 # The trace `:id` of user `:owner` (`Database.owned_trace`): one statement, built once.
@@ -263,7 +276,9 @@ AGENT_AS_READ = (
     .select_from(AGENTS.outerjoin(USERS, USERS.c.id == AGENTS.c.owner_user_id))
     .where(
         AGENTS.c.slug == bindparam("slug"),
-        or_(AGENTS.c.owner_user_id.is_(None), USERS.c.name == bindparam("owner")),
+        # By the owner's id, not `users.name` of the join: SQLite then reads both rows by the
+        # (owner, slug) key instead of scanning every user's agents.
+        or_(AGENTS.c.owner_user_id.is_(None), AGENTS.c.owner_user_id == owner_id_param()),
     )
 )
 

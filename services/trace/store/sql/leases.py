@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
 
 from agentmesh.libs.ids import a2a_key, subagent_key, trace_key
 from agentmesh.services.trace.store.base import LeaseStore, Reaped
@@ -23,6 +23,16 @@ PENDING = ("pending",)
 OPEN_TASK = ("submitted", "working")
 OPEN_SUBAGENT = ("queued", "running")
 INTERRUPTED = {"code": "interrupted", "message": "the process running this work stopped; it was settled"}
+
+
+def _open(column: Any, states: tuple[str, ...]) -> Any:
+    """`column IN (states)` written out, not bound: SQLite uses a partial index (`WHERE state IN
+    ('submitted', 'working')`, the reaper's, migration 0003) only for a query naming the same values,
+    and reads the whole table otherwise, finished rows and all. One value is `=` (`status = 'pending'`:
+    an IN list of one is not matched to it)."""
+    if len(states) == 1:
+        return column == bindparam(f"open_{column.key}", states[0], literal_execute=True)
+    return column.in_(bindparam(f"open_{column.key}", states, expanding=True, literal_execute=True))
 
 
 def _expired(model: Any, since: Any, stamp: datetime, cutoff: datetime) -> Any:
@@ -67,7 +77,7 @@ class SqlLeaseStore(LeaseStore):
                         select(MessageRow.id, MessageRow.trace_id, MessageRow.a2a_task_id, TraceRow.kind)
                         .join(TraceRow, TraceRow.id == MessageRow.trace_id)
                         .where(
-                            MessageRow.status.in_(PENDING),
+                            _open(MessageRow.status, PENDING),
                             _expired(MessageRow, MessageRow.created_at, stamp, cutoff),
                         )
                         .limit(limit),
@@ -98,7 +108,7 @@ class SqlLeaseStore(LeaseStore):
                     self._locked(
                         select(A2ATaskRow)
                         .where(
-                            A2ATaskRow.state.in_(OPEN_TASK),
+                            _open(A2ATaskRow.state, OPEN_TASK),
                             _expired(A2ATaskRow, A2ATaskRow.updated_at, stamp, cutoff),
                         )
                         .limit(limit),
@@ -115,7 +125,7 @@ class SqlLeaseStore(LeaseStore):
                     self._locked(
                         select(SubagentRow)
                         .where(
-                            SubagentRow.status.in_(OPEN_SUBAGENT),
+                            _open(SubagentRow.status, OPEN_SUBAGENT),
                             _expired(SubagentRow, SubagentRow.updated_at, stamp, cutoff),
                         )
                         .limit(limit),

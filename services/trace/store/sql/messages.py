@@ -30,6 +30,7 @@ from agentmesh.services.trace.store.sql.common import (
     TRACES,
     Database,
     from_struct,
+    in_owned_trace,
     message_columns,
     message_from_row,
     name_of,
@@ -124,8 +125,8 @@ class SqlMessageStore(MessageStore):
                 values["ended_at"] = now()
         if self.db.sqlite:  # concurrent updates in one transaction (its single writer)
             return await self.updates.update(Update(owner, message.id, values))
-        owned = select(_S.c.id).where(self.db.owned(owner))
-        changed = update(_M).where(_M.c.id == message.id, _M.c.trace_id.in_(owned)).values(**values)
+        owned = in_owned_trace(_M.c.trace_id, self.db.owned(owner))
+        changed = update(_M).where(_M.c.id == message.id, owned).values(**values)
         stamp = now()
 
         async def pg(conn: AsyncConnection) -> Any:
@@ -145,8 +146,7 @@ class SqlMessageStore(MessageStore):
         return message_from_row(row)
 
     async def get_message(self, owner: str, message_id: int) -> tp.Message:
-        owned = select(_S.c.id).where(self.db.owned(owner))
-        stmt = _MESSAGES.where(_M.c.id == message_id, _M.c.trace_id.in_(owned))
+        stmt = _MESSAGES.where(_M.c.id == message_id, in_owned_trace(_M.c.trace_id, self.db.owned(owner)))
 
         async def work(conn: AsyncConnection) -> Any:
             return (await conn.execute(stmt)).first()

@@ -34,6 +34,7 @@ from agentmesh.services.trace.store.sql.common import (
     USERS,
     Database,
     chunks,
+    in_owned_trace,
     message_columns,
     message_from_row,
     now,
@@ -61,11 +62,6 @@ class Update:
         return tuple(sorted(self.values))
 
 
-def _owned_by_param() -> Any:
-    """The ids of the live traces of user `:u_owner` (a bind parameter: one statement for every item)."""
-    return select(_S.c.id).where(owned_by_param("u_owner"))
-
-
 _UPDATES: dict[tuple[str, ...], Any] = {}  # columns -> the executemany UPDATE setting them
 
 
@@ -74,7 +70,7 @@ def _update_of(key: tuple[str, ...]) -> Any:
     if stmt is None:
         stmt = (
             update(_M)
-            .where(_M.c.id == bindparam("u_id"), _M.c.trace_id.in_(_owned_by_param()))
+            .where(_M.c.id == bindparam("u_id"), in_owned_trace(_M.c.trace_id, owned_by_param("u_owner")))
             .values({c: bindparam(f"v_{c}", type_=_M.c[c].type) for c in key})
         )
         _UPDATES[key] = stmt
