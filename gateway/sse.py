@@ -54,12 +54,14 @@ def drain_options(settings: MeshSettings) -> dict[str, Any]:
     return {"shutdown_event": anyio.Event(), "shutdown_grace_period": max(settings.shutdown_grace_s / 2, 1.0)}
 
 
-def sse_message(event: Any) -> dict[str, str]:
-    """One EventSourceResponse item: `{"id": offset, "data": json}` (no id for events outside the buffer)."""
-    item = {"data": orjson.dumps(events.to_dict(event)).decode()}
+def sse_message(event: ev.Event) -> bytes:
+    """One SSE message as written: `id: <offset>` (none for an event outside the buffer) and `data:
+    <json>`, with sse-starlette's line separator. Encoded once, here: EventSourceResponse writes bytes
+    as they are, and compact JSON has no line break to split into more `data:` lines."""
+    data = orjson.dumps(events.to_dict(event))
     if event.offset:
-        item["id"] = event.offset
-    return item
+        return b"id: " + event.offset.encode() + b"\r\ndata: " + data + b"\r\n\r\n"
+    return b"data: " + data + b"\r\n\r\n"
 
 
 def subscribe(clients: Clients, key: str, from_offset: str, idle_timeout_ms: int = 0) -> Follow:
@@ -116,7 +118,7 @@ async def follow(
 
 async def sse_events(
     clients: Clients, key: str, from_offset: str, idle_timeout_ms: int = 0, drain: Drain | None = None
-) -> AsyncIterator[dict[str, str]]:
+) -> AsyncIterator[bytes]:
     """`follow` as SSE items."""
     async for event in follow(clients, key, from_offset, idle_timeout_ms, drain):
         yield sse_message(event)

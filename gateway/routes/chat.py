@@ -113,7 +113,7 @@ async def chat(
     turn = await start_turn(c, _request(body))
     drain: Drain = request.app.state.drain
 
-    async def stream() -> AsyncIterator[dict[str, str]]:
+    async def stream() -> AsyncIterator[bytes]:
         async for event in turn_events(c, turn, drain):
             yield sse_message(event)
 

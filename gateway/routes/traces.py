@@ -227,7 +227,7 @@ async def run(
     if wants_sse:
         drain: Drain = request.app.state.drain
 
-        async def stream() -> AsyncIterator[dict[str, str]]:
+        async def stream() -> AsyncIterator[bytes]:
             async for event in turn_events(c, turn, drain):
                 yield sse_message(event)
 
