@@ -187,8 +187,9 @@ def start_mesh(
     work: Path, mock_url: str, catalog: Path, log_level: str = "WARNING", root: Path | None = None
 ) -> Proc:
     """`agentmesh up --no-mock-llm` on free ports with a fresh SQLite file; waits for the dev key.
-    `root`: another checkout of the mesh (with its generated code) to run instead of this one, for a
-    before/after comparison in one run (its processes import from it: it is their working directory)."""
+    `root`: another checkout of the mesh, set up with `make setup`, to run instead of this one, for a
+    before/after comparison in one run. Its own interpreter runs it: this one's editable install maps
+    `agentmesh.services`, `.gateway` and `.libs` to this checkout, whatever the working directory."""
     data = work / "mesh"
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
@@ -206,13 +207,16 @@ def start_mesh(
     metrics = {service: f"127.0.0.1:{free_port()}" for service in METRICS_SERVICES}
     for service, address in metrics.items():
         env[f"AGENTMESH_METRICS__{service.upper().replace('-', '_')}"] = address
+    python = sys.executable
     if root is not None:
-        env["PYTHONPATH"] = str(root)
+        python = str(root / ".venv" / "bin" / "python")
+        if not Path(python).exists():
+            raise RuntimeError(f"{root} has no .venv: run `make setup` there first")
     text = catalog.read_text()  # a remote agent of the catalog names this mesh's gateway port
     rendered = work / "catalog.yaml"
     rendered.write_text(text.replace("{gateway_port}", env["AGENTMESH_GATEWAY_PORT"]))
     env["AGENTMESH_CATALOG"] = str(rendered)
-    cmd = [sys.executable, "-m", "agentmesh.cli", "up", "--no-mock-llm"]
+    cmd = [python, "-m", "agentmesh.cli", "up", "--no-mock-llm"]
     proc = _spawn("mesh", cmd, env, work / "mesh.log", cwd=root)
     proc.url = f"http://127.0.0.1:{env['AGENTMESH_GATEWAY_PORT']}"
     proc.metrics = {service: f"http://{address}/metrics" for service, address in metrics.items()}

@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--out", type=Path, default=WORK / "out")
     p.add_argument("--no-spy", action="store_true", help="CPU figures only")
-    p.add_argument("--compare", type=Path, help="another checkout (generated code included) to run first, "
+    p.add_argument("--compare", type=Path, help="another checkout, set up (make setup), to run first, "
                    "under the same load and model server: before/after in one run")  # fmt: skip
     p.add_argument("--rounds", type=int, default=1, help="with --compare: base, this, base, this, ...")
     p.add_argument("--flames", type=Path, help="write a flame graph per process of this checkout's mesh "

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Sequence
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -131,9 +132,8 @@ def gap(key: str, sequence: int, held: int) -> FailedPrecondition:
     )
 
 
-def _consume(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
+SHUTDOWN_READ = "stream service is shutting down; resume from the last offset"
+SHUTDOWN_WRITE = "stream service is shutting down; write to another replica"
 
 
 class StreamBackend(abc.ABC):
@@ -143,7 +143,8 @@ class StreamBackend(abc.ABC):
         self.settings = settings or StreamSettings()
         self.metrics = metrics or StreamMetrics()  # the stream server gives its registry's
         self._stopping = asyncio.Event()
-        self._idle_writers: set[asyncio.Task[Any]] = set()  # calls waiting for their next request
+        # Tasks waiting for a call's next request, or for a follow's next events (`_stoppable`).
+        self._waiting_tasks: set[asyncio.Task[Any]] = set()
         self._subscribers = 0
         self._max_batch = 0
 
@@ -236,7 +237,7 @@ class StreamBackend(abc.ABC):
         """Ends every subscription and write stream promptly (UNAVAILABLE: resume elsewhere) and refuses
         new ones."""
         self._stopping.set()
-        for task in self._idle_writers:
+        for task in self._waiting_tasks:
             task.cancel()
 
     @property
@@ -270,7 +271,7 @@ class StreamBackend(abc.ABC):
         if not found.exists:
             raise NotFound(f"no stream buffer {key}")
         if self._stopping.is_set():
-            raise Shutdown("stream service is shutting down; resume from the last offset")
+            raise Shutdown(SHUTDOWN_READ)
         idle_s = (idle_timeout_ms or self.settings.idle_timeout_ms) / 1000
         cursor = await self._cursor(key, from_offset, terminal_only)
         if cursor is None:
@@ -313,47 +314,38 @@ class StreamBackend(abc.ABC):
         the cancellation comes out here as Shutdown.
         """
         source = aiter(items)
-        task = asyncio.current_task()
-        assert task is not None
         while True:
-            if self._stopping.is_set():
-                raise Shutdown("stream service is shutting down; write to another replica")
-            self._idle_writers.add(task)
-            try:
-                item = await anext(source)
-            except StopAsyncIteration:
-                return
-            except asyncio.CancelledError:
-                if self._stopping.is_set() and task.uncancel() == 0:
-                    raise Shutdown("stream service is shutting down; write to another replica") from None
-                raise
-            finally:
-                self._idle_writers.discard(task)
+            with self._stoppable(SHUTDOWN_WRITE):
+                try:
+                    item = await anext(source)
+                except StopAsyncIteration:
+                    return
             yield item
 
     async def _read(self, cursor: Cursor, limit: int, timeout_s: float) -> list[ev.Event]:
-        """The cursor's next events; Shutdown when the service stops first. (A backend may do it cheaper.)"""
-        return await self._guard(cursor.read(limit, timeout_s))
+        """The cursor's next events, read in the caller's task (no task per read); Shutdown when the
+        service stops first. (A backend may do it cheaper still.)"""
+        with self._stoppable(SHUTDOWN_READ):
+            return await cursor.read(limit, timeout_s)
 
-    async def _guard(self, aw: Awaitable[T]) -> T:
-        """Awaits `aw` unless shutdown comes first (then Unavailable); cancels it on the way out."""
-        task = asyncio.ensure_future(aw)
-        stop = asyncio.ensure_future(self._stopping.wait())
+    @contextlib.contextmanager
+    def _stoppable(self, message: str) -> Iterator[None]:
+        """What the body awaits ends with Shutdown(message) once the service stops: `shutdown` cancels
+        the tasks waiting in here, and the cancellation comes out as Shutdown (a cancellation of the
+        task for any other reason stays one)."""
+        if self._stopping.is_set():
+            raise Shutdown(message)
+        task = asyncio.current_task()
+        assert task is not None
+        self._waiting_tasks.add(task)
         try:
-            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+            yield
+        except asyncio.CancelledError:
+            if self._stopping.is_set() and task.uncancel() == 0:
+                raise Shutdown(message) from None
+            raise
         finally:
-            for t in (stop, task):
-                if not t.done():
-                    t.cancel()
-            # A cancelled Redis read may take a moment to drop its connection; never wait on it forever.
-            for t in (stop, task):
-                t.add_done_callback(_consume)  # a read that fails while it is torn down is expected
-            pending = [t for t in (stop, task) if not t.done()]
-            if pending:
-                await asyncio.wait(pending, timeout=1.0)
-        if task.done() and not task.cancelled():
-            return task.result()
-        raise Shutdown("stream service is shutting down; resume from the last offset")
+            self._waiting_tasks.discard(task)
 
 
 def interrupted() -> ev.Event:

@@ -29,6 +29,7 @@ from agentmesh.libs.config import StreamSettings
 from agentmesh.libs.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Shutdown
 from agentmesh.libs.ids import shown
 from agentmesh.services.stream.backend import (
+    SHUTDOWN_READ,
     BackendStats,
     Cursor,
     StreamBackend,
@@ -193,7 +194,7 @@ class MemoryBackend(StreamBackend):
         super().shutdown()
         for waiter in list(self._waiting):
             if not waiter.done():
-                waiter.set_exception(Shutdown("stream service is shutting down; resume from the last offset"))
+                waiter.set_exception(Shutdown(SHUTDOWN_READ))
 
     async def _read(self, cursor: Cursor, limit: int, timeout_s: float) -> list[ev.Event]:
         """The base class's read without its two tasks per wait: events that are there are taken at
@@ -204,7 +205,7 @@ class MemoryBackend(StreamBackend):
         if batch:
             return batch
         if self._stopping.is_set():
-            raise Shutdown("stream service is shutting down; resume from the last offset")
+            raise Shutdown(SHUTDOWN_READ)
         waiter = cursor.waiter()
         self._waiting.add(waiter)
         cursor.wake_by(waiter, asyncio.get_running_loop().time() + timeout_s)

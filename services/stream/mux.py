@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 
 from agentmesh.libs.errors import InvalidArgument, MeshError, Shutdown, as_mesh_error
 from agentmesh.libs.ids import shown
-from agentmesh.services.stream.backend import StreamBackend
+from agentmesh.services.stream.backend import SHUTDOWN_READ, StreamBackend
 from agentmesh.stream.v1 import stream_service_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -237,7 +237,7 @@ class FollowCall:
         if tasks:
             await asyncio.wait(tasks, timeout=1.0)
         for follow in list(self.follows.values()):
-            self._end(follow, Shutdown("stream service is shutting down; resume from the last offset"))
+            self._end(follow, Shutdown(SHUTDOWN_READ))
 
     def close(self) -> None:
         """The call ended: its follows stop."""

@@ -50,6 +50,7 @@ from agentmesh.services.stream.backend import (
     validate_key,
     written_elsewhere,
 )
+from agentmesh.services.stream.redis_batch import ScriptBatch
 from agentmesh.services.stream.redis_live import LiveFollow, LiveReads
 
 log = logging.getLogger(__name__)
@@ -202,7 +203,8 @@ class RedisBackend(StreamBackend):
             )
         )
         self._create = self.client.register_script(scripts.CREATE)
-        self._append = self.client.register_script(scripts.APPEND)
+        # The appends of many writers at once share a round trip (redis_batch.py).
+        self._append = ScriptBatch(self.client, self.client.register_script(scripts.APPEND))
         self._close = self.client.register_script(scripts.CLOSE)
         self._delete = self.client.register_script(scripts.DELETE)
         self._renew = self.client.register_script(scripts.RENEW)
@@ -254,6 +256,7 @@ class RedisBackend(StreamBackend):
             await asyncio.gather(self._sweeper, return_exceptions=True)
             self._sweeper = None
         await self._live.aclose()
+        await self._append.aclose()
         await self.client.aclose()
 
     async def create(self, key: str, owner: str, metadata: dict[str, str] | None = None) -> None:
