@@ -197,9 +197,9 @@ class MemoryBackend(StreamBackend):
                 waiter.set_exception(Shutdown(SHUTDOWN_READ))
 
     async def _read(self, cursor: Cursor, limit: int, timeout_s: float) -> list[ev.Event]:
-        """The base class's read without its two tasks per wait: events that are there are taken at
-        once; otherwise one future, resolved by the next append (or close), by the cursor's idle timer
-        or by shutdown."""
+        """The base class's read, cheaper: events that are there are taken at once, with no await;
+        otherwise one future, resolved by the next append (or close), by the cursor's idle timer or by
+        shutdown."""
         assert isinstance(cursor, _MemoryCursor)
         batch = cursor.take(limit)
         if batch:
