@@ -216,11 +216,27 @@ export class AssistantView {
     for (const card of this.tools.values()) card.settle(error);
   }
 
-  /** The batches as stored (metadata.subagents), in place of the live cards. */
+  /** The batches as stored (metadata.subagents), in place of the live cards. A card already shown
+   * for a batch is brought up to date where it is, so a subagent's text the reader opened stays
+   * open when the turn ends; any other batch gets a card made from the record. */
   replaceBatches(batches) {
+    const shown = new Set(this.batches);
     this.batches = [];
     this.batchBox.replaceChildren();
-    for (const batch of batches) this.addBatch(BatchCard.restore(batch));
+    for (const batch of batches) {
+      const items = batch.items ?? [];
+      const card = [...shown].find(
+        (c) => (batch.toolCallId && c.toolCallId === batch.toolCallId) || items.some((item) => c.has(item.id)),
+      );
+      if (!card) {
+        this.addBatch(BatchCard.restore(batch));
+        continue;
+      }
+      shown.delete(card);
+      for (const item of items) card.update(item);
+      if (batch.summary && !batch.summary.running) card.done(batch.summary);
+      this.addBatch(card);
+    }
   }
 
   addBatch(card) {
