@@ -243,22 +243,18 @@ def _subagent(row: Any, parent_agent: str, preset_agent: str) -> tp.SubagentSess
 
 
 def owner_id_param(param: str = "owner") -> Any:
-    """The id of the user named by bind parameter `param` (a scalar subquery)."""
+    """The id of the user named by bind parameter `param`."""
     return select(USERS.c.id).where(USERS.c.name == bindparam(param)).scalar_subquery()
 
 
 def owned_by_param(param: str = "owner") -> ColumnElement[bool]:
-    """The live traces (TRACES) of the user named by bind parameter `param`: one Core statement for
-    every owner."""
+    """The live traces of the user named by bind parameter `param` (one statement for every owner)."""
     return and_(TRACES.c.user_id == owner_id_param(param), TRACES.c.deleted_at.is_(None))
 
 
 def in_owned_trace(trace_id: ColumnElement[Any], owned: ColumnElement[bool]) -> ColumnElement[bool]:
-    """`trace_id` (a column of the statement's row) names a trace that `owned` (`owned_by_param`,
-    `Database.owned`) holds: a correlated EXISTS, which both databases answer by the one trace's key.
-    Never `trace_id IN (SELECT the owner's traces)`: SQLite builds that list, every trace the user
-    ever had, on each execution, so each message read or update of a turn grew with the user's
-    history (1.2 ms a statement at 2,300 traces, against 3 us by the key)."""
+    """`trace_id` names a trace that `owned` (`owned_by_param`, `Database.owned`) holds, read by the
+    trace's key. (`IN (SELECT the owner's traces)` made SQLite list every trace the user ever had.)"""
     return exists().where(TRACES.c.id == trace_id, owned)
 
 
@@ -276,16 +272,14 @@ AGENT_AS_READ = (
     .select_from(AGENTS.outerjoin(USERS, USERS.c.id == AGENTS.c.owner_user_id))
     .where(
         AGENTS.c.slug == bindparam("slug"),
-        # By the owner's id, not `users.name` of the join: SQLite then reads both rows by the
-        # (owner, slug) key instead of scanning every user's agents.
+        # the owner's id, not the join's `users.name`: both rows by the (owner, slug) key, no scan
         or_(AGENTS.c.owner_user_id.is_(None), AGENTS.c.owner_user_id == owner_id_param()),
     )
 )
 
 
 def own_first(rows: Sequence[Any]) -> Any:
-    """Of an agent's rows as `AGENT_AS_READ` finds them, the owner's own (it hides the built-in of that
-    slug); None when there is none."""
+    """Of the rows `AGENT_AS_READ` finds, the owner's own (it hides the built-in's); None if none."""
     return max(rows, key=lambda r: r.name is not None) if rows else None
 
 
