@@ -3,7 +3,7 @@ codes, content types, headers and bodies as the OpenAPI document states; schema-
 invalid ones refused; auth not ignored; Allow headers) in every phase (examples, coverage, fuzzing and
 stateful, following the links it infers from the document), within a time budget per run:
 AGENTMESH_SCHEMATHESIS_S seconds (the CLI's --max-time: 20 by default, in which every phase ran to
-its end, about 750 cases on a 2-core machine; more for a longer hunt).
+its end, about 750 cases on a quiet 2-core machine; more for a longer hunt).
 
 The mesh is the demo (catalog and model rules) with a few turns done, so that ids the document cannot
 invent (agent-invoke tasks, subagents, sessions) are real some of the time: they go to schemathesis as
@@ -124,4 +124,11 @@ async def fuzz(mesh: Mesh, key: str, tmp_path: Path) -> None:
     assert report["failures"] == [] and report["errors"] == [], summary(report) + "\n" + text[-20_000:]
     assert process.returncode == 0, text[-20_000:]
     assert report["operations"]["tested"] == report["operations"]["total"] >= 13
-    assert report["test_cases"]["generated"] > 100
+    # How many cases fit in the budget depends on the machine (about 750 on a quiet one, under 100 on
+    # a slow VM with the rest of the suite beside it): what must hold is that the generating phases ran.
+    assert {name: report["phases"][name]["status"] for name in ("examples", "coverage", "fuzzing")} == {
+        "examples": "success",
+        "coverage": "success",
+        "fuzzing": "success",
+    }, summary(report)
+    assert report["test_cases"]["generated"] >= report["operations"]["total"]
