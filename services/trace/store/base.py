@@ -229,8 +229,9 @@ class CopyStore(abc.ABC):
         """The copy state of a local trace id, or None when it is not a copy."""
 
     @abc.abstractmethod
-    async def homes(self, owner: str, trace_ids: Collection[str]) -> dict[str, str]:
-        """Of `trace_ids`, those that are the owner's copies: local id -> home (one read)."""
+    async def homes(self, owned: Collection[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        """Of the (owner, trace id) pairs, those naming the owner's copy: pair -> home (one read for
+        every owner)."""
 
     @abc.abstractmethod
     async def save(

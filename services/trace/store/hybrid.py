@@ -175,7 +175,7 @@ class HybridTraceStore(TraceStore, MessageStore):
     async def _refuse_copy(self, owner: str, trace_id: str) -> None:
         """A cached copy takes no append by its local id: a message appended there would never reach
         home, and the next sync would drop it."""
-        home = (await self.copies.homes(owner, [trace_id])).get(trace_id)
+        home = (await self.copies.homes({(owner, trace_id)})).get((owner, trace_id))
         if home is not None:
             raise copy_refused(trace_id, home)
 
@@ -196,10 +196,7 @@ class HybridTraceStore(TraceStore, MessageStore):
             return a, self.remote(a.message.trace_id, a.owner) is None
 
         async def both(found: list[tuple[Append, bool]]) -> list[tp.Message | MeshError]:
-            homes: dict[tuple[str, str], str] = {}
-            for owner in {a.owner for a, here in found if here}:
-                tids = {a.message.trace_id for a, here in found if here and a.owner == owner}
-                homes |= {(owner, t): h for t, h in (await self.copies.homes(owner, tids)).items()}
+            homes = await self.copies.homes({(a.owner, a.message.trace_id) for a, here in found if here})
 
             def copy_of(a: Append) -> str | None:
                 return homes.get((a.owner, a.message.trace_id))

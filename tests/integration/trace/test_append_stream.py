@@ -10,7 +10,8 @@ import time
 
 import grpc
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
+from sqlalchemy.engine import Engine
 
 from agentmesh.libs import identity
 from agentmesh.libs.clients import AskCall, MessageAppender
@@ -306,3 +307,46 @@ async def test_a_request_carries_one_append_or_several_not_both(trace_stub, sign
     finally:
         call.cancel()
     assert await _main_path(message_stub, owner, s.id) == []
+
+
+async def test_copies_of_every_user_of_a_request_are_found_in_one_read(
+    trace_stub, trace_engine, signer, unique, message_stub
+):
+    """A request of three users' appends, one naming its user's cached copy of a peer's trace by the
+    copy's local id: that one is refused (FAILED_PRECONDITION naming the home), another user naming the
+    same id finds nothing (NOT_FOUND), the rest are stored; the copies of all three users are looked up
+    in one statement (one per user made a batch of many users a database round trip each)."""
+    a, b, c = (f"{k}-{unique}" for k in "abc")
+    mine = {u: (await new_trace(trace_stub, u)).id for u in (a, b, c)}
+    copy = (await new_trace(trace_stub, a)).id
+    async with trace_engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE traces SET home = :home WHERE id = :id"), {"home": f"@orgb/{unique}", "id": copy}
+        )
+    lookups: list[str] = []
+
+    def seen(conn, cursor, statement: str, *args) -> None:
+        if "home IS NOT NULL" in statement and "traces.id IN" in statement:
+            lookups.append(statement)
+
+    request = ms.AppendMessageStreamRequest(
+        appends=[
+            _item(mine[a], "a", signer.mint(a)),
+            _item(mine[b], "b", signer.mint(b)),
+            _item(copy, "into the copy", signer.mint(a)),
+            _item(copy, "a stranger", signer.mint(c)),
+            _item(mine[c], "c", signer.mint(c)),
+        ]
+    )
+    with identity.acting_as(""):
+        call = AskCall(message_stub.AppendMessageStream)
+    event.listen(Engine, "before_cursor_execute", seen)
+    try:
+        resp = await call.ask(request)
+    finally:
+        event.remove(Engine, "before_cursor_execute", seen)
+        await call.end(5)
+    assert [r.error_reason for r in resp.results] == ["", "", "FAILED_PRECONDITION", "NOT_FOUND", ""]
+    assert f"@orgb/{unique}" in resp.results[2].error_message
+    assert [resp.results[i].message.content for i in (0, 1, 4)] == ["a", "b", "c"]
+    assert len(lookups) == 1, lookups

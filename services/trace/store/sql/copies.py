@@ -7,17 +7,37 @@ import uuid
 from collections.abc import Collection, Sequence
 
 from google.protobuf import json_format
-from sqlalchemy import delete, func, select
+from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from agentmesh.libs.errors import FailedPrecondition
 from agentmesh.libs.protojson import enum_to_str
 from agentmesh.services.trace import domain
 from agentmesh.services.trace.store.base import CopyState, CopyStore
-from agentmesh.services.trace.store.sql.common import KIND, ROLE, Database, message_pb, name_of, now
+from agentmesh.services.trace.store.sql.common import (
+    KIND,
+    ROLE,
+    TRACES,
+    USERS,
+    Database,
+    message_pb,
+    name_of,
+    now,
+)
 from agentmesh.services.trace.store.sql.models import MessageRow, TraceRow
 from agentmesh.trace.v1 import trace_pb2 as tp
+
+# Of traces `:ids`, the live copies, with their owner's name: one statement for every owner of a batch.
+_HOMES = (
+    select(TRACES.c.id, TRACES.c.home, USERS.c.name)
+    .join(USERS, USERS.c.id == TRACES.c.user_id)
+    .where(
+        TRACES.c.id.in_(bindparam("ids", expanding=True)),
+        TRACES.c.home.is_not(None),
+        TRACES.c.deleted_at.is_(None),
+    )
+)
 
 
 def _state(row: TraceRow, outbox: int = 0, pending_from: int = 0, outbox_pending: int = 0) -> CopyState:
@@ -76,16 +96,16 @@ class SqlCopyStore(CopyStore):
             )
             return None if row is None else await self._extras(db, row)
 
-    async def homes(self, owner: str, trace_ids: Collection[str]) -> dict[str, str]:
-        if not trace_ids:
+    async def homes(self, owned: Collection[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        wanted = set(owned)
+        if not wanted:
             return {}
-        async with self.db.read() as db:
-            rows = await db.execute(
-                select(TraceRow.id, TraceRow.home).where(
-                    TraceRow.id.in_(list(trace_ids)), TraceRow.home.is_not(None), self.db.owned(owner)
-                )
-            )
-            return {r.id: r.home for r in rows}
+
+        async def read(conn: AsyncConnection) -> dict[tuple[str, str], str]:
+            rows = await conn.execute(_HOMES, {"ids": sorted({trace_id for _, trace_id in wanted})})
+            return {(r.name, r.id): r.home for r in rows if (r.name, r.id) in wanted}
+
+        return await self.db.run(read)
 
     async def save(
         self, owner: str, home: str, trace: tp.Trace, messages: Sequence[tp.Message], final: bool
