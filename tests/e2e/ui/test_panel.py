@@ -39,6 +39,15 @@ RULES: dict[str, Any] = {
                 }
             ],
         },
+        # The supervisor's answer after its subagents, at a reader's pace: the turn ends seconds
+        # after its subagents did.
+        {
+            "system": r"\[general\]",
+            "user": "end slowly",
+            "after_tool": True,
+            "text": STORY,
+            "tokens_per_second": 20,
+        },
         {"system": r"\[general\]", "after_tool": True, "text": "All done."},
         {"system": r"\[coder\]", "user": "slow", "text": STORY, "tokens_per_second": 20},
         {"system": r"\[coder\]", "text": "Here you are:\n\n" + CODE},
@@ -160,3 +169,23 @@ async def test_a_cancelled_subagent_is_counted_as_cancelled(page: Page, mesh: Me
         "0/2 completed · 0 failed · 2 cancelled", timeout=T
     )
     await expect(card.locator('.sub[data-status="cancelled"]')).to_have_count(2)
+
+
+async def test_a_subagent_opened_before_the_turn_ends_stays_open(page: Page, mesh: Mesh) -> None:
+    """At a reader's pace: the subagents are done while the supervisor's answer still streams; the
+    reader opens one's text then. When the turn ends, its stored batch updates the card where it is:
+    the text the reader opened is the same element, still open (a card made anew would close it)."""
+    await sign_in(page, mesh)
+    reply = await send(page, "fan out, then end slowly")
+    card = reply.locator(".batch")
+    await expect(card.locator(".batch-summary")).to_have_text("2/2 completed · 0 failed", timeout=T)
+    await expect(reply.locator(".content")).to_contain_text("word1", timeout=T)
+    assert await reply.evaluate("el => el.classList.contains('streaming')"), "the turn ended too soon"
+    await card.locator(".sub-head").first.click()
+    live = card.locator(".sub-live").first
+    await expect(live.locator("pre > code")).to_contain_text("def fizzbuzz", timeout=T)
+    await live.evaluate("el => { el.dataset.openedBeforeEnd = 'yes'; }")
+    await expect(reply.locator(".content")).to_contain_text("word59", timeout=T)
+    await expect(page.locator(".msg.streaming")).to_have_count(0, timeout=T)
+    await expect(card.locator('.sub-live[data-opened-before-end="yes"]')).to_be_visible()
+    await expect(card.locator(".batch-summary")).to_have_text("2/2 completed · 0 failed")
