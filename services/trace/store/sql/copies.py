@@ -88,6 +88,8 @@ class SqlCopyStore(CopyStore):
             return None if row is None else await self._extras(db, row)
 
     async def of_trace(self, owner: str, trace_id: str) -> CopyState | None:
+        if not await self.homes({(owner, trace_id)}):  # most traces are not copies: one light read says so
+            return None
         async with self.db.read() as db:
             row = await db.scalar(
                 select(TraceRow).where(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select, update
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -31,14 +31,13 @@ from agentmesh.services.trace.store.sql.common import (
     Database,
     from_struct,
     in_owned_trace,
-    message_columns,
     message_from_row,
     name_of,
     now,
     trace_pb,
 )
 from agentmesh.services.trace.store.sql.traces import MAIN_PATH, new_trace_row
-from agentmesh.services.trace.store.sql.updates import Update, UpdateBatcher
+from agentmesh.services.trace.store.sql.updates import Update, UpdateBatcher, pg_update_of
 from agentmesh.trace.v1 import message_service_pb2 as ms
 from agentmesh.trace.v1 import trace_pb2 as tp
 
@@ -123,22 +122,13 @@ class SqlMessageStore(MessageStore):
             values["status"] = name_of(MSG_STATUS, message.status, "message status")
             if message.status != tp.MESSAGE_STATUS_PENDING:  # the run's end (its final status)
                 values["ended_at"] = now()
+        item = Update(owner, message.id, values)
         if self.db.sqlite:  # concurrent updates in one transaction (its single writer)
-            return await self.updates.update(Update(owner, message.id, values))
-        owned = in_owned_trace(_M.c.trace_id, self.db.owned(owner))
-        changed = update(_M).where(_M.c.id == message.id, owned).values(**values)
-        stamp = now()
+            return await self.updates.update(item)
+        statement, params = pg_update_of(item.key), {**item.params(), "now": now()}
 
         async def pg(conn: AsyncConnection) -> Any:
-            # One statement: the message, its trace's updated_at, and the row read back.
-            m = changed.returning(*_M.c).cte("changed")
-            touched = update(_S).where(_S.c.id.in_(select(m.c.trace_id))).values(updated_at=stamp)
-            stmt = (
-                select(*message_columns(m))
-                .select_from(m.outerjoin(_A, _A.c.id == m.c.caller_agent_id))
-                .add_cte(touched.cte("touched"))
-            )
-            return (await conn.execute(stmt)).first()
+            return (await conn.execute(statement, params)).first()
 
         row = await self.db.run(pg, write=True)
         if row is None:

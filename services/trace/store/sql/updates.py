@@ -1,4 +1,5 @@
-"""Message updates on SQLite, written together while one is being written.
+"""Message updates: on PostgreSQL one statement built once per set of columns (`pg_update_of`); on
+SQLite written together while one is being written.
 
 An update sets some columns of one message of a trace its caller owns and moves that trace's
 `updated_at`; the caller gets the row as stored, or NotFound for a message that is missing or not
@@ -61,6 +62,14 @@ class Update:
     def key(self) -> tuple[str, ...]:
         return tuple(sorted(self.values))
 
+    def params(self) -> dict[str, Any]:
+        """The bind parameters of `_update_of(self.key)` (and of `pg_update_of`)."""
+        return {
+            "u_id": self.message_id,
+            "u_owner": self.owner,
+            **{f"v_{c}": v for c, v in self.values.items()},
+        }
+
 
 _UPDATES: dict[tuple[str, ...], Any] = {}  # columns -> the executemany UPDATE setting them
 
@@ -74,6 +83,28 @@ def _update_of(key: tuple[str, ...]) -> Any:
             .values({c: bindparam(f"v_{c}", type_=_M.c[c].type) for c in key})
         )
         _UPDATES[key] = stmt
+    return stmt
+
+
+_PG_UPDATES: dict[tuple[str, ...], Any] = {}  # columns -> pg_update_of's statement
+
+
+def pg_update_of(key: tuple[str, ...]) -> Any:
+    """The update of columns `key` on PostgreSQL, as one statement built once per set of columns: the
+    message (its owner checked as `_update_of` does), its trace's `updated_at` (`:now`), and the row
+    read back with its caller agent's slug (`Update.params()` and `now` bind it)."""
+    stmt = _PG_UPDATES.get(key)
+    if stmt is None:
+        changed = _update_of(key).returning(*_M.c).cte("changed")
+        touched = (
+            update(_S).where(_S.c.id.in_(select(changed.c.trace_id))).values(updated_at=bindparam("now"))
+        )
+        stmt = (
+            select(*message_columns(changed))
+            .select_from(changed.outerjoin(_A, _A.c.id == changed.c.caller_agent_id))
+            .add_cte(touched.cte("touched"))
+        )
+        _PG_UPDATES[key] = stmt
     return stmt
 
 
@@ -96,8 +127,7 @@ async def sqlite_update(
     row as stored, for every item whose message its owner owns."""
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for it in items:
-        params = {"u_id": it.message_id, "u_owner": it.owner, **{f"v_{c}": v for c, v in it.values.items()}}
-        groups.setdefault(it.key, []).append(params)
+        groups.setdefault(it.key, []).append(it.params())
     for key, rows in groups.items():
         await conn.execute(_update_of(key), rows)
     found: dict[int, Row[Any]] = {}
