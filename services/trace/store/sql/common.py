@@ -100,7 +100,7 @@ def usage_pb(data: dict[str, Any] | None) -> ev.Usage | None:
     )
 
 
-def trace_pb(row: TraceRow, owner: str) -> tp.Trace:
+def trace_pb(row: Any, owner: str) -> tp.Trace:  # a TraceRow, or a Core row of TRACES
     return tp.Trace(
         id=row.id,
         owner=owner,
