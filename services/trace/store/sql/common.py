@@ -258,10 +258,8 @@ def in_owned_trace(trace_id: ColumnElement[Any], owned: ColumnElement[bool]) -> 
     return exists().where(TRACES.c.id == trace_id, owned)
 
 
-# The trace `:id` of user `:owner` (`Database.owned_trace`): one statement, built once.
-_OWNED_TRACE = select(TRACES.c.id, TRACES.c.head_sequence, TRACES.c.user_id, TRACES.c.agent).where(
-    TRACES.c.id == bindparam("id"), owned_by_param()
-)
+# The trace `:id` of user `:owner`, every column (`Database.owned_trace`): one statement, built once.
+_OWNED_TRACE = select(*TRACES.c).where(TRACES.c.id == bindparam("id"), owned_by_param())
 
 
 # The agent `:slug` as user `:owner` reads it: the built-in's row and the owner's own, if any
@@ -444,8 +442,8 @@ class Database:
 
     @staticmethod
     async def owned_trace(conn: AsyncConnection, owner: str, trace_id: str) -> Any:
-        """The trace `owner` owns (Core: id, head_sequence, user_id, agent); NotFound, like a missing
-        one, otherwise."""
+        """The trace `owner` owns (a Core row of every column); NotFound, like a missing one,
+        otherwise."""
         row = (await conn.execute(_OWNED_TRACE, {"id": trace_id, "owner": owner})).first()
         if row is None:
             raise NotFound("trace not found")

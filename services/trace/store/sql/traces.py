@@ -11,19 +11,11 @@ from sqlalchemy import Select, and_, bindparam, delete, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from agentmesh.libs.errors import AlreadyExists, InvalidArgument, NotFound
+from agentmesh.libs.errors import AlreadyExists, InvalidArgument
 from agentmesh.libs.protojson import enum_to_str
 from agentmesh.services.trace.domain import Cursor
 from agentmesh.services.trace.store.base import Deleted, TraceStore
-from agentmesh.services.trace.store.sql.common import (
-    KIND,
-    TRACES,
-    Database,
-    chunks,
-    now,
-    owned_by_param,
-    trace_pb,
-)
+from agentmesh.services.trace.store.sql.common import KIND, Database, chunks, now, trace_pb
 from agentmesh.services.trace.store.sql.models import A2ATaskRow, MessageRow, SubagentRow, TraceRow
 from agentmesh.trace.v1 import trace_pb2 as tp
 
@@ -48,8 +40,6 @@ def _build_main_path() -> Select[tuple[int]]:
 
 MAIN_PATH = _build_main_path()
 _PATH_COUNT = select(func.count()).select_from(MAIN_PATH.subquery())
-# The trace `:id` of user `:owner`, every column (a chat's every next turn reads it): Core, built once.
-_TRACE = select(*TRACES.c).where(TRACES.c.id == bindparam("id"), owned_by_param())
 
 
 def new_trace_row(owner_uid: int, trace: tp.Trace, trace_id: str, stamp: datetime) -> TraceRow:
@@ -91,10 +81,7 @@ class SqlTraceStore(TraceStore):
 
     async def get_trace(self, owner: str, trace_id: str) -> tp.Trace:
         async def read(conn: AsyncConnection) -> tp.Trace:
-            row = (await conn.execute(_TRACE, {"id": trace_id, "owner": owner})).first()
-            if row is None:
-                raise NotFound("trace not found")
-            return trace_pb(row, owner)
+            return trace_pb(await self.db.owned_trace(conn, owner, trace_id), owner)
 
         return await self.db.run(read)
 
