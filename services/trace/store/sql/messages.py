@@ -22,7 +22,6 @@ from agentmesh.services.trace.store.sql.append_writes import (
 )
 from agentmesh.services.trace.store.sql.appends import AppendBatcher
 from agentmesh.services.trace.store.sql.common import (
-    AGENTS,
     MESSAGE_COLUMNS,
     MESSAGES,
     MESSAGES_WITH_AGENT,
@@ -195,5 +194,5 @@ class SqlMessageStore(MessageStore):
         return await self.db.run(work)
 
 
-_M, _S, _A = MESSAGES, TRACES, AGENTS
+_M = MESSAGES
 _MESSAGES = select(*MESSAGE_COLUMNS).select_from(MESSAGES_WITH_AGENT)
