@@ -10,6 +10,7 @@ import uvicorn
 
 from agentmesh.gateway.app import create_app
 from agentmesh.gateway.limits import HEAD_TIMEOUT_S, MAX_BODY_BYTES, MAX_HEAD_BYTES, HeadTimeoutProtocol
+from agentmesh.libs.aio import settle_heap
 from agentmesh.libs.config import MeshSettings
 from agentmesh.libs.embedded_http import bind
 
@@ -46,6 +47,10 @@ class GatewayServer(uvicorn.Server):
     async def serve(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
         self.loop = asyncio.get_running_loop()
         await super().serve(sockets=sockets)
+
+    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
+        await super().startup(sockets=sockets)
+        settle_heap()  # the app is built and listening
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         app = self.config.app

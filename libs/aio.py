@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
@@ -20,6 +21,14 @@ async def to_the_end(aw: Awaitable[T]) -> T:
     except asyncio.CancelledError:
         await asyncio.wait({task})
         raise
+
+
+def settle_heap() -> None:
+    """For a process that now serves: what it imported and built lives as long as it does, so the
+    garbage collector stops walking it (`gc.freeze`). A full collection under load then walks only
+    what the load made, instead of stalling every stream of the process while it walks the modules
+    too (docs/operations.md, "Garbage collection")."""
+    gc.freeze()
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -48,13 +49,20 @@ def registry_or_new(registry: CollectorRegistry | None) -> CollectorRegistry:
 def process_series(registry: CollectorRegistry) -> CollectorRegistry:
     """The standard series of the process on a served registry, as prometheus_client's default registry
     has them: CPU, memory, open files and start time (`process_*`, from /proc), the interpreter
-    (`python_info`) and its garbage collector (`python_gc_*`). Once per registry."""
+    (`python_info`) and its garbage collector (`python_gc_*`, and how many objects it no longer walks:
+    libs/aio.py's `settle_heap`). Once per registry."""
     try:
         ProcessCollector(registry=registry)
     except ValueError:  # already there (a registry served twice)
         return registry
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
+    frozen = Gauge(
+        "agentmesh_gc_frozen_objects",
+        "Objects the garbage collector no longer walks: what the process built before it served",
+        registry=registry,
+    )
+    frozen.set_function(gc.get_freeze_count)
     return registry
 
 

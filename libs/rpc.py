@@ -17,7 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
-from agentmesh.libs import identity, telemetry
+from agentmesh.libs import aio, identity, telemetry
 from agentmesh.libs.config import DRAIN_SETTLE_S
 from agentmesh.libs.errors import Unauthenticated, to_status
 from agentmesh.libs.identity import Signer
@@ -203,6 +203,7 @@ class ServiceServer:
 
     async def serve_until_signal(self) -> None:
         """Runs until SIGTERM or SIGINT, then shuts down gracefully."""
+        aio.settle_heap()
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -73,6 +73,18 @@ async def handled(mesh: ProcessMesh, name: str, method: str) -> float:
     return total
 
 
+async def frozen(mesh: ProcessMesh, name: str) -> float:
+    """How many objects process `name` took out of the garbage collector's walks (libs/aio.py)."""
+    async with httpx.AsyncClient(timeout=5) as http:
+        text = (await http.get(mesh.metrics_url(name))).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "agentmesh_gc_frozen_objects"
+    )
+
+
 async def post_chat(mesh: ProcessMesh, gateway: str, message: str, session: str = "") -> httpx.Response:
     http = mesh.http(timeout=60, gateway=gateway)
     body = {"agent": "general", "message": message, **({"sessionId": session} if session else {})}
@@ -120,6 +132,10 @@ async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(proce
         return all(counts.values())
 
     await wait_until(spread, 30, "every replica of every service to serve a turn")
+    # Each process froze what it built before it served: a collection under load walks only what the
+    # load made (docs/operations.md, "Garbage collection"). Its imports alone are tens of thousands.
+    for name in mesh.instances:
+        assert await frozen(mesh, name) > 10_000, name
 
     # 2. A cancel sent to gateway 1 stops a turn streaming through gateway 2, run by the orchestrator
     # that did not take the cancel (both gateways' round robins move in step, one turn and one cancel
