@@ -1,11 +1,12 @@
 """Many replicas on loopback, as the Kubernetes manifests run them: two gateways, two orchestrators, two
 agent-runtimes and two stream services (Redis backend), one trace service, on one PostgreSQL and one
 Redis, each its own process (`agentmesh serve`); every client balances round robin over the replicas'
-addresses. One mesh, in order: turns spread over every replica (read from each process's /metrics), a
-cancel sent to gateway 1 stops a turn that streams through gateway 2 and runs on the other
-orchestrator, a browser that loses gateway 1 mid-reply resumes on gateway 2 with no gap, and killing one
-replica of each (gateway, orchestrator, agent-runtime, stream) mid-traffic ends every reader's stream,
-loses no event a reader saw, leaves no row pending, and the survivors take new turns."""
+addresses. One mesh, in order: turns spread over every replica (read from each process's /metrics,
+where each also shows it froze its heap once it served), a cancel sent to gateway 1 stops a turn that
+streams through gateway 2 and runs on the other orchestrator, a browser that loses gateway 1 mid-reply
+resumes on gateway 2 with no gap, and killing one replica of each (gateway, orchestrator,
+agent-runtime, stream) mid-traffic ends every reader's stream, loses no event a reader saw, leaves no
+row pending, and the survivors take new turns."""
 
 from __future__ import annotations
 
@@ -59,30 +60,23 @@ pytestmark = pytest.mark.mesh(
 )
 
 
-async def handled(mesh: ProcessMesh, name: str, method: str) -> float:
-    """How many RPCs `method` process `name` has served (for a gateway: POSTs of /api/chat)."""
+async def series(mesh: ProcessMesh, name: str, metric: str, **labels: str) -> float:
+    """The sum of the samples of `metric` process `name` exports whose labels include `labels`."""
     async with httpx.AsyncClient(timeout=5) as http:
         text = (await http.get(mesh.metrics_url(name))).text
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "agentmesh_grpc_server_handled_total" and s.labels["grpc_method"] == method:
-                total += s.value
-            if s.name == "agentmesh_http_requests_total" and s.labels["route"] == method:
-                total += s.value
-    return total
-
-
-async def frozen(mesh: ProcessMesh, name: str) -> float:
-    """How many objects process `name` took out of the garbage collector's walks (libs/aio.py)."""
-    async with httpx.AsyncClient(timeout=5) as http:
-        text = (await http.get(mesh.metrics_url(name))).text
+    want = labels.items()
     return sum(
         s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.name == "agentmesh_gc_frozen_objects"
+        if s.name == metric and want <= s.labels.items()
     )
+
+
+async def handled(mesh: ProcessMesh, name: str, method: str) -> float:
+    """How many RPCs `method` process `name` has served (for a gateway: POSTs of /api/chat)."""
+    rpcs = await series(mesh, name, "agentmesh_grpc_server_handled_total", grpc_method=method)
+    return rpcs + await series(mesh, name, "agentmesh_http_requests_total", route=method)
 
 
 async def post_chat(mesh: ProcessMesh, gateway: str, message: str, session: str = "") -> httpx.Response:
@@ -135,7 +129,7 @@ async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(proce
     # Each process froze what it built before it served: a collection under load walks only what the
     # load made (docs/operations.md, "Garbage collection"). Its imports alone are tens of thousands.
     for name in mesh.instances:
-        assert await frozen(mesh, name) > 10_000, name
+        assert await series(mesh, name, "agentmesh_gc_frozen_objects") > 10_000, name
 
     # 2. A cancel sent to gateway 1 stops a turn streaming through gateway 2, run by the orchestrator
     # that did not take the cancel (both gateways' round robins move in step, one turn and one cancel
@@ -275,11 +269,4 @@ async def test_replicas_share_the_work_and_survive_the_loss_of_one_of_each(proce
 
 
 async def in_flight(mesh: ProcessMesh, name: str, method: str) -> float:
-    async with httpx.AsyncClient(timeout=5) as http:
-        text = (await http.get(mesh.metrics_url(name))).text
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "agentmesh_grpc_server_in_flight" and s.labels["grpc_method"] == method
-    )
+    return await series(mesh, name, "agentmesh_grpc_server_in_flight", grpc_method=method)
