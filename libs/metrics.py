@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -29,6 +28,8 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+
+from agentmesh.libs import aio
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def process_series(registry: CollectorRegistry) -> CollectorRegistry:
         "Objects the garbage collector no longer walks: what the process built before it served",
         registry=registry,
     )
-    frozen.set_function(gc.get_freeze_count)
+    frozen.set_function(aio.frozen_objects)
     return registry
 
 
