@@ -5,7 +5,8 @@ N sessions of T tokens at R tokens/s through POST /api/chat with the bench's loa
 each service's Python stacks with `py-spy record` (collapsed stacks, idle frames dropped) meanwhile.
 Prints the CPU seconds per 1,000 tokens by service and each service's top frames: by self time (the
 innermost Python function on the stack) and by inclusive time (anywhere on the stack), as shares of
-its samples. Writes the collapsed stacks to OUT/<service>.txt (flamegraph.pl or speedscope read them).
+its samples. gRPC's poller thread is left out of the shares (py-spy counts its waits as work,
+flames.POLLER); what the threads beside the event loop's take is read from /proc instead. Writes the collapsed stacks to OUT/<service>.txt (flamegraph.pl or speedscope read them).
 
     .venv/bin/python -m bench.profile --sessions 20 --tokens 300 --tps 20
 """
@@ -44,14 +45,8 @@ def top_frames(collapsed: Path, count: int = 15) -> dict[str, Any]:
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     total = 0
-    for line in collapsed.read_text(errors="replace").splitlines():
-        stack, _, n_text = line.rpartition(" ")
-        if not stack or not n_text.isdigit():
-            continue
-        n = int(n_text)
-        frames = [_frame(p) for p in stack.split(";") if p and not p.startswith(("process ", "thread "))]
-        if not frames:
-            continue
+    for stack, n in flames.stacks(collapsed):
+        frames = [_frame(p) for p in stack]
         total += n
         own[frames[-1]] += n
         for f in set(frames):
@@ -80,6 +75,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--flames", type=Path, help="write a flame graph per process of this checkout's mesh "
                    "here (flame-<service>.png)")  # fmt: skip
     return p.parse_args(argv)
+
+
+def thread_cpu(mesh: procs.Proc) -> dict[str, tuple[float, float]]:
+    """Per service: the CPU seconds of its main thread (the event loop's) and of its other threads (gRPC's
+    poller above all, whose samples py-spy cannot tell from its waits: flames.POLLER)."""
+    out: dict[str, tuple[float, float]] = {}
+    for proc in mesh.processes():
+        label = _label(proc.cmdline())
+        if label in ("", "up"):
+            continue
+        times = [(t.id, t.user_time + t.system_time) for t in proc.threads()]
+        out[label] = (sum(c for i, c in times if i == proc.pid), sum(c for i, c in times if i != proc.pid))
+    return out
+
+
+def thread_shares(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Per service: its other threads' share of its CPU between the two readings, in %."""
+    shares: dict[str, float] = {}
+    for label, (main, other) in after.items():
+        main -= before.get(label, (0.0, 0.0))[0]
+        other -= before.get(label, (0.0, 0.0))[1]
+        if main + other > 0:
+            shares[label] = round(100 * other / (main + other), 1)
+    return shares
 
 
 def profile_mesh(args: argparse.Namespace, spy: str, mock: procs.Proc, gen: LoadGenerator, name: str,
@@ -112,10 +131,10 @@ def profile_mesh(args: argparse.Namespace, spy: str, mock: procs.Proc, gen: Load
                        "--output", str(out)]  # fmt: skip
                 popen = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 spies.append((label, popen, out))
-        before = bench.cpu()
+        before, threads_before = bench.cpu(), thread_cpu(mesh)
         tags = [f"bench-c prof {name} {i}" for i in range(args.sessions)]
         results = gen.run("mesh", [mesh.url], headers, "plain", tags, starts, deadline)
-        after = bench.cpu()
+        after, threads_after = bench.cpu(), thread_cpu(mesh)
         for _, popen, _ in spies:
             popen.wait(60)
     finally:
@@ -132,6 +151,7 @@ def profile_mesh(args: argparse.Namespace, spy: str, mock: procs.Proc, gen: Load
         "first_delta_ms_p50": round(1000 * first[len(first) // 2], 1) if first else None,
         "cpu": cpu_report(before, after, {"mesh": tokens})["mesh"],
         "frames": {label: top_frames(out) for label, _, out in spies if out.exists()},
+        "other_threads_pct": thread_shares(threads_before, threads_after),
     }
 
 
@@ -168,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mesh CPU per 1,000 tokens: {cpu['per_1k_tokens_s']:.3f} s  " + "  ".join(
             f"{k} {v:.3f}" for k, v in cpu["by_process_per_1k_tokens_s"].items()))  # fmt: skip
         for label, frames in report["frames"].items():
-            print(f"== {label}: {frames['samples']} samples")
+            others = report["other_threads_pct"].get(label)
+            print(f"== {label}: {frames['samples']} samples; threads beside the event loop: {others} % of its CPU")
             print("  self:      " + "; ".join(f"{f} {p}%" for f, p in frames["self_pct"][:10]))
     print(f"\nwrote {args.out}/profile.json and the collapsed stacks ({args.out}/<mesh>/<service>.txt)")
     if args.flames is not None and not args.no_spy:
