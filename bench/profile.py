@@ -6,7 +6,8 @@ each service's Python stacks with `py-spy record` (collapsed stacks, idle frames
 Prints the CPU seconds per 1,000 tokens by service and each service's top frames: by self time (the
 innermost Python function on the stack) and by inclusive time (anywhere on the stack), as shares of
 its samples. gRPC's poller thread is left out of the shares (py-spy counts its waits as work,
-flames.POLLER); what the threads beside the event loop's take is read from /proc instead. Writes the collapsed stacks to OUT/<service>.txt (flamegraph.pl or speedscope read them).
+flames.POLLER); what the threads beside the event loop's take is read from /proc instead. Writes the
+collapsed stacks to OUT/<service>.txt (flamegraph.pl or speedscope read them).
 
     .venv/bin/python -m bench.profile --sessions 20 --tokens 300 --tps 20
 """
@@ -77,10 +78,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def thread_cpu(mesh: procs.Proc) -> dict[str, tuple[float, float]]:
+ThreadCpu = dict[str, tuple[float, float]]
+
+
+def thread_cpu(mesh: procs.Proc) -> ThreadCpu:
     """Per service: the CPU seconds of its main thread (the event loop's) and of its other threads (gRPC's
     poller above all, whose samples py-spy cannot tell from its waits: flames.POLLER)."""
-    out: dict[str, tuple[float, float]] = {}
+    out: ThreadCpu = {}
     for proc in mesh.processes():
         label = _label(proc.cmdline())
         if label in ("", "up"):
@@ -90,7 +94,7 @@ def thread_cpu(mesh: procs.Proc) -> dict[str, tuple[float, float]]:
     return out
 
 
-def thread_shares(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float]:
+def thread_shares(before: ThreadCpu, after: ThreadCpu) -> dict[str, float]:
     """Per service: its other threads' share of its CPU between the two readings, in %."""
     shares: dict[str, float] = {}
     for label, (main, other) in after.items():
@@ -189,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{k} {v:.3f}" for k, v in cpu["by_process_per_1k_tokens_s"].items()))  # fmt: skip
         for label, frames in report["frames"].items():
             others = report["other_threads_pct"].get(label)
-            print(f"== {label}: {frames['samples']} samples; threads beside the event loop: {others} % of its CPU")
+            print(f"== {label}: {frames['samples']} samples; threads beside the event loop: {others} %")
             print("  self:      " + "; ".join(f"{f} {p}%" for f, p in frames["self_pct"][:10]))
     print(f"\nwrote {args.out}/profile.json and the collapsed stacks ({args.out}/<mesh>/<service>.txt)")
     if args.flames is not None and not args.no_spy:
