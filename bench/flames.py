@@ -38,8 +38,9 @@ def short(frame: str) -> str:
 
 
 # gRPC's poller thread runs Cython under threading's `Thread.run`: py-spy sees no frame of its own above
-# it and counts it busy while it waits in epoll (py-spy gave it 20-44 % of a service's samples, perf
-# 6-19 % of its CPU). Such samples are left out; bench.profile measures the thread's CPU from /proc.
+# it and counts it busy while it waits in epoll (py-spy gave it 10-44 % of a service's samples, perf
+# and /proc 3-19 % of its CPU). Such samples are left out; bench.profile reads the thread's CPU from
+# /proc instead.
 POLLER = ("Thread._bootstrap", "Thread._bootstrap_inner", "Thread.run")
 
 
