@@ -30,11 +30,12 @@ class Node:
         return node
 
 
-def short(frame: str) -> str:
-    """`function (path/to/file.py:123)` -> `function (file.py)`; native frames as they are."""
+def short(frame: str, parts: int = 1) -> str:
+    """`function (path/to/file.py:123)` -> `function (file.py)` (`parts` = 2: `function (to/file.py)`);
+    native frames as they are."""
     name, _, where = frame.partition(" (")
     where = where.rstrip(")").rsplit(":", 1)[0]
-    return f"{name} ({where.rsplit('/', 1)[-1]})" if where else name
+    return f"{name} ({'/'.join(where.split('/')[-parts:])})" if where else name
 
 
 # gRPC's poller thread runs Cython under threading's `Thread.run`: py-spy sees no frame of its own above

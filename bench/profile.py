@@ -33,21 +33,13 @@ HERE = Path(__file__).resolve().parent
 WORK = HERE.parent / ".agentmesh" / "bench-profile"
 
 
-def _frame(part: str) -> str:
-    """`function (path/to/file.py:123)` -> `function (file.py)`; native frames stay as they are."""
-    name, _, where = part.partition(" (")
-    where = where.rstrip(")").rsplit(":", 1)[0]
-    short = "/".join(where.split("/")[-2:]) if where else ""
-    return f"{name} ({short})" if short else name
-
-
 def top_frames(collapsed: Path, count: int = 15) -> dict[str, Any]:
     """Self and inclusive shares of the samples in a py-spy `raw` (collapsed stacks) file."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     total = 0
     for stack, n in flames.stacks(collapsed):
-        frames = [_frame(p) for p in stack]
+        frames = [flames.short(p, parts=2) for p in stack]
         total += n
         own[frames[-1]] += n
         for f in set(frames):
@@ -83,14 +75,16 @@ ThreadCpu = dict[str, tuple[float, float]]
 
 def thread_cpu(mesh: procs.Proc) -> ThreadCpu:
     """Per service: the CPU seconds of its main thread (the event loop's) and of its other threads (gRPC's
-    poller above all, whose samples py-spy cannot tell from its waits: flames.POLLER)."""
+    poller above all, whose samples py-spy cannot tell from its waits: flames.POLLER), those that ended
+    too (the process's CPU counts them, its live threads' do not)."""
     out: ThreadCpu = {}
     for proc in mesh.processes():
         label = _label(proc.cmdline())
         if label in ("", "up"):
             continue
-        times = [(t.id, t.user_time + t.system_time) for t in proc.threads()]
-        out[label] = (sum(c for i, c in times if i == proc.pid), sum(c for i, c in times if i != proc.pid))
+        main = next((t.user_time + t.system_time for t in proc.threads() if t.id == proc.pid), 0.0)
+        cpu = proc.cpu_times()
+        out[label] = (main, max(cpu.user + cpu.system - main, 0.0))
     return out
 
 

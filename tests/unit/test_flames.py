@@ -3,7 +3,11 @@ it waits, is left out of the shares and the flame graphs (docs/benchmarks.md, "W
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from bench import flames
 from bench.profile import top_frames
@@ -28,3 +32,26 @@ def test_the_pollers_bare_stacks_are_left_out_and_a_thread_at_work_is_kept(tmp_p
     shares = top_frames(collapsed)
     assert shares["samples"] == 10
     assert shares["self_pct"][0] == ("handle (svc/app.py)", 90.0)
+
+
+def test_a_thread_that_ended_between_readings_still_counts(monkeypatch: Any) -> None:
+    """bench.profile's threads beside the event loop: from the process's CPU, which keeps what ended
+    threads spent (its live threads' times do not), so a share is never lost or negative."""
+    import psutil
+
+    from bench import profile
+
+    monkeypatch.setattr(profile, "_label", lambda cmdline: "svc")
+    mesh = SimpleNamespace(processes=lambda: [psutil.Process()])
+
+    def burn() -> None:
+        while time.thread_time() < 0.05:
+            pass
+
+    before = profile.thread_cpu(mesh)  # type: ignore[arg-type]
+    worker = threading.Thread(target=burn)
+    worker.start()
+    worker.join()
+    after = profile.thread_cpu(mesh)  # type: ignore[arg-type]
+    assert after["svc"][1] - before["svc"][1] >= 0.04
+    assert profile.thread_shares(before, after)["svc"] > 0
