@@ -125,6 +125,7 @@ def section_c(s: dict[str, Any]) -> list[str]:
                 num(get(p, "lateness_ms", "p99")),
                 num(get(p, "cpu", target, "per_1k_tokens_s"), 3),
                 num(get(p, "cpu", "mock", "per_1k_tokens_s"), 3),
+                num(1000 * lg["cpu_s"] / p["tokens"] if p.get("tokens") else None, 3),
                 str(p["model_max_in_flight"]),
                 f"{lg['processes']} / {lg['busiest_process_utilisation']:.0%} / "
                 f"{num(get(lg, 'loop_lag_ms', 'p99'))}" + (" (!)" if _lagged(lg) else ""),
@@ -142,7 +143,8 @@ def section_c(s: dict[str, Any]) -> list[str]:
     head = ["N", "target", "ok", "errors", "first delta p50 ms", "p99", "request -> model p50 ms", "p99",
             "gap - pace p50 ms", "p99",
             "lateness p50 ms", "p99", "target CPU s / 1k tok", "model server CPU s / 1k tok",
-            "model max in flight", "load gen procs / busiest / lag p99 ms", "machine busy cores"]  # fmt: skip
+            "load gen CPU s / 1k tok", "model max in flight", "load gen procs / busiest / lag p99 ms",
+            "machine busy cores"]  # fmt: skip
     out += table(head, rows)
     if any(_lagged(p["load_generator"]) for p in phases):
         out += [
