@@ -9,7 +9,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from bench import flames
+import psutil
+
+from bench import flames, profile
 from bench.profile import top_frames
 
 POLLER_WAIT = (
@@ -37,10 +39,6 @@ def test_the_pollers_bare_stacks_are_left_out_and_a_thread_at_work_is_kept(tmp_p
 def test_a_thread_that_ended_between_readings_still_counts(monkeypatch: Any) -> None:
     """bench.profile's threads beside the event loop: from the process's CPU, which keeps what ended
     threads spent (its live threads' times do not), so a share is never lost or negative."""
-    import psutil
-
-    from bench import profile
-
     monkeypatch.setattr(profile, "_label", lambda cmdline: "svc")
     mesh = SimpleNamespace(processes=lambda: [psutil.Process()])
 
